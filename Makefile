@@ -1,0 +1,56 @@
+# lmkit: `make run` trains the PTB example on 2 workers, `make test` runs every test.
+# Both set everything up first (system packages, .venv, TensorFlow, Horovod);
+# each set-up step is skipped when it is already done.
+
+SHELL := /bin/bash
+PYTHON := .venv/bin/python
+NP ?= 2
+CONFIG ?= config_small
+DATA_PATH ?= data/ptb
+MODEL_DIR ?= runs/ptb_$(CONFIG)
+ARGS ?=
+
+# Open MPI refuses to run as root unless both variables are set.
+ifeq ($(shell id -u),0)
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+endif
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: setup setup-native run run-single test test-fast test-dist test-native bench clean help
+
+help:
+	@echo "make run        set up, then: mpirun -np $(NP) python examples/lm_ptb_distributed.py --config $(CONFIG)"
+	@echo "make test       set up, then run all tests (single-process, mpirun -np 2, native TF env)"
+	@echo "make setup      only the set-up of .venv (TF 2.18.1 + Horovod 0.28.1)"
+	@echo "make setup-native  the second env .venv-tf-latest (newest TF, no Horovod)"
+	@echo "variables: NP CONFIG DATA_PATH MODEL_DIR ARGS"
+
+setup:
+	@bash scripts/setup.sh main
+
+setup-native:
+	@bash scripts/setup.sh native
+
+run: setup
+	mpirun -np $(NP) $(PYTHON) examples/lm_ptb_distributed.py --config $(CONFIG) \
+	    --data_path $(DATA_PATH) --model_dir $(MODEL_DIR) $(ARGS)
+
+run-single: setup
+	$(PYTHON) examples/lm_ptb.py --config $(CONFIG) --data_path $(DATA_PATH) \
+	    --model_dir $(MODEL_DIR)_single $(ARGS)
+
+test: setup setup-native
+	@bash scripts/run_tests.sh all
+
+test-fast: setup
+	@bash scripts/run_tests.sh single
+
+test-dist: setup
+	@bash scripts/run_tests.sh dist
+
+test-native: setup-native
+	@bash scripts/run_tests.sh native
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,270 @@
+"""Training configuration: a frozen dataclass loaded from a plain Python module.
+
+A config is a Python file such as ``configs/config_small.py`` whose top-level
+lowercase names are the settings (as in Texar's examples)::
+
+    model = "lstm"
+    hidden_size = 200
+    ...
+
+``load_config("config_small")`` finds it (in ``configs/`` of the checkout,
+in ``$LMKIT_CONFIG_PATH``, as a file path or as an importable module), then
+:meth:`TrainConfig.from_dict` checks it: a missing required key or an unknown
+key is a :class:`ConfigError` naming the key; values are type-checked, never
+silently coerced (``2.7`` is not an int, ``"False"`` is not a bool).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import importlib.util
+import json
+import os
+import types
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Tuple, Union, get_type_hints
+
+from lmkit.errors import UsageError
+
+
+class ConfigError(UsageError):
+    """A config that cannot be used; the message names the key and the fix."""
+
+
+_MODELS = ("lstm", "gru", "transformer")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a language-model training run.
+
+    Required keys (no default) are the model and schedule basics that every
+    config must state; the rest default to the Zaremba et al. (2014) small
+    setting or to "off".
+    """
+
+    # --- model ---------------------------------------------------------------
+    model: str  # "lstm" | "gru" | "transformer"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    init_scale: float  # uniform(-init_scale, init_scale) initialiser
+    keep_prob: float  # 1 - dropout
+    # --- data / schedule ---------------------------------------------------
+    batch_size: int  # GLOBAL batch, split across workers
+    num_steps: int  # BPTT window length
+    num_epochs: int
+    # --- optimisation ------------------------------------------------------
+    learning_rate: float
+    max_grad_norm: float  # global-norm clipping after averaging; 0 = off
+    lr_decay: float = 1.0  # multiplier per epoch once decay starts
+    lr_decay_start_epoch: int = 0  # first epoch index (0-based) with decay applied
+    optimizer: str = "sgd"  # sgd | momentum | adam | adamw | novograd | lamb
+    optimizer_params: Dict[str, Any] = field(default_factory=dict)
+    lr_scaling: str = "none"  # none | linear | sqrt (by number of workers)
+    warmup_epochs: float = 0.0
+    schedule: str = "exponential"  # exponential | piecewise | polynomial | cosine | constant
+    schedule_params: Dict[str, Any] = field(default_factory=dict)
+    larc_params: Optional[Dict[str, Any]] = None
+    max_grad_norm_per_layer: float = 0.0  # per-variable clipping; 0 = off
+    # --- model details -----------------------------------------------------
+    forget_bias: float = 0.0
+    tie_weights: bool = False
+    embedding_dim: int = 0  # 0 = hidden_size
+    num_heads: int = 4  # transformer
+    ffn_dim: int = 0  # transformer; 0 = 4 * hidden_size
+    max_positions: int = 512  # transformer
+    pre_layer_norm: bool = True  # transformer
+    # --- distributed -------------------------------------------------------
+    use_horovod: bool = True
+    num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)
+    sparse_as_dense: bool = False
+    compression: str = "none"  # none | fp16 (dense gradients only)
+    # --- bookkeeping -------------------------------------------------------
+    seed: int = 1234
+    eval_batch_size: int = 0  # 0 = batch_size
+    checkpoint_every_epochs: int = 1
+    keep_checkpoints: int = 3
+    log_every_steps: int = 0  # 0 = about 10 lines per epoch
+    jit_compile: bool = False
+
+    # --------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "TrainConfig":
+        """Builds a checked config; raises :class:`ConfigError` naming the bad key."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        hints = get_type_hints(cls)
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            key = unknown[0]
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(sorted(fields))}"
+            raise ConfigError(f"{source}: unknown key {key!r}{hint}")
+        required = [n for n, f in fields.items()
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [k for k in required if k not in values]
+        if missing:
+            raise ConfigError(f"{source}: missing required key {missing[0]!r}; "
+                              f"add `{missing[0]} = ...` (required keys: {', '.join(required)})")
+        checked = {k: _check_type(source, k, v, hints[k]) for k, v in values.items()}
+        cfg = cls(**checked)
+        cfg.validate(source)
+        return cfg
+
+    def validate(self, source: str = "config") -> None:
+        """Checks value ranges and combinations."""
+        def bad(key: str, why: str) -> None:
+            raise ConfigError(f"{source}: {key} = {getattr(self, key)!r} {why}")
+
+        if self.model not in _MODELS:
+            bad("model", f"is not one of {', '.join(_MODELS)}")
+        for key in ("vocab_size", "hidden_size", "num_layers", "batch_size", "num_steps", "num_epochs"):
+            if getattr(self, key) < 1:
+                bad(key, "must be a positive integer")
+        if not 0.0 < self.keep_prob <= 1.0:
+            bad("keep_prob", "must be in (0, 1]")
+        if self.init_scale <= 0:
+            bad("init_scale", "must be > 0")
+        if self.learning_rate <= 0:
+            bad("learning_rate", "must be > 0")
+        if self.max_grad_norm < 0:
+            bad("max_grad_norm", "must be >= 0 (0 turns clipping off)")
+        if self.lr_scaling not in ("none", "linear", "sqrt"):
+            bad("lr_scaling", "is not one of none, linear, sqrt")
+        if self.compression not in ("none", "fp16"):
+            bad("compression", "is not one of none, fp16")
+        if self.warmup_epochs < 0:
+            bad("warmup_epochs", "must be >= 0")
+        if self.model == "transformer":
+            if self.hidden_size % self.num_heads:
+                bad("hidden_size", f"is not divisible by num_heads = {self.num_heads}; "
+                    f"use a multiple of {self.num_heads}")
+            if self.num_steps > self.max_positions:
+                bad("num_steps", f"exceeds max_positions = {self.max_positions}; raise max_positions")
+        if self.tie_weights and self.embedding_dim not in (0, self.hidden_size):
+            bad("embedding_dim", f"must equal hidden_size = {self.hidden_size} when tie_weights = True")
+        if self.keep_checkpoints < 1:
+            bad("keep_checkpoints", "must be >= 1")
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A checked copy with some values changed (unknown keys are errors)."""
+        merged = self.to_dict()
+        merged.update(changes)
+        return TrainConfig.from_dict(merged, source="config override")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @property
+    def dropout(self) -> float:
+        return 1.0 - self.keep_prob
+
+    def model_config(self) -> Dict[str, Any]:
+        """The settings that define the model's shape (stored with checkpoints)."""
+        keys = ("model", "vocab_size", "hidden_size", "num_layers", "init_scale", "keep_prob",
+                "forget_bias", "tie_weights", "embedding_dim", "num_heads", "ffn_dim",
+                "max_positions", "pre_layer_norm")
+        return {k: getattr(self, k) for k in keys}
+
+
+def _check_type(source: str, key: str, value: Any, hint: Any) -> Any:
+    """Checks ``value`` against a field's annotation without coercing it."""
+    origin = getattr(hint, "__origin__", None)
+    args = getattr(hint, "__args__", ())
+    if origin is Union:  # Optional[...]
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        origin = getattr(hint, "__origin__", None)
+    if hint is bool:
+        ok = isinstance(value, bool)
+        want = "True or False"
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        want = "an integer"
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        want = "a number"
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+        want = "a string"
+    elif origin in (dict, Dict) or hint is dict:
+        ok = isinstance(value, Mapping)
+        want = "a dict"
+        value = dict(value) if ok else value
+    else:
+        ok, want = True, str(hint)
+    if not ok:
+        raise ConfigError(f"{source}: {key} = {value!r} must be {want}")
+    return value
+
+
+def _module_values(module: types.ModuleType) -> Dict[str, Any]:
+    return {k: v for k, v in vars(module).items()
+            if not k.startswith("_") and k == k.lower()
+            and not isinstance(v, (types.ModuleType, types.FunctionType, type))}
+
+
+def _search_dirs() -> Tuple[str, ...]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    dirs = [d for d in os.environ.get("LMKIT_CONFIG_PATH", "").split(os.pathsep) if d]
+    dirs += [os.path.join(os.getcwd(), "configs"), os.path.join(os.path.dirname(here), "configs")]
+    return tuple(dict.fromkeys(dirs))
+
+
+def available_configs() -> Tuple[str, ...]:
+    """Names of the configs found in the search folders."""
+    names = set()
+    for d in _search_dirs():
+        if os.path.isdir(d):
+            names.update(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
+    return tuple(sorted(names))
+
+
+def load_config(name: str, overrides: Optional[Mapping[str, Any]] = None) -> TrainConfig:
+    """Loads a config by name (``config_small``), file path or module path.
+
+    Raises:
+      ConfigError: the config cannot be found, fails to import, or has an
+        unknown, missing or ill-typed key.
+    """
+    path = None
+    if name.endswith(".py") or os.sep in name:
+        path = name if os.path.isfile(name) else None
+        if path is None:
+            raise ConfigError(f"config file {name!r} does not exist")
+    else:
+        for d in _search_dirs():
+            candidate = os.path.join(d, name + ".py")
+            if os.path.isfile(candidate):
+                path = candidate
+                break
+    try:
+        if path is not None:
+            spec = importlib.util.spec_from_file_location(f"lmkit_config_{abs(hash(path))}", path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError:
+                known = available_configs()
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"unknown config {name!r}; {hint}available: {', '.join(known) or 'none'} "
+                                  f"(or pass a path to a .py file)") from None
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"config {name!r} failed to load: {type(exc).__name__}: {exc}") from exc
+    values = _module_values(module)
+    if overrides:
+        values.update(overrides)
+    return TrainConfig.from_dict(values, source=f"config {name!r}")

@@ -1,0 +1,5 @@
+"""Training: the distributed trainer, checkpoints and metrics."""
+from lmkit.train.checkpoint import CheckpointManager, load_model
+from lmkit.train.trainer import EpochStats, Trainer, TrainResult
+
+__all__ = ["CheckpointManager", "EpochStats", "Trainer", "TrainResult", "load_model"]

@@ -1,0 +1,148 @@
+"""Command-line plumbing shared by the example scripts.
+
+* :func:`ptb_arg_parser` builds the flags of ``examples/lm_ptb*.py``;
+* :func:`run_main` runs a ``main`` so that bad input prints one message
+  (rank 0) and exits 2, and a crash on any rank prints the rank and the cause
+  and ends that process at once (``mpirun`` then stops the others) instead of
+  leaving ranks waiting in a collective;
+* :func:`load_ptb_everywhere` lets rank 0 download PTB while the others wait,
+  then gives every rank the data (read locally, or sent by rank 0 when a
+  host has no shared file system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from lmkit.errors import LmkitError, UsageError
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher set it (before any initialisation)."""
+    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK"):
+        value = os.environ.get(key)
+        if value is not None and value.isdigit():
+            return int(value)
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad flags once (rank 0) with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if launcher_rank() == 0:
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+            sys.stderr.flush()
+        _hard_exit(2)
+
+
+def parse_overrides(items: Sequence[str]) -> Dict[str, Any]:
+    """``["batch_size=40", "optimizer='adam'"]`` -> ``{"batch_size": 40, "optimizer": "adam"}``."""
+    out: Dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r} is not KEY=VALUE; e.g. --set batch_size=40")
+        key, raw = item.split("=", 1)
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw  # a bare word is a string: --set optimizer=adam
+        out[key.strip()] = value
+    return out
+
+
+def ptb_arg_parser(prog: str, description: str, distributed: bool) -> argparse.ArgumentParser:
+    """Flags of the PTB examples (documented in the README)."""
+    p = _Parser(prog=prog, description=description,
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default="config_small",
+                   help="config name in configs/ (config_small, config_medium, config_large, "
+                        "config_transformer, ...) or a path to a .py file")
+    p.add_argument("--data_path", default="data/ptb",
+                   help="folder with ptb.{train,valid,test}.txt (or simple-examples/data below it); "
+                        "PTB is downloaded there when missing")
+    p.add_argument("--data_url", default=None,
+                   help="mirror of simple-examples.tgz (http(s):// or file://); "
+                        "default $LMKIT_PTB_URL or the canonical address")
+    p.add_argument("--model_dir", default=None,
+                   help="checkpoints, config, vocabulary, TensorBoard logs and results.json "
+                        "(default runs/<config>)")
+    p.add_argument("--no_resume", action="store_true",
+                   help="start afresh even when --model_dir holds a checkpoint "
+                        "(refuses a folder that already has one)")
+    p.add_argument("--num_epochs", type=int, default=None, help="override the config's num_epochs")
+    p.add_argument("--max_steps", type=int, default=None,
+                   help="stop after this many global steps (smoke tests)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set batch_size=40 --set optimizer=adam "
+                        "(repeatable)")
+    p.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    p.add_argument("--intra_op_threads", type=int, default=None,
+                   help="CPU threads per op on each rank (default: cores / ranks on the host)")
+    if distributed:
+        p.add_argument("--sparse_as_dense", action="store_true",
+                       help="allreduce embedding gradients as dense tensors instead of allgathering them")
+        p.add_argument("--fp16_allreduce", action="store_true",
+                       help="compress dense gradients to float16 for the allreduce")
+    return p
+
+
+def _hard_exit(code: int) -> None:
+    """Leaves at once: flushes output, skips atexit handlers that could wait on other ranks."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str]] = None) -> None:
+    """Runs ``main`` and turns its outcome into one message and an exit status.
+
+    Exit status: 0 done, 2 bad input (:class:`UsageError`, printed by rank 0
+    only), 3 non-finite loss, 1 anything else (printed by the failing rank,
+    naming it, with the traceback).
+    """
+    try:
+        code = main(argv)
+    except UsageError as exc:
+        if launcher_rank() == 0:
+            sys.stderr.write(f"error: {exc}\n")
+        _hard_exit(exc.exit_code)
+    except LmkitError as exc:
+        if launcher_rank() == 0:
+            sys.stderr.write(f"error: {exc}\n")
+        _hard_exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"rank {launcher_rank()}: interrupted\n")
+        _hard_exit(130)
+    except BaseException as exc:  # noqa: BLE001 - a crash must end this rank now
+        tb = traceback.format_exc()
+        sys.stderr.write(f"{tb}\nrank {launcher_rank()} failed: {type(exc).__name__}: {exc}\n")
+        _hard_exit(1)
+    _hard_exit(code or 0)
+
+
+def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int]):
+    """Rank 0 finds or downloads PTB; every rank then gets the same data.
+
+    Returns:
+      ``lmkit.data.ptb.PTBData`` on every rank.
+    """
+    from lmkit import dist
+    from lmkit.data import ptb
+
+    data_dir = dist.run_on_chief(
+        lambda: ptb.ensure_ptb(data_path, url=url, expected_vocab_size=expected_vocab_size))
+    # Hosts without a shared file system get the data from rank 0.
+    local = ptb.find_ptb(data_path)
+    everyone_has_it = all(dist.allgather_object(local is not None))
+    if everyone_has_it:
+        return ptb.load_ptb(local)
+    return dist.run_on_chief(lambda: ptb.load_ptb(data_dir))

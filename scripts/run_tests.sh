@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs lmkit's test suites; every suite's failure fails the run.
+#   scripts/run_tests.sh all | single | dist | native
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHAT="${1:-all}"
+PY=.venv/bin/python
+NATIVE_PY=.venv-tf-latest/bin/python
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+export PYTHONDONTWRITEBYTECODE=1
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+failed=()
+
+pytest_rc_ok() {  # exit 5 = no tests collected: a failure for us
+  [ "$1" -eq 0 ]
+}
+
+run_single() {
+  echo "=== single-process tests (pytest) ==="
+  "$PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -x --durations=15
+  pytest_rc_ok $? || failed+=("single-process tests")
+}
+
+run_dist() {
+  echo "=== distributed tests: mpirun -np 2 pytest tests/distributed ==="
+  # pytest-timeout bounds each test; `timeout` bounds the whole job, so a hang
+  # anywhere becomes a failure. mpirun exits non-zero when any rank fails.
+  timeout --signal=TERM --kill-after=30 900 \
+    mpirun -np 2 --oversubscribe --tag-output \
+      -x TF_CPP_MIN_LOG_LEVEL -x PYTHONDONTWRITEBYTECODE \
+      "$PY" -m pytest tests/distributed -q -p no:cacheprovider --timeout 240 -x
+  pytest_rc_ok $? || failed+=("distributed tests (mpirun -np 2)")
+}
+
+run_native() {
+  echo "=== tests without Horovod on the newest TensorFlow (.venv-tf-latest) ==="
+  "$NATIVE_PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -m "not horovod" -x
+  pytest_rc_ok $? || failed+=("tests on the newest TensorFlow without Horovod")
+}
+
+case "$WHAT" in
+  all) run_single; run_dist; [ -x "$NATIVE_PY" ] && run_native ;;
+  single) run_single ;;
+  dist) run_dist ;;
+  native) run_native ;;
+  *) echo "usage: $0 all|single|dist|native" >&2; exit 2 ;;
+esac
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "all test suites passed"

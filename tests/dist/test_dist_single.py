@@ -1,0 +1,70 @@
+"""lmkit.dist without a launcher, and launchers started from the test."""
+import os
+import sys
+
+import pytest
+
+from lmkit import dist
+from tests.helpers import ROOT, have_horovod, mpirun_cmd, run, subprocess_env
+
+PROBE = ("from lmkit import dist; b = dist.init(); import tensorflow as tf; "
+         "print(b, dist.rank(), dist.size(), dist.local_size(), dist.threads().intra_op, "
+         "tf.config.threading.get_intra_op_parallelism_threads())")
+
+
+def test_thread_settings_split_cores_between_local_ranks(monkeypatch):
+    monkeypatch.delenv("LMKIT_INTRA_OP_THREADS", raising=False)
+    monkeypatch.setattr(dist.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(dist, "_cpu_count", lambda: 16)
+    assert dist.thread_settings(1).intra_op == 16
+    assert dist.thread_settings(4).intra_op == 4
+    assert dist.thread_settings(32).intra_op == 1
+    assert dist.thread_settings(4, intra_op=3).intra_op == 3
+    monkeypatch.setenv("LMKIT_INTRA_OP_THREADS", "5")
+    assert dist.thread_settings(4).intra_op == 5
+    # A rank bound to 2 cores never gets more than 2 threads.
+    monkeypatch.delenv("LMKIT_INTRA_OP_THREADS")
+    monkeypatch.setattr(dist, "_cpu_count", lambda: 2)
+    assert dist.thread_settings(1).intra_op == 2
+
+
+def test_local_backend_is_size_one():
+    b = dist._Backend()
+    assert (b.rank(), b.size(), b.local_rank(), b.local_size()) == (0, 1, 0, 1)
+    assert b.allgather_object("x") == ["x"]
+
+
+@pytest.mark.horovod
+def test_plain_python_process_runs_horovod_at_size_one():
+    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": ""})
+    res = run([sys.executable, "-c", PROBE], timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    backend, rank, size, local_size, intra, tf_intra = res.stdout.split()
+    assert (backend, rank, size, local_size) == ("horovod", "0", "1", "1")
+    assert int(intra) == int(tf_intra) >= 1
+
+
+@pytest.mark.horovod
+@pytest.mark.mpi
+def test_mpirun_two_ranks_split_threads():
+    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": ""})
+    res = run(mpirun_cmd(2, ["-c", PROBE]), timeout=180, env=env)
+    assert res.returncode == 0, res.stderr
+    lines = sorted(res.stdout.split("\n")[:-1])
+    assert len(lines) == 2, res.stdout
+    for rank, line in enumerate(lines):
+        backend, r, size, local_size, intra, tf_intra = line.split()
+        assert (backend, r, size, local_size) == ("horovod", str(rank), "2", "2")
+        assert int(intra) == max(1, (os.cpu_count() or 1) // 2) == int(tf_intra)
+
+
+@pytest.mark.horovod
+@pytest.mark.mpi
+def test_horovodrun_gloo_runs_the_collectives_suite():
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    res = run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-m", "pytest",
+               "-q", "-p", "no:cacheprovider", "--timeout", "60", "-x",
+               "tests/distributed/test_collectives.py"], timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("passed") >= 2, res.stdout[-2000:]
+

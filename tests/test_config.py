@@ -1,0 +1,78 @@
+"""Config loading: the shipped configs and every kind of bad key."""
+import os
+
+import pytest
+
+from lmkit.config import ConfigError, TrainConfig, available_configs, load_config
+from lmkit.errors import UsageError
+
+ZAREMBA = {
+    # name: (init_scale, epochs, hidden, keep_prob, num_steps, clip, decay, decay start)
+    "config_small": (0.1, 13, 200, 1.0, 20, 5.0, 0.5, 4),
+    "config_medium": (0.05, 39, 650, 0.5, 35, 5.0, 0.8, 6),
+    "config_large": (0.04, 55, 1500, 0.35, 35, 10.0, 1 / 1.15, 15),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZAREMBA))
+def test_ptb_configs_have_the_zaremba_values(name):
+    cfg = load_config(name)
+    init, epochs, hidden, keep, steps, clip, decay, start = ZAREMBA[name]
+    assert (cfg.model, cfg.num_layers, cfg.forget_bias, cfg.batch_size) == ("lstm", 2, 0.0, 20)
+    assert (cfg.optimizer, cfg.learning_rate, cfg.vocab_size) == ("sgd", 1.0, 10000)
+    assert cfg.init_scale == init and cfg.num_epochs == epochs and cfg.hidden_size == hidden
+    assert cfg.keep_prob == keep and cfg.num_steps == steps and cfg.max_grad_norm == clip
+    assert cfg.lr_decay == pytest.approx(decay) and cfg.lr_decay_start_epoch == start
+
+
+def test_every_shipped_config_loads():
+    names = available_configs()
+    assert {"config_small", "config_medium", "config_large", "config_transformer"} <= set(names)
+    for name in names:
+        assert isinstance(load_config(name), TrainConfig)
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "cfg.py"
+    path.write_text(text)
+    return str(path)
+
+
+BASE = open(os.path.join(os.path.dirname(__file__), "..", "configs", "config_small.py")).read()
+
+
+def test_unknown_key_is_named_with_a_suggestion(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'hiden_size'; did you mean 'hidden_size'"):
+        load_config(_write(tmp_path, BASE + "\nhiden_size = 3\n"))
+
+
+def test_missing_key_is_named(tmp_path):
+    text = "\n".join(l for l in BASE.splitlines() if not l.startswith("num_steps"))
+    with pytest.raises(ConfigError, match="missing required key 'num_steps'"):
+        load_config(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"num_layers": 2.7}, "num_layers = 2.7 must be an integer"),
+    ({"tie_weights": "False"}, "tie_weights = 'False' must be True or False"),
+    ({"keep_prob": 1.5}, r"keep_prob = 1.5 must be in \(0, 1\]"),
+    ({"model": "rnn"}, "model = 'rnn' is not one of lstm, gru, transformer"),
+    ({"lr_scaling": "cubic"}, "lr_scaling = 'cubic' is not one of none, linear, sqrt"),
+])
+def test_bad_values_are_rejected_not_coerced(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("config_small", overrides=override)
+
+
+def test_unknown_config_name_lists_the_available_ones():
+    with pytest.raises(ConfigError, match=r"unknown config 'config_smal'; did you mean 'config_small'"):
+        load_config("config_smal")
+
+
+def test_config_error_is_a_usage_error_and_json_round_trips():
+    assert issubclass(ConfigError, UsageError)
+    cfg = load_config("config_transformer")
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(batch_size=64).batch_size == 64
+    with pytest.raises(ConfigError, match="hidden_size = 256 is not divisible by num_heads = 3"):
+        cfg.replace(num_heads=3)
