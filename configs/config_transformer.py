@@ -23,3 +23,4 @@ learning_rate = 5e-4
 max_grad_norm = 1.0
 warmup_epochs = 1.0
 schedule = "cosine"
+schedule_params = {"warmup_start_factor": 0.0}  # warm up from 0 even on one worker

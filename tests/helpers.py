@@ -61,3 +61,95 @@ def run(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+# --------------------------------------------------------------------------
+# Generated PTB-format data, served from 127.0.0.1
+# --------------------------------------------------------------------------
+def write_ptb_corpus(folder: str, num_words: int = 60, seed: int = 0,
+                     lines: Sequence[int] = (600, 60, 60)) -> int:
+    """Writes ptb.{train,valid,test}.txt of a learnable toy language.
+
+    Returns:
+      The vocabulary size the training file yields (words + ``<eos>``).
+    """
+    import numpy as np
+    rng = np.random.RandomState(seed)
+    words = [f"w{i}" for i in range(num_words - 2)] + ["<unk>"]
+    os.makedirs(folder, exist_ok=True)
+    for name, count in zip(("train", "valid", "test"), lines):
+        out = []
+        for _ in range(count):
+            w = rng.randint(len(words))
+            sent = []
+            for _ in range(rng.randint(4, 12)):
+                sent.append(words[w])
+                w = (w * 5 + 3) % len(words) if rng.rand() < 0.8 else rng.randint(len(words))
+            out.append(" " + " ".join(sent) + " ")
+        if name == "train":  # every word appears in training
+            out.append(" " + " ".join(words) + " ")
+        with open(os.path.join(folder, f"ptb.{name}.txt"), "w", encoding="utf-8") as f:
+            f.write("\n".join(out) + "\n")
+    return len(words) + 1
+
+
+def make_ptb_archive(path: str, **kwargs) -> int:
+    """Writes ``simple-examples.tgz`` in the real archive's layout; returns the vocab size."""
+    import tarfile
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "simple-examples", "data")
+        vocab = write_ptb_corpus(data, **kwargs)
+        with open(os.path.join(data, "README"), "w") as f:
+            f.write("generated for lmkit tests\n")
+        with tarfile.open(path, "w:gz") as tar:
+            tar.add(os.path.join(tmp, "simple-examples"), arcname="simple-examples")
+    return vocab
+
+
+class StaticServer:
+    """Serves a folder over HTTP on 127.0.0.1 in a thread; counts requests."""
+
+    def __init__(self, folder: str) -> None:
+        import functools
+        import http.server
+        import threading
+        self.requests: List[str] = []
+        outer = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_GET(self):  # noqa: N802
+                outer.requests.append(self.path)
+                super().do_GET()
+
+        self.httpd = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(Handler, directory=folder))
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "StaticServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def tiny_config_file(folder: str, vocab_size: int, **overrides) -> str:
+    """A small config (trains in seconds) written as a .py file."""
+    values = dict(model="lstm", vocab_size=vocab_size, hidden_size=32, num_layers=2, init_scale=0.1,
+                  keep_prob=1.0, batch_size=4, num_steps=8, num_epochs=1, learning_rate=1.0,
+                  max_grad_norm=5.0, lr_decay=0.5, lr_decay_start_epoch=1)
+    values.update(overrides)
+    path = os.path.join(folder, "config_tiny.py")
+    with open(path, "w") as f:
+        for k, v in values.items():
+            f.write(f"{k} = {v!r}\n")
+    return path

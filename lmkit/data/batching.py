@@ -1,0 +1,121 @@
+"""BPTT batches of one id stream, split across workers (Zaremba et al. 2014).
+
+The stream is cut into ``batch_size`` rows of equal length, and the rows are
+read left to right in windows of ``num_steps``; window ``i`` of a row
+continues window ``i - 1``, so a recurrent state carries across batches. The
+targets are the inputs shifted by one position in the stream.
+
+``batch_size`` is the GLOBAL batch. Sharding is a pure function of
+``(rank, size)``: rank ``r`` of ``N`` takes the contiguous rows
+``[r*B/N, (r+1)*B/N)`` of every batch, so the ranks' shards stacked in rank
+order are exactly the single-worker batches and the per-rank losses average
+to the global-batch loss.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from lmkit.data.errors import DataError
+
+__all__ = ["bptt_arrays", "num_bptt_batches", "bptt_dataset", "check_shard"]
+
+
+def check_shard(batch_size: int, rank: int, size: int) -> int:
+    """Checks a global batch and a worker; returns the per-worker batch ``B // N``.
+
+    Raises:
+      DataError: ``batch_size``/``size`` not positive, ``rank`` outside
+        ``[0, size)``, or ``batch_size`` not divisible by ``size``.
+    """
+    for name, value in (("batch_size", batch_size), ("size", size)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise DataError(f"{name} = {value!r} must be a positive integer")
+    if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or not 0 <= rank < size:
+        raise DataError(f"rank = {rank!r} is not in [0, {size}) for {size} workers")
+    if batch_size % size:
+        raise DataError(f"batch_size {batch_size} is not divisible by {size} workers; "
+                        f"use a multiple of {size}")
+    return int(batch_size // size)
+
+
+def num_bptt_batches(num_ids: int, batch_size: int, num_steps: int) -> int:
+    """Number of BPTT batches (windows) that ``num_ids`` ids give.
+
+    Each of the ``batch_size`` rows holds ``num_ids // batch_size`` ids; a
+    window needs ``num_steps`` inputs plus one more id for the last target.
+    """
+    if batch_size < 1 or num_steps < 1:
+        raise DataError(f"batch_size = {batch_size} and num_steps = {num_steps} must be >= 1")
+    row_len = int(num_ids) // int(batch_size)
+    return max(0, (row_len - 1) // int(num_steps))
+
+
+def bptt_arrays(ids: np.ndarray, batch_size: int, num_steps: int, rank: int = 0,
+                size: int = 1) -> Tuple[np.ndarray, np.ndarray]:
+    """This worker's BPTT inputs and targets.
+
+    Args:
+      ids: the id stream, 1-D integers.
+      batch_size: the GLOBAL batch size (rows), a multiple of ``size``.
+      num_steps: the window length.
+      rank: this worker, in ``[0, size)``.
+      size: the number of workers.
+
+    Returns:
+      ``(inputs, targets)``, each int32 ``[num_batches, batch_size // size,
+      num_steps]``; ``targets[i, b, t]`` is the id after ``inputs[i, b, t]``
+      in the stream.
+
+    Raises:
+      DataError: a bad ``ids`` array, ``batch_size`` not divisible by
+        ``size``, or too few ids for one batch (naming the sizes).
+    """
+    per_rank = check_shard(batch_size, rank, size)
+    if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
+        raise DataError(f"num_steps = {num_steps!r} must be a positive integer")
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+        raise DataError(f"ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+    row_len = ids.size // batch_size
+    num_batches = num_bptt_batches(ids.size, batch_size, num_steps)
+    if num_batches < 1:
+        raise DataError(f"{ids.size} ids are too few for one batch of batch_size {batch_size} x "
+                        f"num_steps {num_steps}: that needs batch_size * (num_steps + 1) = "
+                        f"{batch_size * (num_steps + 1)} ids; use a smaller batch_size or num_steps")
+    rows = ids[:batch_size * row_len].astype(np.int32, copy=False).reshape(batch_size, row_len)
+    rows = rows[rank * per_rank:(rank + 1) * per_rank]  # [B/N, row_len]
+    used = num_batches * num_steps
+    # [B/N, num_batches, num_steps] -> [num_batches, B/N, num_steps]
+    inputs = rows[:, :used].reshape(per_rank, num_batches, num_steps).transpose(1, 0, 2)
+    targets = rows[:, 1:used + 1].reshape(per_rank, num_batches, num_steps).transpose(1, 0, 2)
+    return np.ascontiguousarray(inputs), np.ascontiguousarray(targets)
+
+
+def bptt_dataset(inputs: np.ndarray, targets: np.ndarray, prefetch: int = 2) -> tf.data.Dataset:
+    """A ``tf.data`` pipeline over :func:`bptt_arrays` output, in order.
+
+    The batches are never shuffled: a recurrent state carries from batch
+    ``i`` to batch ``i + 1``.
+
+    Args:
+      inputs: int32 ``[num_batches, batch, num_steps]``.
+      targets: int32, the same shape.
+      prefetch: batches to prepare ahead (``tf.data.AUTOTUNE`` allowed).
+
+    Returns:
+      A dataset of ``(inputs [batch, num_steps], targets [batch, num_steps])``.
+
+    Raises:
+      DataError: the two arrays differ in shape or are not 3-D.
+    """
+    inputs, targets = np.asarray(inputs), np.asarray(targets)
+    if inputs.shape != targets.shape or inputs.ndim != 3:
+        raise DataError(f"inputs {inputs.shape} and targets {targets.shape} must both be "
+                        "[num_batches, batch, num_steps]; pass the output of bptt_arrays")
+    dataset = tf.data.Dataset.from_tensor_slices((inputs.astype(np.int32, copy=False),
+                                                  targets.astype(np.int32, copy=False)))
+    return dataset.prefetch(prefetch)

@@ -1,0 +1,262 @@
+"""Download one file over http(s) or ``file://`` with progress, retries and resume.
+
+Only the standard library (``urllib``) is used. The bytes go to
+``dest + ".part"``, which replaces ``dest`` only once complete, so ``dest`` is
+never a half file. A broken transfer is retried after a back-off and resumed
+with an HTTP ``Range`` request; a server that answers the range with a full
+``200`` response makes the download start over. A wrong address (404,
+connection refused, unknown host, missing file) fails at once with one
+:class:`~lmkit.data.errors.DataError` and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import socket
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Optional, TextIO
+
+from lmkit.data.errors import DataError
+
+__all__ = ["download", "SUPPORTED_SCHEMES"]
+
+SUPPORTED_SCHEMES = ("http", "https", "file")
+_CHUNK = 1 << 16
+_MAX_BACKOFF = 30.0
+
+
+class _Permanent(Exception):
+    """A failure that a retry will not fix (wrong address, local disk error)."""
+
+
+class _Incomplete(Exception):
+    """The transfer ended before all bytes arrived; a retry may resume it."""
+
+
+class _Progress:
+    """Reports bytes, percent and speed on stderr.
+
+    On a terminal one line is rewritten in place (``\\r``); otherwise (logs of
+    batch jobs) a full line is written every ``interval`` seconds.
+    """
+
+    def __init__(self, label: str, enabled: bool, stream: Optional[TextIO] = None,
+                 interval: Optional[float] = None) -> None:
+        self.label = label
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(isatty and isatty())
+        self.interval = interval if interval is not None else (0.25 if self.tty else 5.0)
+        self.start = time.monotonic()
+        self.last = self.start
+        self.width = 0  # length of the line now on a terminal
+
+    def _line(self, done: int, total: Optional[int]) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-6)
+        speed = done / elapsed  # every byte of dest arrived during this call
+        if total:
+            return (f"{self.label}: {100.0 * done / total:5.1f}% {_mb(done)}/{_mb(total)} MB "
+                    f"{_mb(speed)} MB/s")
+        return f"{self.label}: {_mb(done)} MB {_mb(speed)} MB/s"
+
+    def update(self, done: int, total: Optional[int]) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            return
+        self.last = now
+        self._write(self._line(done, total), final=False)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self._write(f"{self.label}: {message}", final=True)
+
+    def finish(self, done: int, total: Optional[int]) -> None:
+        if self.enabled:
+            self._write(self._line(done, total) + " done", final=True)
+
+    def _write(self, text: str, final: bool) -> None:
+        if self.tty:
+            # Pad to the previous width so a shorter line leaves no stale characters.
+            padded = text.ljust(self.width)
+            self.width = 0 if final else len(text)
+            self.stream.write("\r" + padded + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _parse_content_range(value: Optional[str]) -> Optional[tuple]:
+    """``bytes 100-199/200`` -> (100, 199, 200); ``bytes */200`` -> (None, None, 200)."""
+    if not value:
+        return None
+    match = re.match(r"\s*bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$", value)
+    if not match:
+        return None
+    start, end, total = match.groups()
+    return (None if start is None else int(start), None if end is None else int(end),
+            None if total == "*" else int(total))
+
+
+def _is_permanent_url_error(exc: urllib.error.URLError) -> bool:
+    """Connection refused, unknown host or a missing local file: retrying will not help."""
+    reason = exc.reason
+    return isinstance(reason, (ConnectionRefusedError, socket.gaierror, FileNotFoundError,
+                               PermissionError, IsADirectoryError, NotADirectoryError))
+
+
+def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
+    """One attempt: fetches (the rest of) ``url`` into ``part``; returns its size.
+
+    Raises:
+      _Permanent: a failure that a retry will not fix.
+      _Incomplete, OSError, http.client.HTTPException: a broken transfer.
+    """
+    have = os.path.getsize(part) if os.path.exists(part) else 0
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    request = urllib.request.Request(url, headers={"User-Agent": "lmkit-download/1"})
+    if have and scheme in ("http", "https"):
+        request.add_header("Range", f"bytes={have}-")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        if exc.code == 416 and have:
+            # The range starts at or after the end: we may hold every byte already.
+            parsed = _parse_content_range(exc.headers.get("Content-Range"))
+            if parsed and parsed[2] == have:
+                return have
+            _remove(part)
+            raise _Incomplete(f"the server refused to resume at byte {have} (HTTP 416)") from None
+        if 400 <= exc.code < 500 and exc.code not in (408, 429):
+            raise _Permanent(f"HTTP {exc.code} {exc.reason}") from None
+        raise  # 5xx, 408, 429: the server may recover
+    except urllib.error.URLError as exc:
+        if _is_permanent_url_error(exc):
+            raise _Permanent(str(exc.reason)) from None
+        raise
+
+    with response:
+        status = getattr(response, "status", None)  # None for file:// URLs
+        length = response.headers.get("Content-Length")
+        length = int(length) if length and length.strip().isdigit() else None
+        if have and status == 206:
+            start, _, total = _parse_content_range(response.headers.get("Content-Range")) or (None, None, None)
+            if start != have:
+                _remove(part)
+                raise _Incomplete(f"the server resumed at byte {start}, not at {have}; starting over")
+            if total is None and length is not None:
+                total = have + length
+            mode = "ab"
+        else:
+            # A 200 answer to a Range request is the whole file again: start over.
+            have, total, mode = 0, length, "wb"
+        try:
+            out = open(part, mode)
+        except OSError as exc:
+            raise _Permanent(f"cannot write {part!r}: {exc}") from None
+        with out:
+            while True:
+                chunk = response.read(_CHUNK)
+                if not chunk:
+                    break
+                try:
+                    out.write(chunk)
+                except OSError as exc:  # disk full, quota: a retry will not help
+                    raise _Permanent(f"cannot write {part!r}: {exc}") from None
+                have += len(chunk)
+                progress.update(have, total)
+    # http.client returns b"" (no error) when the server closes the connection
+    # early, so the length check is what detects a cut transfer.
+    if total is not None and have != total:
+        raise _Incomplete(f"the transfer stopped after {have} of {total} bytes")
+    progress.finish(have, total)
+    return have
+
+
+def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
+             timeout: float = 60.0, backoff: float = 1.0, hint: str = "") -> str:
+    """Downloads ``url`` to ``dest``.
+
+    Args:
+      url: an ``http://``, ``https://`` or ``file://`` address.
+      dest: the file to write; its folder is created when missing. The bytes
+        arrive in ``dest + ".part"``, renamed to ``dest`` once complete.
+      retries: how many times a broken transfer is retried (so at most
+        ``retries + 1`` attempts), each resuming where the last stopped when
+        the server supports ``Range`` requests.
+      progress: report progress on stderr.
+      timeout: seconds to wait for the connection or the next bytes.
+      backoff: seconds before the first retry, doubled for each next one.
+      hint: text appended to error messages (how to get the file by hand).
+
+    Returns:
+      ``dest``.
+
+    Raises:
+      ValueError: a negative ``retries``, or a ``timeout``/``backoff`` < 0.
+      DataError: an unsupported scheme, a wrong address (HTTP 4xx,
+        connection refused, unknown host, missing file), a local write error,
+        or every attempt failed. The ``.part`` file is removed first.
+    """
+    if retries < 0:
+        raise ValueError(f"retries = {retries} must be >= 0")
+    if timeout <= 0 or backoff < 0:
+        raise ValueError(f"timeout = {timeout} must be > 0 and backoff = {backoff} >= 0")
+    hint = f". {hint}" if hint else ""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in SUPPORTED_SCHEMES:
+        raise DataError(f"cannot download {url!r}: the scheme {scheme or '(none)'!r} is not one of "
+                        f"{', '.join(SUPPORTED_SCHEMES)}{hint}")
+    dest = os.fspath(dest)
+    folder = os.path.dirname(os.path.abspath(dest))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the folder {folder!r} for {dest!r}: {exc}") from None
+    part = dest + ".part"
+    # A .part left by a killed run may come from another address: never trust it.
+    _remove(part)
+    reporter = _Progress(os.path.basename(dest), progress)
+    last_error: Optional[BaseException] = None
+    for attempt in range(retries + 1):
+        if attempt:
+            delay = min(backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
+            resume = os.path.getsize(part) if os.path.exists(part) else 0
+            reporter.note(f"{last_error}; retry {attempt}/{retries} in {delay:.1f} s"
+                          + (f", resuming at byte {resume}" if resume else ""))
+            time.sleep(delay)
+        try:
+            _fetch(url, part, timeout, reporter)
+            os.replace(part, dest)
+            return dest
+        except _Permanent as exc:
+            _remove(part)
+            raise DataError(f"cannot download {url}: {exc}{hint}") from None
+        except (_Incomplete, OSError, http.client.HTTPException) as exc:
+            last_error = exc
+        except BaseException:
+            _remove(part)  # KeyboardInterrupt and the like: leave nothing behind
+            raise
+    _remove(part)
+    raise DataError(f"cannot download {url}: {retries + 1} attempt(s) failed, the last with "
+                    f"{type(last_error).__name__}: {last_error}{hint}")

@@ -1,0 +1,297 @@
+"""The optimizer base class: step variables, eager slot creation, updates.
+
+Every lmkit optimizer is a :class:`tf.Module` holding plain ``tf.Variable``s
+(no Keras), so that ``lmkit.dist.broadcast_variables`` and
+``tf.train.Checkpoint`` see the same list of variables on every rank:
+
+* ``learning_rate``: float32, assigned by the trainer before each step from a
+  :class:`lmkit.optim.LearningRatePolicy`;
+* ``iterations``: int64, the number of updates applied so far;
+* slots (momentum, moments, ...): created by :meth:`Optimizer.build` before the
+  first step, so the rank-0 broadcast and the checkpoints include them.
+
+Subclasses describe their slots with :meth:`Optimizer._slot_shapes` and their
+rule with :meth:`Optimizer._apply_dense` (and, when they can do better than
+densifying, :meth:`Optimizer._apply_sparse`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import tensorflow as tf
+
+from lmkit.errors import UsageError
+
+__all__ = [
+    "Optimizer",
+    "StepContext",
+    "WeightDecayFilter",
+    "GradientOrNone",
+    "check_number",
+]
+
+GradientOrNone = Union[tf.Tensor, tf.IndexedSlices, None]
+# Which variables weight decay skips: a callable ``var -> True to exclude`` or
+# regular expressions searched in the variable name (e.g. ["bias", "layer_norm"]).
+WeightDecayFilter = Union[None, Callable[[tf.Variable], bool], Sequence[str]]
+
+
+def check_number(name: str, value: object, *, low: Optional[float] = None,
+                 high: Optional[float] = None, low_open: bool = False,
+                 high_open: bool = False, fix: str = "") -> float:
+    """Returns ``value`` as a float after checking its type and range.
+
+    Args:
+      name: argument name used in the error message.
+      value: the value to check (int or float; bool is rejected).
+      low: lower bound, or None.
+      high: upper bound, or None.
+      low_open: True when ``low`` itself is not allowed.
+      high_open: True when ``high`` itself is not allowed.
+      fix: advice appended to the error message.
+
+    Returns:
+      ``float(value)``.
+
+    Raises:
+      UsageError: (a ValueError) the value is not a number or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{name} = {value!r} must be a number{'; ' + fix if fix else ''}")
+    v = float(value)
+    bad = ((low is not None and (v < low or (low_open and v == low)))
+           or (high is not None and (v > high or (high_open and v == high))))
+    if bad or v != v:  # v != v catches NaN
+        lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
+        rng = f"in {lo or '(-inf'}, {hi or 'inf)'}"
+        raise UsageError(f"{name} = {value!r} must be {rng}{'; ' + fix if fix else ''}")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """Values shared by all variables within one ``apply_gradients`` call.
+
+    Attributes:
+      lr: float32 scalar, the learning rate read once for this step.
+      step: float32 scalar, the 1-based number of this update (for bias
+        correction: ``iterations + 1``).
+    """
+
+    lr: tf.Tensor
+    step: tf.Tensor
+
+
+class _SlotIndex:
+    """Plain-Python bookkeeping kept out of ``tf.Module`` tracking.
+
+    ``tf.Module`` walks lists and dicts held as attributes; a dict keyed by
+    ``tf.Variable.ref()`` would confuse that walk and the checkpoint, so the
+    variable -> slot-key map lives in this ordinary object instead.
+    """
+
+    def __init__(self) -> None:
+        self.key_of: Dict[object, str] = {}  # var.ref() -> slot key
+        self.order: List[str] = []  # slot keys in build order
+
+
+def _base_name(var: tf.Variable) -> str:
+    name = var.name
+    return name[:-2] if name.endswith(":0") else name.split(":")[0]
+
+
+class Optimizer(tf.Module):
+    """Base of lmkit optimizers (``docs/design.md``, "Optimizers").
+
+    Usage::
+
+        opt = lmkit.optim.Adam(learning_rate=1e-3)
+        opt.build(model.trainable_variables)          # before the broadcast
+        dist.broadcast_variables(model.variables + opt.variables)
+
+        @tf.function
+        def train_step(...):
+            ...
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    Weight decay: subclasses that support it take ``weight_decay`` and
+    ``exclude_from_weight_decay`` (a predicate ``var -> bool`` or regular
+    expressions searched in the variable name, e.g. ``["bias", "layer_norm"]``);
+    excluded variables get no decay. The decision is made in Python when the
+    step is traced, so it costs nothing at run time.
+
+    Attributes:
+      learning_rate: float32 non-trainable ``tf.Variable``.
+      iterations: int64 non-trainable ``tf.Variable``, updates applied so far.
+    """
+
+    def __init__(self, *, learning_rate: float = 0.01, weight_decay: float = 0.0,
+                 exclude_from_weight_decay: WeightDecayFilter = None,
+                 name: Optional[str] = None) -> None:
+        """Creates the step variables.
+
+        Args:
+          learning_rate: initial learning rate (the trainer overwrites it each
+            step from the learning-rate policy).
+          weight_decay: decay coefficient, >= 0; its meaning depends on the
+            subclass (see each class).
+          exclude_from_weight_decay: variables that get no weight decay: a
+            predicate or a list of regular expressions matched (``re.search``)
+            against the variable name.
+          name: module name; defaults to the snake-cased class name.
+
+        Raises:
+          UsageError: (a ValueError) a value is out of range.
+        """
+        super().__init__(name=name)
+        lr = check_number("learning_rate", learning_rate, low=0.0)
+        self.weight_decay = check_number("weight_decay", weight_decay, low=0.0,
+                                         fix="use 0 to turn weight decay off")
+        self._exclude = self._make_filter(exclude_from_weight_decay)
+        with self.name_scope:
+            self.learning_rate = tf.Variable(lr, dtype=tf.float32, trainable=False,
+                                             name="learning_rate")
+            self.iterations = tf.Variable(0, dtype=tf.int64, trainable=False, name="iterations")
+        # slot key -> {slot name -> variable}; a dict keyed by names keeps the
+        # checkpoint paths independent of the order variables are built in.
+        self._slots: Dict[str, Dict[str, tf.Variable]] = {}
+        self._index = _SlotIndex()
+
+    # ------------------------------------------------------------------ slots
+    def _slot_shapes(self, var: tf.Variable) -> List[Tuple[str, tf.TensorShape]]:
+        """The slots of one variable as ``(slot name, shape)``, in a fixed order.
+
+        Subclasses override; the default is no slots (plain SGD).
+        """
+        del var
+        return []
+
+    @staticmethod
+    def _make_filter(spec: WeightDecayFilter) -> Callable[[tf.Variable], bool]:
+        if spec is None:
+            return lambda var: False
+        if callable(spec):
+            return spec
+        if isinstance(spec, str):
+            spec = [spec]
+        try:
+            patterns = [re.compile(p) for p in spec]
+        except (TypeError, re.error) as exc:
+            raise UsageError(f"exclude_from_weight_decay = {spec!r} is not a list of regular "
+                             f"expressions ({exc}); use e.g. ['bias', 'layer_norm'] or a "
+                             f"function var -> bool") from None
+        return lambda var: any(p.search(var.name) for p in patterns)
+
+    def decays(self, var: tf.Variable) -> bool:
+        """True when weight decay applies to ``var`` (decay > 0 and not excluded)."""
+        return self.weight_decay > 0.0 and not self._exclude(var)
+
+    def build(self, var_list: Iterable[tf.Variable]) -> None:
+        """Creates the slots of every variable in ``var_list`` (idempotent).
+
+        Variables already built are skipped, so calling it again with more
+        variables only adds theirs. Slots are zero-initialised, named
+        ``<variable name>/<slot>`` and created outside any ``tf.function``
+        (``tf.init_scope``), so this may also run from inside a traced step.
+
+        Args:
+          var_list: the trainable variables, in a deterministic order (e.g.
+            ``model.trainable_variables``); it fixes the order of
+            :attr:`variables`.
+        """
+        for var in var_list:
+            if var.ref() in self._index.key_of:
+                continue
+            shapes = self._slot_shapes(var)
+            key = _base_name(var)
+            n = 1
+            while key in self._slots:  # two variables with one name: still distinct slots
+                key = f"{_base_name(var)}_{n}"
+                n += 1
+            created = {}
+            with tf.init_scope(), tf.device(var.device or None):
+                for slot, shape in shapes:
+                    created[slot] = tf.Variable(tf.zeros(shape, dtype=var.dtype), trainable=False,
+                                                name=f"{key}/{slot}")
+            self._slots[key] = created
+            self._index.key_of[var.ref()] = key
+            self._index.order.append(key)
+
+    def slots(self, var: tf.Variable) -> Dict[str, tf.Variable]:
+        """The slots of ``var`` by name (empty for slot-free optimizers).
+
+        Raises:
+          KeyError: ``var`` was never built.
+        """
+        key = self._index.key_of.get(var.ref())
+        if key is None:
+            raise KeyError(f"variable {var.name!r} has no slots in {self.name}; "
+                           f"call build() with it first")
+        return dict(self._slots[key])
+
+    @property
+    def built_variables(self) -> int:
+        """Number of model variables whose slots exist."""
+        return len(self._index.order)
+
+    @property
+    def variables(self) -> List[tf.Variable]:
+        """``[learning_rate, iterations, *slots]``; slots in build order, then slot order.
+
+        This is the list to broadcast from rank 0 and what a checkpoint
+        restores; the order is the same on every rank and every run.
+        """
+        out = [self.learning_rate, self.iterations]
+        for key in self._index.order:
+            out.extend(self._slots[key].values())
+        return out
+
+    # ---------------------------------------------------------------- updates
+    def apply_gradients(self, grads_and_vars: Iterable[Tuple[GradientOrNone, tf.Variable]]) -> None:
+        """Applies one update and increments :attr:`iterations`.
+
+        Works eagerly and inside ``tf.function``. Pairs whose gradient is None
+        are skipped. Variables not yet built get their slots first (from
+        inside a ``tf.function`` that works on the first trace only; call
+        :meth:`build` beforehand, as the trainer does, to be safe).
+
+        Args:
+          grads_and_vars: ``(gradient, variable)`` pairs; a gradient may be a
+            dense tensor or a ``tf.IndexedSlices`` (embedding lookups).
+        """
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        self.build([v for _, v in pairs])
+        ctx = StepContext(lr=tf.identity(self.learning_rate),  # one read for all variables
+                          step=tf.cast(self.iterations + 1, tf.float32))
+        for grad, var in pairs:
+            slots = self._slots[self._index.key_of[var.ref()]]
+            if isinstance(grad, tf.IndexedSlices):
+                grad = tf.IndexedSlices(tf.cast(grad.values, var.dtype), grad.indices,
+                                        grad.dense_shape)
+                self._apply_sparse(grad, var, slots, ctx)
+            else:
+                self._apply_dense(tf.cast(grad, var.dtype), var, slots, ctx)
+        self.iterations.assign_add(1)
+
+    def _apply_dense(self, grad: tf.Tensor, var: tf.Variable, slots: Dict[str, tf.Variable],
+                     ctx: StepContext) -> None:
+        """Updates ``var`` (and its slots) from a dense gradient."""
+        raise NotImplementedError
+
+    def _apply_sparse(self, grad: tf.IndexedSlices, var: tf.Variable,
+                      slots: Dict[str, tf.Variable], ctx: StepContext) -> None:
+        """Updates ``var`` from an ``IndexedSlices`` gradient.
+
+        The default densifies (duplicate indices are summed), which gives
+        exactly the dense update: moments of rows absent from the batch still
+        decay. Subclasses override when a sparse update is both exact and cheaper.
+        """
+        self._apply_dense(tf.convert_to_tensor(grad), var, slots, ctx)
+
+    def get_config(self) -> Dict[str, object]:
+        """The constructor arguments (except ``learning_rate``), for logs."""
+        return {"weight_decay": self.weight_decay}

@@ -1,0 +1,130 @@
+"""The trainer in one process: learning, exact resume, non-finite stop, model dir checks."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lmkit import dist
+from lmkit.config import TrainConfig
+from lmkit.errors import CheckpointError, NonFiniteError, UsageError
+from lmkit.models import build_model
+from lmkit.train import Trainer
+
+VOCAB = 40
+
+
+def _config(**kw):
+    values = dict(model="lstm", vocab_size=VOCAB, hidden_size=16, num_layers=2, init_scale=0.1,
+                  keep_prob=0.7, batch_size=4, num_steps=5, num_epochs=2, learning_rate=1.0,
+                  max_grad_norm=5.0, lr_decay=0.5, lr_decay_start_epoch=1, seed=3)
+    values.update(kw)
+    return TrainConfig.from_dict(values)
+
+
+def _ids(n=1200, seed=0):
+    rng = np.random.RandomState(seed)
+    ids = np.zeros(n, np.int32)
+    for i in range(1, n):
+        ids[i] = (ids[i - 1] * 7 + 2) % VOCAB if rng.rand() < 0.85 else rng.randint(VOCAB)
+    return ids
+
+
+class _Vocab:
+    """The least a trainer needs of a vocabulary."""
+
+    def __init__(self, n=VOCAB):
+        self.tokens = [f"t{i}" for i in range(n)]
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def fingerprint(self):
+        return str(len(self.tokens))
+
+    def save(self, path):
+        with open(path, "w") as f:
+            f.write("\n".join(self.tokens) + "\n")
+
+
+def _train(cfg, model_dir, num_epochs, seed=11):
+    tf.random.set_seed(seed)
+    model = build_model(cfg.model_config())
+    trainer = Trainer(model, cfg, model_dir=model_dir, log=lambda s: None)
+    result = trainer.fit(_ids(), _ids(300, seed=1), num_epochs=num_epochs)
+    return model, trainer, result
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _init():
+    dist.init()
+
+
+def test_training_lowers_perplexity_and_follows_the_decay(tmp_path):
+    cfg = _config(keep_prob=1.0, num_epochs=3)
+    _, trainer, result = _train(cfg, None, 3)
+    ppl = [e.train_perplexity for e in result.epochs]
+    assert ppl[2] < ppl[0] < VOCAB * 1.5
+    assert [e.learning_rate for e in result.epochs] == pytest.approx([1.0, 0.5, 0.25])
+    assert all(e.valid_perplexity is not None for e in result.epochs)
+
+
+def test_resume_is_exact_with_dropout_on(tmp_path):
+    cfg = _config(keep_prob=0.7)
+    straight, _, _ = _train(cfg, str(tmp_path / "a"), 2)
+    _train(cfg, str(tmp_path / "b"), 1)
+    resumed, _, result = _train(cfg, str(tmp_path / "b"), 2, seed=999)  # init seed must not matter
+    assert result.resumed_from and result.epochs[0].epoch == 2
+    for a, b in zip(straight.trainable_variables, resumed.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6, err_msg=a.name)
+
+
+def test_dropout_really_is_on_in_that_test(tmp_path):
+    """Guards the test above: with another seed, dropout gives other weights."""
+    a, _, _ = _train(_config(keep_prob=0.7), None, 1)
+    b, _, _ = _train(_config(keep_prob=0.7, seed=4), None, 1)
+    assert any(not np.allclose(x.numpy(), y.numpy()) for x, y in
+               zip(a.trainable_variables, b.trainable_variables))
+
+
+def test_non_finite_loss_stops_with_epoch_and_step_and_keeps_last_good_checkpoint(tmp_path):
+    cfg = _config(keep_prob=1.0, num_epochs=3)
+    model_dir = str(tmp_path / "m")
+    _train(cfg, model_dir, 1)
+    ckpts = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
+    tf.random.set_seed(1)
+    model = build_model(cfg.model_config())
+    trainer = Trainer(model, cfg.replace(learning_rate=1e30, max_grad_norm=0.0), model_dir=model_dir,
+                      log=lambda s: None)
+    with pytest.raises(NonFiniteError, match=r"epoch 2, step \d+"):
+        trainer.fit(_ids(), num_epochs=3)
+    assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == ckpts
+
+
+def test_model_dir_with_another_model_shape_is_refused(tmp_path):
+    model_dir = str(tmp_path / "m")
+    _train(_config(keep_prob=1.0), model_dir, 1)
+    before = open(os.path.join(model_dir, "config.json")).read()
+    cfg = _config(keep_prob=1.0, hidden_size=24)
+    with pytest.raises(CheckpointError, match="hidden_size = 16, but the config says 24"):
+        _train(cfg, model_dir, 1)
+    assert open(os.path.join(model_dir, "config.json")).read() == before
+
+
+def test_unwritable_model_dir_and_bad_batch_are_usage_errors(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UsageError, match="is not writable"):
+        _train(_config(), str(blocker / "sub"), 1)
+    with pytest.raises(UsageError, match="too short|not enough|too little|at least"):
+        Trainer(build_model(_config().model_config()), _config(batch_size=4)).fit(_ids(20))
+
+
+def test_results_json_and_tensorboard(tmp_path):
+    model_dir = tmp_path / "m"
+    _train(_config(keep_prob=1.0), str(model_dir), 2)
+    results = json.loads((model_dir / "results.json").read_text())
+    assert [e["epoch"] for e in results["epochs"]] == [1, 2]
+    assert results["world_size"] == dist.size()
+    assert any(f.startswith("events") for f in os.listdir(model_dir / "tensorboard"))
