@@ -30,7 +30,7 @@ run_dist() {
   timeout --signal=TERM --kill-after=30 900 \
     mpirun -np 2 --oversubscribe --tag-output \
       -x TF_CPP_MIN_LOG_LEVEL -x PYTHONDONTWRITEBYTECODE \
-      "$PY" -m pytest tests/distributed -q -p no:cacheprovider --timeout 240 -x
+      "$PY" -m pytest tests/distributed -q -p no:cacheprovider --color=no --timeout 240 -x
   pytest_rc_ok $? || failed+=("distributed tests (mpirun -np 2)")
 }
 

@@ -1,0 +1,40 @@
+"""Reusable building blocks: ``tf.Module`` s holding plain ``tf.Variable`` s.
+
+Every module creates its variables in ``__init__``, works eagerly and under
+``tf.function``, and describes itself with ``get_config()``.
+"""
+
+from lmkit.modules.base import (Linear, Module, dropout, ones_initializer, uniform_initializer,
+                                zeros_initializer)
+from lmkit.modules.embedders import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
+from lmkit.modules.projection import OutputProjection
+from lmkit.modules.rnn import (GRUCell, LSTMCell, LSTMState, RecurrentCell, RNNDecoder, StackedRNN,
+                               unroll)
+from lmkit.modules.transformer import (AttentionCache, LayerNorm, MultiHeadAttention,
+                                       TransformerDecoder, TransformerLayer, TransformerState)
+
+__all__ = [
+    "AttentionCache",
+    "GRUCell",
+    "LSTMCell",
+    "LSTMState",
+    "LayerNorm",
+    "Linear",
+    "Module",
+    "MultiHeadAttention",
+    "OutputProjection",
+    "PositionEmbedder",
+    "RNNDecoder",
+    "RecurrentCell",
+    "SinusoidsPositionEmbedder",
+    "StackedRNN",
+    "TransformerDecoder",
+    "TransformerLayer",
+    "TransformerState",
+    "WordEmbedder",
+    "dropout",
+    "ones_initializer",
+    "uniform_initializer",
+    "unroll",
+    "zeros_initializer",
+]

@@ -1,0 +1,256 @@
+"""Small helpers shared by every lmkit module.
+
+* :class:`Module`: a ``tf.Module`` with the ``get_config`` convention: the
+  dict holds the constructor's keyword arguments (JSON-friendly values only),
+  so ``type(m)(**m.get_config())`` rebuilds a module of the same shape.
+  Arguments that cannot be written to JSON (an initializer callable, a tied
+  embedder) are left out and say so in the module's docstring.
+* Initializers: callables ``(shape, dtype) -> tf.Tensor``; variables are
+  created eagerly in ``__init__`` so the trainer can broadcast them before the
+  first step.
+* :func:`dropout`: dropout that is a no-op unless ``training``.
+* :class:`Linear`: ``x @ kernel + bias`` over the last axis of any rank.
+* ``check_*``: argument checks whose ``ValueError`` names the argument, the
+  bad value and the fix.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+
+Initializer = Callable[[Sequence[int], tf.dtypes.DType], tf.Tensor]
+Training = Union[bool, tf.Tensor]
+Seed = Union[None, int, tf.Tensor]
+
+__all__ = [
+    "Initializer",
+    "Linear",
+    "Module",
+    "check_float",
+    "check_non_negative_float",
+    "check_positive_float",
+    "check_positive_int",
+    "check_rate",
+    "dropout",
+    "leading_shape",
+    "ones_initializer",
+    "uniform_initializer",
+    "zeros_initializer",
+]
+
+
+class Module(tf.Module):
+    """Base of the lmkit modules: a ``tf.Module`` that can describe itself."""
+
+    def get_config(self) -> Dict[str, Any]:
+        """The constructor's keyword arguments (JSON-friendly values only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_config")
+
+
+# --- initializers -----------------------------------------------------------
+
+
+def uniform_initializer(init_scale: float, seed: Optional[int] = None) -> Initializer:
+    """Values from uniform(-init_scale, init_scale), as in Zaremba et al. (2014).
+
+    Args:
+      init_scale: half-width of the interval; must be > 0.
+      seed: optional op seed (the global seed of ``tf.random.set_seed`` applies
+        as usual).
+
+    Returns:
+      A callable ``(shape, dtype) -> tf.Tensor``.
+
+    Raises:
+      ValueError: ``init_scale`` is not a positive number.
+    """
+    check_positive_float("init_scale", init_scale)
+
+    def initialize(shape: Sequence[int], dtype: tf.dtypes.DType = tf.float32) -> tf.Tensor:
+        return tf.random.uniform(shape, -init_scale, init_scale, dtype=dtype, seed=seed)
+
+    return initialize
+
+
+def zeros_initializer() -> Initializer:
+    """Zeros (biases and layer-norm offsets)."""
+    return lambda shape, dtype=tf.float32: tf.zeros(shape, dtype)
+
+
+def ones_initializer() -> Initializer:
+    """Ones (layer-norm scales)."""
+    return lambda shape, dtype=tf.float32: tf.ones(shape, dtype)
+
+
+# --- dropout ------------------------------------------------------------------
+
+
+def dropout(x: tf.Tensor, rate: float, training: Training, seed: Seed = None) -> tf.Tensor:
+    """Inverted dropout that only acts while training.
+
+    Args:
+      x: any float tensor.
+      rate: fraction of units dropped, in [0, 1).
+      training: a Python bool (the usual case: the trainer traces training and
+        evaluation as separate functions, so no graph branch is built) or a
+        scalar bool tensor (then a ``tf.cond`` picks the branch).
+      seed: None (the default) draws the mask from TensorFlow's global
+        ``tf.random.Generator``, so ``tf.random.set_global_generator`` makes
+        dropout reproducible, checkpointable and different per worker; a
+        shape-[2] int tensor gives a stateless, reproducible mask; a Python
+        int is an op seed for ``tf.nn.dropout``.
+
+    Returns:
+      ``x`` with units zeroed with probability ``rate`` and the rest scaled by
+      ``1 / (1 - rate)`` while training; ``x`` itself otherwise.
+    """
+    if rate == 0.0:
+        return x
+
+    def drop() -> tf.Tensor:
+        if isinstance(seed, numbers.Integral):
+            return tf.nn.dropout(x, rate=rate, seed=seed)
+        if seed is None:
+            # init_scope: a first-time creation of the global generator must
+            # happen eagerly, not inside a tf.function trace.
+            with tf.init_scope():
+                generator = tf.random.get_global_generator()
+            step_seed = generator.make_seeds(1)[:, 0]  # [2]
+        else:
+            step_seed = seed
+        return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=step_seed)
+
+    if isinstance(training, (bool, np.bool_)):
+        return drop() if training else x
+    return tf.cond(tf.cast(training, tf.bool), drop, lambda: tf.identity(x))
+
+
+def leading_shape(x: tf.Tensor) -> list:
+    """``x``'s shape without the last axis: static sizes where known, else scalar tensors.
+
+    Reshaping back to ``leading_shape(x) + [n]`` keeps static shapes in graphs
+    and needs no shape ``concat`` when the shape is fully known.
+    """
+    dynamic = None
+    dims = []
+    for i, size in enumerate(x.shape[:-1]):
+        if size is None:
+            dynamic = tf.shape(x) if dynamic is None else dynamic
+            size = dynamic[i]
+        dims.append(size)
+    return dims
+
+
+# --- argument checks ------------------------------------------------------------
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """Returns ``value`` when it is an int >= 1; raises ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} {value!r} must be a positive integer; pass e.g. {name}=1")
+    return int(value)
+
+
+def check_float(name: str, value: Any) -> float:
+    """Returns ``value`` as float when it is a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
+        raise ValueError(f"{name} {value!r} must be a finite number")
+    return float(value)
+
+
+def check_positive_float(name: str, value: Any) -> float:
+    """Returns ``value`` as float when it is a number > 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"{name} {value!r} must be a number > 0")
+    return float(value)
+
+
+def check_non_negative_float(name: str, value: Any) -> float:
+    """Returns ``value`` as float when it is a number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+        raise ValueError(f"{name} {value!r} must be a number >= 0")
+    return float(value)
+
+
+def check_rate(name: str, value: Any) -> float:
+    """Returns a dropout rate in [0, 1) as float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} {value!r} must be in [0, 1) (it is 1 - keep_prob); "
+                         f"use 0.0 to turn dropout off")
+    return float(value)
+
+
+# --- linear layer -----------------------------------------------------------------
+
+
+class Linear(Module):
+    """``y = x @ kernel + bias`` over the last axis of an input of any rank.
+
+    Variables: ``kernel`` [input_size, output_size] and, with ``use_bias``,
+    ``bias`` [output_size].
+    """
+
+    def __init__(self,
+                 *,
+                 input_size: int,
+                 output_size: int,
+                 use_bias: bool = True,
+                 init_scale: float = 0.1,
+                 initializer: Optional[Initializer] = None,
+                 bias_initializer: Optional[Initializer] = None,
+                 name: Optional[str] = None) -> None:
+        """Creates the variables.
+
+        Args:
+          input_size: size of the last input axis.
+          output_size: size of the last output axis.
+          use_bias: whether to add a bias.
+          init_scale: kernel values from uniform(-init_scale, init_scale) when
+            ``initializer`` is None.
+          initializer: kernel initializer (overrides ``init_scale``).
+          bias_initializer: bias initializer; zeros when None.
+          name: module name.
+
+        Raises:
+          ValueError: a size is not a positive integer or ``init_scale`` <= 0.
+        """
+        super().__init__(name=name)
+        self.input_size = check_positive_int("input_size", input_size)
+        self.output_size = check_positive_int("output_size", output_size)
+        self.use_bias = bool(use_bias)
+        self.init_scale = check_positive_float("init_scale", init_scale)
+        initializer = initializer or uniform_initializer(init_scale)
+        bias_initializer = bias_initializer or zeros_initializer()
+        with self.name_scope:
+            self.kernel = tf.Variable(initializer([input_size, output_size], tf.float32), name="kernel")
+            if self.use_bias:
+                self.bias = tf.Variable(bias_initializer([output_size], tf.float32), name="bias")
+
+    def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
+        """Applies the layer.
+
+        Args:
+          inputs: [..., input_size] float32.
+
+        Returns:
+          [..., output_size] float32.
+        """
+        inputs = tf.convert_to_tensor(inputs)
+        if inputs.shape.rank == 2:
+            outputs = tf.matmul(inputs, self.kernel)
+        else:
+            # One 2-D matmul is faster on CPU than a broadcasting batch matmul.
+            flat = tf.reshape(inputs, [-1, self.input_size])  # [n, in]
+            outputs = tf.matmul(flat, self.kernel)  # [n, out]
+            outputs = tf.reshape(outputs, leading_shape(inputs) + [self.output_size])
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        return outputs
+
+    def get_config(self) -> Dict[str, Any]:
+        return {"input_size": self.input_size, "output_size": self.output_size,
+                "use_bias": self.use_bias, "init_scale": self.init_scale, "name": self.name}

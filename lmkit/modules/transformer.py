@@ -1,0 +1,449 @@
+"""A decoder-only transformer with a pre-allocated key/value cache.
+
+``TransformerDecoder.__call__`` runs causal self-attention over a window. For
+incremental decoding it takes a :class:`TransformerState`: per-row positions
+[batch] int32 and, per layer, keys and values of shape
+[batch, heads, max_length, head_dim] allocated once by ``initial_state``. A
+call writes the new keys and values at each row's positions with
+``tf.tensor_scatter_nd_update`` and masks out the slots not yet written, so
+every tensor keeps one shape from the first step to the last (one trace under
+``tf.function``), every state tensor has the batch first (``reorder_state`` is
+a gather), and rows may sit at different positions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+
+import tensorflow as tf
+
+from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
+                                check_rate, dropout, ones_initializer, zeros_initializer)
+
+__all__ = [
+    "AttentionCache",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "TransformerDecoder",
+    "TransformerLayer",
+    "TransformerState",
+]
+
+# Added to masked scores; exp() of it underflows to exactly 0 in float32.
+_MASK_VALUE = -1.0e9
+
+_ACTIVATIONS = {
+    "gelu": lambda x: tf.nn.gelu(x, approximate=True),  # GPT-2's tanh approximation
+    "relu": tf.nn.relu,
+}
+
+
+class AttentionCache(NamedTuple):
+    """Keys and values of one layer, each [batch, heads, max_length, head_dim]."""
+
+    keys: tf.Tensor
+    values: tf.Tensor
+
+
+class TransformerState(NamedTuple):
+    """Decoding state of a :class:`TransformerDecoder`.
+
+    Attributes:
+      positions: [batch] int32, the number of tokens already in each row's
+        cache (= the position of the next token).
+      caches: one :class:`AttentionCache` per layer.
+    """
+
+    positions: tf.Tensor
+    caches: Tuple[AttentionCache, ...]
+
+
+class LayerNorm(Module):
+    """Layer normalization over the last axis (Ba et al., 2016).
+
+    Variables: ``scale`` [dim] (ones) and ``offset`` [dim] (zeros).
+    """
+
+    def __init__(self, *, dim: int, epsilon: float = 1e-5, name: Optional[str] = None) -> None:
+        """Creates the variables.
+
+        Args:
+          dim: size of the last axis.
+          epsilon: added to the variance.
+          name: module name.
+
+        Raises:
+          ValueError: ``dim`` is not a positive integer or ``epsilon`` <= 0.
+        """
+        super().__init__(name=name)
+        self.dim = check_positive_int("dim", dim)
+        self.epsilon = check_positive_float("epsilon", epsilon)
+        with self.name_scope:
+            self.scale = tf.Variable(ones_initializer()([dim], tf.float32), name="scale")
+            self.offset = tf.Variable(zeros_initializer()([dim], tf.float32), name="offset")
+
+    def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
+        """Normalizes ``inputs`` [..., dim]; returns the same shape."""
+        mean, variance = tf.nn.moments(inputs, axes=[-1], keepdims=True)  # [..., 1]
+        normalized = (inputs - mean) * tf.math.rsqrt(variance + self.epsilon)
+        return normalized * self.scale + self.offset
+
+    def get_config(self) -> Dict[str, Any]:
+        return {"dim": self.dim, "epsilon": self.epsilon, "name": self.name}
+
+
+def _check_heads(dim: int, num_heads: int) -> None:
+    check_positive_int("num_heads", num_heads)
+    if dim % num_heads:
+        raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}; "
+                         f"use a multiple of {num_heads}")
+
+
+class MultiHeadAttention(Module):
+    """Causal multi-head self-attention.
+
+    Variables: ``qkv/kernel`` [dim, 3 * dim] and ``qkv/bias`` (queries, keys
+    and values in one matmul), ``output/kernel`` [dim, dim] and
+    ``output/bias``.
+    """
+
+    def __init__(self,
+                 *,
+                 dim: int,
+                 num_heads: int,
+                 dropout: float = 0.0,
+                 init_scale: float = 0.1,
+                 name: Optional[str] = None) -> None:
+        """Creates the variables.
+
+        Args:
+          dim: model size; a multiple of ``num_heads``.
+          num_heads: number of heads.
+          dropout: rate of dropout on the attention probabilities while training.
+          init_scale: kernels from uniform(-init_scale, init_scale).
+          name: module name.
+
+        Raises:
+          ValueError: ``dim`` is not divisible by ``num_heads``, or a bad size or rate.
+        """
+        super().__init__(name=name)
+        self.dim = check_positive_int("dim", dim)
+        _check_heads(dim, num_heads)
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.dropout = check_rate("dropout", dropout)
+        self.init_scale = check_positive_float("init_scale", init_scale)
+        with self.name_scope:
+            self.qkv = Linear(input_size=dim, output_size=3 * dim, init_scale=init_scale, name="qkv")
+            self.output = Linear(input_size=dim, output_size=dim, init_scale=init_scale, name="output")
+
+    def initial_cache(self, batch_size: Union[int, tf.Tensor], max_length: int) -> AttentionCache:
+        """An empty cache for ``max_length`` positions."""
+        zeros = tf.zeros([batch_size, self.num_heads, max_length, self.head_dim], tf.float32)
+        return AttentionCache(zeros, zeros)
+
+    def __call__(self,
+                 inputs: tf.Tensor,
+                 training: Training = False,
+                 cache: Optional[AttentionCache] = None,
+                 positions: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+        """Attends from every position to itself and the positions before it.
+
+        Args:
+          inputs: [batch, time, dim] float32.
+          training: apply dropout.
+          cache: None for a self-contained window; otherwise the keys and
+            values of the earlier positions, which this call extends.
+          positions: with ``cache``: [batch] int32, where each row's window
+            starts (the number of tokens already cached). Rows must satisfy
+            ``positions + time <= max_length`` (on CPU a violation raises an
+            error; on GPU the write would be dropped).
+
+        Returns:
+          ``(outputs [batch, time, dim], cache)``; the cache is None when
+          none was given.
+
+        Raises:
+          ValueError: a cache without positions.
+        """
+        batch = tf.shape(inputs)[0]
+        length = tf.shape(inputs)[1]
+        qkv = self.qkv(inputs)  # [batch, time, 3 * dim]
+        qkv = tf.reshape(qkv, [batch, length, 3, self.num_heads, self.head_dim])
+        # each [batch, heads, time, head_dim]
+        queries, keys, values = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
+        # Scaling the queries is cheaper than scaling the [time, keys] scores.
+        queries = queries * (1.0 / math.sqrt(self.head_dim))
+
+        if cache is None:
+            # [1, 1, time, time]: query i sees keys 0..i.
+            mask = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)[tf.newaxis, tf.newaxis]
+        else:
+            if positions is None:
+                raise ValueError("positions is None but a cache was given; pass the [batch] int32 positions")
+            positions = tf.cast(positions, tf.int32)
+            query_positions = positions[:, tf.newaxis] + tf.range(length)[tf.newaxis, :]  # [batch, time]
+            index_shape = [batch, self.num_heads, length]
+            indices = tf.stack([
+                tf.broadcast_to(tf.range(batch)[:, tf.newaxis, tf.newaxis], index_shape),
+                tf.broadcast_to(tf.range(self.num_heads)[tf.newaxis, :, tf.newaxis], index_shape),
+                tf.broadcast_to(query_positions[:, tf.newaxis, :], index_shape),
+            ], axis=-1)  # [batch, heads, time, 3]
+            keys = tf.tensor_scatter_nd_update(cache.keys, indices, keys)  # [batch, heads, max_length, head_dim]
+            values = tf.tensor_scatter_nd_update(cache.values, indices, values)
+            cache = AttentionCache(keys, values)
+            max_length = tf.shape(keys)[2]
+            # [batch, 1, time, max_length]: slots after the query are future or unwritten.
+            mask = (tf.range(max_length)[tf.newaxis, tf.newaxis, :]
+                    <= query_positions[:, :, tf.newaxis])[:, tf.newaxis]
+
+        scores = tf.matmul(queries, keys, transpose_b=True)  # [batch, heads, time, keys]
+        scores = tf.where(mask, scores, _MASK_VALUE)
+        probs = tf.nn.softmax(scores, axis=-1)
+        probs = dropout(probs, self.dropout, training)
+        context = tf.matmul(probs, values)  # [batch, heads, time, head_dim]
+        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.dim])
+        return self.output(context), cache
+
+    def get_config(self) -> Dict[str, Any]:
+        return {"dim": self.dim, "num_heads": self.num_heads, "dropout": self.dropout,
+                "init_scale": self.init_scale, "name": self.name}
+
+
+class TransformerLayer(Module):
+    """Self-attention and a feed-forward block, each with a residual connection.
+
+    Pre-layer-norm (GPT-2): ``x + drop(f(norm(x)))``; post-layer-norm
+    (Vaswani et al.): ``norm(x + drop(f(x)))``.
+
+    Variables: ``attention/...``, ``attention_norm/...``, ``ffn_inner``
+    (Linear dim -> ffn_dim), ``ffn_outer`` (Linear ffn_dim -> dim),
+    ``ffn_norm/...``.
+    """
+
+    def __init__(self,
+                 *,
+                 dim: int,
+                 num_heads: int,
+                 ffn_dim: int,
+                 dropout: float = 0.0,
+                 attention_dropout: Optional[float] = None,
+                 pre_layer_norm: bool = True,
+                 activation: str = "gelu",
+                 init_scale: float = 0.1,
+                 name: Optional[str] = None) -> None:
+        """Creates the sub-modules.
+
+        Args:
+          dim: model size; a multiple of ``num_heads``.
+          num_heads: attention heads.
+          ffn_dim: inner size of the feed-forward block.
+          dropout: residual dropout rate while training.
+          attention_dropout: dropout on attention probabilities; ``dropout`` when None.
+          pre_layer_norm: normalize before (True) or after (False) each block.
+          activation: ``"gelu"`` or ``"relu"``.
+          init_scale: kernels from uniform(-init_scale, init_scale).
+          name: module name.
+
+        Raises:
+          ValueError: bad sizes, rates or activation.
+        """
+        super().__init__(name=name)
+        self.dim = check_positive_int("dim", dim)
+        _check_heads(dim, num_heads)
+        self.num_heads = num_heads
+        self.ffn_dim = check_positive_int("ffn_dim", ffn_dim)
+        self.dropout = check_rate("dropout", dropout)
+        self.attention_dropout = check_rate(
+            "attention_dropout", dropout if attention_dropout is None else attention_dropout)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
+        self.activation = activation
+        self.pre_layer_norm = bool(pre_layer_norm)
+        self.init_scale = check_positive_float("init_scale", init_scale)
+        with self.name_scope:
+            self.attention = MultiHeadAttention(dim=dim, num_heads=num_heads, dropout=self.attention_dropout,
+                                                init_scale=init_scale, name="attention")
+            self.attention_norm = LayerNorm(dim=dim, name="attention_norm")
+            self.ffn_inner = Linear(input_size=dim, output_size=ffn_dim, init_scale=init_scale, name="ffn_inner")
+            self.ffn_outer = Linear(input_size=ffn_dim, output_size=dim, init_scale=init_scale, name="ffn_outer")
+            self.ffn_norm = LayerNorm(dim=dim, name="ffn_norm")
+
+    def _feed_forward(self, x: tf.Tensor) -> tf.Tensor:
+        return self.ffn_outer(_ACTIVATIONS[self.activation](self.ffn_inner(x)))  # [batch, time, dim]
+
+    def __call__(self,
+                 inputs: tf.Tensor,
+                 training: Training = False,
+                 cache: Optional[AttentionCache] = None,
+                 positions: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+        """Applies the layer; arguments as in :meth:`MultiHeadAttention.__call__`.
+
+        Returns:
+          ``(outputs [batch, time, dim], cache)``.
+        """
+        x = inputs
+        if self.pre_layer_norm:
+            attended, cache = self.attention(self.attention_norm(x), training, cache, positions)
+            x = x + dropout(attended, self.dropout, training)
+            x = x + dropout(self._feed_forward(self.ffn_norm(x)), self.dropout, training)
+        else:
+            attended, cache = self.attention(x, training, cache, positions)
+            x = self.attention_norm(x + dropout(attended, self.dropout, training))
+            x = self.ffn_norm(x + dropout(self._feed_forward(x), self.dropout, training))
+        return x, cache
+
+    def get_config(self) -> Dict[str, Any]:
+        return {"dim": self.dim, "num_heads": self.num_heads, "ffn_dim": self.ffn_dim,
+                "dropout": self.dropout, "attention_dropout": self.attention_dropout,
+                "pre_layer_norm": self.pre_layer_norm, "activation": self.activation,
+                "init_scale": self.init_scale, "name": self.name}
+
+
+class TransformerDecoder(Module):
+    """A stack of causal :class:`TransformerLayer` s with a cached decoding step.
+
+    Takes already-embedded inputs (token plus position embeddings: the
+    language model adds them). With ``pre_layer_norm`` a final layer norm
+    follows the last layer, as in GPT-2.
+
+    Variables: ``layer_<i>/...`` per layer and, with ``pre_layer_norm``,
+    ``final_norm/scale`` and ``final_norm/offset``.
+    """
+
+    def __init__(self,
+                 *,
+                 num_layers: int,
+                 dim: int,
+                 num_heads: int,
+                 ffn_dim: int = 0,
+                 dropout: float = 0.0,
+                 attention_dropout: Optional[float] = None,
+                 pre_layer_norm: bool = True,
+                 max_positions: int = 512,
+                 activation: str = "gelu",
+                 init_scale: float = 0.1,
+                 name: Optional[str] = None) -> None:
+        """Creates the layers.
+
+        Args:
+          num_layers: number of layers.
+          dim: model size; a multiple of ``num_heads``.
+          num_heads: attention heads.
+          ffn_dim: feed-forward inner size; 0 means ``4 * dim``.
+          dropout: residual dropout rate while training.
+          attention_dropout: dropout on attention probabilities; ``dropout`` when None.
+          pre_layer_norm: GPT-2 style (True) or the original post-layer-norm.
+          max_positions: default and largest cache length of ``initial_state``.
+          activation: ``"gelu"`` or ``"relu"``.
+          init_scale: kernels from uniform(-init_scale, init_scale).
+          name: module name.
+
+        Raises:
+          ValueError: ``dim`` is not divisible by ``num_heads``, or a bad size,
+            rate or activation.
+        """
+        super().__init__(name=name)
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.dim = check_positive_int("dim", dim)
+        _check_heads(dim, num_heads)
+        self.num_heads = num_heads
+        if isinstance(ffn_dim, bool) or not isinstance(ffn_dim, int) or ffn_dim < 0:
+            raise ValueError(f"ffn_dim {ffn_dim!r} must be an integer >= 0 (0 means 4 * dim = {4 * dim})")
+        self.ffn_dim = ffn_dim or 4 * dim
+        self.max_positions = check_positive_int("max_positions", max_positions)
+        self.pre_layer_norm = bool(pre_layer_norm)
+        with self.name_scope:
+            self.layers = [
+                TransformerLayer(dim=dim, num_heads=num_heads, ffn_dim=self.ffn_dim, dropout=dropout,
+                                 attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm,
+                                 activation=activation, init_scale=init_scale, name=f"layer_{i}")
+                for i in range(num_layers)
+            ]
+            self.final_norm = LayerNorm(dim=dim, name="final_norm") if pre_layer_norm else None
+
+    def initial_state(self, batch_size: Union[int, tf.Tensor],
+                      max_length: Optional[int] = None) -> TransformerState:
+        """An empty cache.
+
+        Args:
+          batch_size: rows.
+          max_length: cache length (prompt plus generated tokens);
+            ``max_positions`` when None.
+
+        Returns:
+          A :class:`TransformerState` with positions 0 and zeroed caches of
+          [batch, heads, max_length, head_dim].
+
+        Raises:
+          ValueError: ``max_length`` is not in [1, max_positions].
+        """
+        if max_length is None:
+            max_length = self.max_positions
+        check_positive_int("max_length", max_length)
+        if max_length > self.max_positions:
+            raise ValueError(f"max_length {max_length} exceeds max_positions {self.max_positions}; "
+                             f"use max_length <= {self.max_positions} or build with a larger max_positions")
+        return TransformerState(
+            positions=tf.zeros([batch_size], tf.int32),
+            caches=tuple(layer.attention.initial_cache(batch_size, max_length) for layer in self.layers))
+
+    def __call__(self,
+                 inputs: tf.Tensor,
+                 state: Optional[TransformerState] = None,
+                 training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:
+        """Runs the stack over a window.
+
+        Args:
+          inputs: [batch, time, dim] float32 embedded tokens.
+          state: None for a self-contained window (training); or a state from
+            :meth:`initial_state` or an earlier call, whose cache this window
+            extends (prompt prefill, chunked decoding).
+          training: apply dropout.
+
+        Returns:
+          ``(outputs [batch, time, dim], state)``; the state is None when
+          none was given, else advanced by ``time`` positions.
+        """
+        x = inputs
+        if state is None:
+            for layer in self.layers:
+                x, _ = layer(x, training)
+        else:
+            if len(state.caches) != len(self.layers):
+                raise ValueError(f"state has {len(state.caches)} layer caches but the decoder has "
+                                 f"{len(self.layers)} layers; use this decoder's initial_state")
+            caches: List[AttentionCache] = []
+            for layer, cache in zip(self.layers, state.caches):
+                x, cache = layer(x, training, cache, state.positions)
+                caches.append(cache)
+            state = TransformerState(state.positions + tf.shape(inputs)[1], tuple(caches))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, state
+
+    def step(self,
+             inputs: tf.Tensor,
+             state: TransformerState,
+             training: Training = False) -> Tuple[tf.Tensor, TransformerState]:
+        """One cached decoding step.
+
+        Args:
+          inputs: [batch, dim] float32, the embedded token at ``state.positions``.
+          state: the state after the previous tokens.
+          training: apply dropout.
+
+        Returns:
+          ``(outputs [batch, dim], new_state)``.
+        """
+        outputs, state = self(inputs[:, tf.newaxis, :], state, training)
+        return outputs[:, 0, :], state
+
+    def get_config(self) -> Dict[str, Any]:
+        layer = self.layers[0]
+        return {"num_layers": self.num_layers, "dim": self.dim, "num_heads": self.num_heads,
+                "ffn_dim": self.ffn_dim, "dropout": layer.dropout,
+                "attention_dropout": layer.attention_dropout, "pre_layer_norm": self.pre_layer_norm,
+                "max_positions": self.max_positions, "activation": layer.activation,
+                "init_scale": layer.init_scale, "name": self.name}
