@@ -16,6 +16,7 @@ import argparse
 import ast
 import os
 import sys
+import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -102,23 +103,38 @@ def _hard_exit(code: int) -> None:
         os._exit(code)
 
 
+def _finalize_then_exit(code: int, grace: float = 10.0) -> None:
+    """Shuts the distributed runtime down cleanly (all ranks leave together), then exits.
+
+    Used for errors that every rank raises at the same point (bad input,
+    non-finite loss). Should the other ranks not follow within ``grace``
+    seconds, this rank leaves anyway and the launcher ends the job.
+    """
+    timer = threading.Timer(grace, _hard_exit, args=(code,))
+    timer.daemon = True
+    timer.start()
+    try:
+        from lmkit import dist
+        dist.shutdown()
+    except Exception:  # noqa: BLE001 - leaving anyway
+        pass
+    _hard_exit(code)
+
+
 def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str]] = None) -> None:
     """Runs ``main`` and turns its outcome into one message and an exit status.
 
     Exit status: 0 done, 2 bad input (:class:`UsageError`, printed by rank 0
     only), 3 non-finite loss, 1 anything else (printed by the failing rank,
-    naming it, with the traceback).
+    naming it, with the traceback; that rank leaves at once, so the launcher
+    stops the others rather than leaving them waiting in a collective).
     """
     try:
         code = main(argv)
-    except UsageError as exc:
+    except LmkitError as exc:  # UsageError (2), NonFiniteError (3): raised on every rank
         if launcher_rank() == 0:
             sys.stderr.write(f"error: {exc}\n")
-        _hard_exit(exc.exit_code)
-    except LmkitError as exc:
-        if launcher_rank() == 0:
-            sys.stderr.write(f"error: {exc}\n")
-        _hard_exit(exc.exit_code)
+        _finalize_then_exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write(f"rank {launcher_rank()}: interrupted\n")
         _hard_exit(130)
@@ -126,7 +142,8 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
         tb = traceback.format_exc()
         sys.stderr.write(f"{tb}\nrank {launcher_rank()} failed: {type(exc).__name__}: {exc}\n")
         _hard_exit(1)
-    _hard_exit(code or 0)
+    sys.stdout.flush()
+    sys.exit(code or 0)  # normal exit: Horovod and MPI finalise
 
 
 def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int]):

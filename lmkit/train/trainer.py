@@ -134,6 +134,8 @@ class Trainer:
         tf.random.set_global_generator(self.progress.rng)
         self._train_step = None
         self._eval_step = None
+        self._compiled = False
+        self.compile_time = 0.0
         self.policy = None
 
     # ------------------------------------------------------------------ logging
@@ -243,6 +245,7 @@ class Trainer:
                 sum_over_timesteps=True)
             return loss, new_state
 
+        self._compiled = False
         self._train_step = tf.function(train_step, jit_compile=cfg.jit_compile and self.world == 1)
         self._eval_step = tf.function(eval_step)
 
@@ -314,7 +317,7 @@ class Trainer:
                 return latest
             result.resumed_from = dist.run_on_chief(restore)
         # Rank 0's variables (fresh or restored) go to every rank.
-        dist.broadcast_variables(self.model.variables + list(self.optimizer.variables)
+        dist.broadcast_variables(list(self.model.variables) + list(self.optimizer.variables)
                                  + [self.progress.epoch, self.progress.global_step])
         if self.rank > 0:  # other ranks continue a distinct random stream
             self.progress.rng.reset_from_seed(
@@ -342,6 +345,7 @@ class Trainer:
             loss_sum = 0.0
             pending: List[Any] = []  # (loss, finite) tensors not yet read back
             steps_done = 0
+            timed_from = 0  # steps before this one are not in the epoch's words/sec
             t0 = time.perf_counter()
             for i in range(steps_per_epoch):
                 if max_steps is not None and step_count >= max_steps:
@@ -351,6 +355,13 @@ class Trainer:
                 pending.append((loss, finite))
                 steps_done += 1
                 step_count += 1
+                if not self._compiled:  # the first call traces and compiles: not training speed
+                    loss_sum += sum(self._drain(pending, epoch, i))
+                    self.compile_time = time.perf_counter() - t0
+                    self._compiled = True
+                    self.log(f"compiled the training step in {self.compile_time:.1f} s")
+                    t0 = time.perf_counter()
+                    timed_from = steps_done
                 # Reading values back costs a host sync: only every few steps.
                 if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
                     values = self._drain(pending, epoch, i)
@@ -359,7 +370,7 @@ class Trainer:
                     loss_sum += sum(values)
                     elapsed = time.perf_counter() - t0
                     bar.update(i + 1, f"ppl {perplexity(loss_sum / ((i + 1) * cfg.num_steps)):.2f} "
-                               f"{words_per_step * (i + 1) / max(elapsed, 1e-9):.0f} wps")
+                               f"{words_per_step * (steps_done - timed_from) / max(elapsed, 1e-9):.0f} wps")
             if pending:
                 loss_sum += sum(self._drain(pending, epoch, steps_done - 1))
             bar.close()
@@ -376,7 +387,8 @@ class Trainer:
             if self.chief and valid_ids is not None:  # rank 0 only: no collective here
                 valid_ppl = self.evaluate(valid_ids)
             stats = EpochStats(epoch=epoch + 1, train_perplexity=train_ppl, valid_perplexity=valid_ppl,
-                               learning_rate=lr, words_per_sec=words_per_step * steps_done / epoch_time,
+                               learning_rate=lr,
+                               words_per_sec=words_per_step * (steps_done - timed_from) / max(epoch_time, 1e-9),
                                epoch_time=epoch_time, cumulative_time=cumulative, steps=steps_done)
             result.epochs.append(stats)
             self.log(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {train_ppl:.2f} | valid ppl "

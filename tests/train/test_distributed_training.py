@@ -31,8 +31,12 @@ def _run(tmp_path, name, np_, *extra):
     return prefix
 
 
+# SGD: Adam divides by the gradient's own scale, so it turns the rounding
+# differences of a different summation order into visible ones (e.g. the
+# attention key bias, whose exact gradient is zero); its slots are checked
+# rank against rank below instead.
 @pytest.mark.parametrize("model, extra", [("lstm", ()), ("lstm", ("--sparse_as_dense",)),
-                                          ("transformer", ("--optimizer", "adam"))])
+                                          ("transformer", ())])
 def test_two_workers_match_one_process(tmp_path, model, extra):
     one = _run(tmp_path, "one", 1, "--model", model, *extra)
     two = _run(tmp_path, "two", 2, "--model", model, *extra)
@@ -60,4 +64,16 @@ def test_broadcast_makes_ranks_identical_despite_different_seeds(tmp_path):
     assert any(not np.allclose(r0[k], r1[k]) for k in inits)
     # ... and after it every variable and optimizer slot is identical.
     for k in [k for k in r0.files if k.startswith(("var", "slot"))]:
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "novograd"])
+def test_optimizer_slots_identical_on_both_ranks_after_training(tmp_path, optimizer):
+    two = _run(tmp_path, optimizer, 2, "--optimizer", optimizer, "--steps", "10", "--seed_by_rank")
+    r0, _ = _load(two, 0)
+    r1, _ = _load(two, 1)
+    slots = [k for k in r0.files if k.startswith("slot")]
+    assert len(slots) > 2  # learning rate, iterations and real slots
+    assert any(np.abs(r0[k]).sum() > 0 for k in slots)
+    for k in slots + [k for k in r0.files if k.startswith("var")]:
         np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
