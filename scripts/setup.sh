@@ -81,10 +81,16 @@ fi
 # --- 3. Python packages -----------------------------------------------------
 if [ "$MODE" = "main" ]; then
   STEP="install tensorflow-cpu==${TF_VERSION} and build tools"
+  # A second TensorFlow distribution (e.g. `tensorflow` pulled in by some
+  # package's requirements) overwrites files of tensorflow-cpu: remove it.
+  if "$VPY" -m pip show -q tensorflow >/dev/null 2>&1; then
+    log "removing a conflicting 'tensorflow' package; reinstalling tensorflow-cpu==${TF_VERSION}"
+    "${PIP[@]}" uninstall -y tensorflow tensorflow-cpu keras horovod || fail "pip uninstall of the conflicting TensorFlow"
+  fi
   if ! "$VPY" -c "import tensorflow as tf, sys; sys.exit(0 if tf.__version__ == '${TF_VERSION}' else 1)" >/dev/null 2>&1; then
     log "installing tensorflow-cpu==${TF_VERSION} (a few minutes on first run)"
     "${PIP[@]}" install --upgrade pip setuptools wheel || fail "pip could not upgrade itself"
-    "${PIP[@]}" install "tensorflow-cpu==${TF_VERSION}" || fail "pip install tensorflow-cpu==${TF_VERSION}"
+    "${PIP[@]}" install --force-reinstall "tensorflow-cpu==${TF_VERSION}" || fail "pip install tensorflow-cpu==${TF_VERSION}"
   else
     log "tensorflow ${TF_VERSION} present"
   fi
@@ -92,11 +98,13 @@ if [ "$MODE" = "main" ]; then
   STEP="build horovod==${HOROVOD_VERSION} (MPI + Gloo) against tensorflow ${TF_VERSION}"
   if ! "$VPY" -c "import horovod, horovod.tensorflow as h, sys; sys.exit(0 if horovod.__version__ == '${HOROVOD_VERSION}' and h.mpi_built() and h.gloo_built() else 1)" >/dev/null 2>&1; then
     log "building horovod==${HOROVOD_VERSION} from source (about 9 minutes on 2 cores; pip caches the wheel)"
-    "${PIP[@]}" install cmake==3.27.* >/dev/null 2>&1 || true
+    # Horovod's own requirements, without its `tensorflow` extra (that would
+    # pull in a second, newer TensorFlow that Horovod cannot build against).
+    "${PIP[@]}" install cloudpickle psutil pyyaml packaging || fail "pip install of Horovod's requirements"
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
     MAKEFLAGS="-j$(nproc)" \
-      "${PIP[@]}" install --no-build-isolation "horovod[tensorflow]==${HOROVOD_VERSION}" \
+      "${PIP[@]}" install --no-build-isolation --no-deps "horovod==${HOROVOD_VERSION}" \
       || fail "horovod build failed; check that openmpi-bin, libopenmpi-dev, cmake and g++ are installed and tensorflow is ${TF_VERSION}"
     "$VPY" -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built(), 'horovod built without MPI or Gloo'" \
       || fail "horovod imports but lacks MPI or Gloo support; reinstall with: $VPY -m pip uninstall -y horovod && make setup"
@@ -104,8 +112,11 @@ if [ "$MODE" = "main" ]; then
     log "horovod ${HOROVOD_VERSION} (MPI + Gloo) present"
   fi
 
-  STEP="pip install -e .[test]"
-  "${PIP[@]}" install -e ".[test]" || fail "pip install -e .[test]"
+  STEP="pip install -e .[test,bench]"
+  "${PIP[@]}" install -e ".[test,bench]" "tensorflow-cpu==${TF_VERSION}" || fail "pip install -e .[test,bench]"
+  STEP="check the environment"
+  "$VPY" -c "import tensorflow as tf, horovod.tensorflow as h, sys; sys.exit(0 if tf.__version__ == '${TF_VERSION}' and h.mpi_built() else 1)" \
+    || fail "tensorflow ${TF_VERSION} with horovod does not import after the install; delete $VENV and run make setup again"
 else
   STEP="install newest tensorflow-cpu (${LMKIT_TF_LATEST:-2.21.*}) without horovod"
   "${PIP[@]}" install --upgrade pip setuptools wheel || fail "pip could not upgrade itself"
