@@ -104,7 +104,7 @@ def main() -> None:
         style = "-" if r["global_batch"] == 20 else ("--" if r["global_batch"] == 40 else ":")
         ax.plot(range(1, epochs + 1), r["valid_perplexity"], style, marker="o", label=r["name"])
     ax.set_xlabel("epoch")
-    ax.set_ylabel("validation perplexity (WikiText-2 test, first 60k tokens)")
+    ax.set_ylabel(f"validation perplexity (first {len(valid):,} tokens of WikiText-2 test)")
     ax.set_yscale("log")
     ax.set_title("config_small LSTM on WikiText-2: larger global batches")
     ax.legend(fontsize=7)
