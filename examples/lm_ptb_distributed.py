@@ -1,7 +1,10 @@
 #!/usr/bin/env python
-"""Trains a PTB language model on N workers with Horovod.
+"""Trains a PTB language model on N workers with Horovod or TensorFlow's own distribution.
 
     mpirun -np 2 python examples/lm_ptb_distributed.py --config config_small
+    python examples/lm_ptb_distributed.py --use_horovod false --num_gpus 2 --config config_small
+    python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- \
+        python examples/lm_ptb_distributed.py --use_horovod false --config config_small
 
 Downloads the Penn Treebank when --data_path lacks it (rank 0 only), splits
 each global batch of ``batch_size`` rows across the workers, broadcasts the
@@ -19,7 +22,16 @@ from lmkit.train.cli import ptb_arg_parser, run_main  # noqa: E402
 
 def main(argv=None, distributed: bool = True) -> int:
     prog = "lm_ptb_distributed.py" if distributed else "lm_ptb.py"
-    args = ptb_arg_parser(prog, __doc__.split("\n\n")[0], distributed).parse_args(argv)
+    parser = ptb_arg_parser(prog, __doc__.split("\n\n")[0], distributed)
+    if distributed:  # DIST: which backend
+        parser.add_argument("--use_horovod", type=str.lower, choices=["true", "false"], default=None,
+                            help="true: Horovod (start with mpirun/horovodrun); false: TensorFlow's own "
+                                 "distribution (start with python, or python -m lmkit.launch for several "
+                                 "hosts); default: the config's use_horovod")
+        parser.add_argument("--num_gpus", type=int, default=None,
+                            help="use_horovod false: replicas in this process, one per GPU (logical CPU "
+                                 "devices on a host without GPUs); 0 = all GPUs; default: the config's num_gpus")
+    args = parser.parse_args(argv)
 
     # Imports after the flags, so `--help` and flag errors answer at once.
     from lmkit import dist
@@ -29,9 +41,6 @@ def main(argv=None, distributed: bool = True) -> int:
     from lmkit.train import Trainer
     from lmkit.train.cli import load_ptb_everywhere, parse_overrides
 
-    # Initialise first: pins this rank to its GPU and sets CPU threads.
-    dist.init(backend=None if distributed else "local",  # DIST
-              intra_op_threads=args.intra_op_threads)
     overrides = parse_overrides(args.overrides)
     if args.seed is not None:
         overrides["seed"] = args.seed
@@ -40,10 +49,18 @@ def main(argv=None, distributed: bool = True) -> int:
             overrides["sparse_as_dense"] = True  # DIST
         if args.fp16_allreduce:
             overrides["compression"] = "fp16"  # DIST
-    config = load_config(args.config, overrides)
-    if config.batch_size % dist.size():  # DIST: the global batch is split across workers
-        raise UsageError(f"batch_size {config.batch_size} is not divisible by {dist.size()} workers; "
-                         f"use a multiple of {dist.size()}")
+        if args.use_horovod is not None:
+            overrides["use_horovod"] = args.use_horovod == "true"  # DIST
+        if args.num_gpus is not None:
+            overrides["num_gpus"] = args.num_gpus  # DIST
+    config = load_config(args.config, overrides)  # plain Python: no TensorFlow op yet
+    # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
+    dist.init(backend=(None if config.use_horovod else "native") if distributed else "local",  # DIST
+              intra_op_threads=args.intra_op_threads, num_gpus=config.num_gpus)
+    replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
+    if config.batch_size % replicas:
+        raise UsageError(f"batch_size {config.batch_size} is not divisible by {replicas} workers; "
+                         f"use a multiple of {replicas}")
     model_dir = args.model_dir or os.path.join("runs", os.path.basename(args.config).replace(".py", ""))
     if args.no_resume and os.path.isdir(os.path.join(model_dir, "checkpoints")) and \
             os.listdir(os.path.join(model_dir, "checkpoints")):
@@ -58,7 +75,8 @@ def main(argv=None, distributed: bool = True) -> int:
 
     import tensorflow as tf
     tf.random.set_seed(config.seed)  # same initial values everywhere; rank 0's win anyway
-    model = build_model(config.model_config())
+    with dist.scope():  # DIST: native backend: one copy of each variable per replica
+        model = build_model(config.model_config())
     trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
     result = trainer.fit(data.train, data.valid, data.test, max_steps=args.max_steps,
                          num_epochs=args.num_epochs)
@@ -67,7 +85,7 @@ def main(argv=None, distributed: bool = True) -> int:
         print(f"done: {len(result.epochs)} epoch(s), final valid perplexity "
               f"{last.valid_perplexity if last.valid_perplexity is not None else float('nan'):.2f}, "
               f"test perplexity {result.test_perplexity if result.test_perplexity is not None else float('nan'):.2f}, "
-              f"{last.words_per_sec:.0f} words/sec on {dist.size()} worker(s); results in {model_dir}/results.json",
+              f"{last.words_per_sec:.0f} words/sec on {replicas} worker(s); results in {model_dir}/results.json",
               flush=True)
     return 0
 

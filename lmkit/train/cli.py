@@ -5,6 +5,8 @@
   (rank 0) and exits 2, and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
   leaving ranks waiting in a collective;
+* :func:`same_outcome_everywhere` turns a usage error on one rank into the
+  same error on every rank;
 * :func:`load_ptb_everywhere` lets rank 0 download PTB while the others wait,
   then gives every rank the data (read locally, or sent by rank 0 when a
   host has no shared file system).
@@ -139,11 +141,63 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
         sys.stderr.write(f"rank {launcher_rank()}: interrupted\n")
         _hard_exit(130)
     except BaseException as exc:  # noqa: BLE001 - a crash must end this rank now
+        if _is_peer_failure(exc):  # a bystander: the failing rank (or the launcher) names the cause
+            sys.stderr.write(f"rank {launcher_rank()} stopped: a collective operation was cancelled "
+                             "because another rank failed, exited or stalled; see that rank's "
+                             "message or the launcher's\n")
+            _hard_exit(1)
         tb = traceback.format_exc()
         sys.stderr.write(f"{tb}\nrank {launcher_rank()} failed: {type(exc).__name__}: {exc}\n")
         _hard_exit(1)
     sys.stdout.flush()
     sys.exit(code or 0)  # normal exit: Horovod and MPI finalise
+
+
+def _is_peer_failure(exc: BaseException) -> bool:
+    dist = sys.modules.get("lmkit.dist")  # only a job that got that far can have peers
+    return dist is not None and dist.is_peer_failure(exc)
+
+
+def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
+    """Runs ``fn`` on every rank; a :class:`UsageError` on any rank is raised on all.
+
+    Per-rank work (reading local files) can fail on one rank only; that rank
+    alone would leave while the others wait in the next collective, and its
+    message would be lost (only rank 0 prints usage errors). Every rank must
+    call this, in the same order.
+    """
+    from lmkit import dist
+    try:
+        result, error = fn(), None
+    except UsageError as exc:
+        result, error = None, str(exc)
+    failed = [(r, e) for r, e in enumerate(dist.allgather_object(error)) if e is not None]
+    if failed:
+        r, message = failed[0]
+        raise UsageError(message if r == 0 else f"on rank {r}: {message}")
+    return result
+
+
+def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optional[int]) -> str:
+    """``ensure_ptb`` whose failure names the missing folder or files and leaves no empty folder."""
+    from lmkit.data import ptb
+    from lmkit.data.errors import DataError
+
+    existed = os.path.isdir(data_path)
+    try:
+        return ptb.ensure_ptb(data_path, url=url, expected_vocab_size=expected_vocab_size)
+    except DataError as exc:
+        if not existed:
+            if os.path.isdir(data_path) and not os.listdir(data_path):
+                os.rmdir(data_path)  # made for the download that failed
+            raise DataError(f"data folder {data_path} does not exist, and downloading PTB failed: "
+                            f"{exc}") from None
+        have = [n for n in ptb.PTB_FILES if os.path.isfile(os.path.join(data_path, n))]
+        if have:
+            missing = [n for n in ptb.PTB_FILES if n not in have]
+            raise DataError(f"data folder {data_path} lacks {', '.join(missing)} (it has "
+                            f"{', '.join(have)}), and downloading PTB failed: {exc}") from None
+        raise
 
 
 def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int]):
@@ -155,11 +209,10 @@ def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size:
     from lmkit import dist
     from lmkit.data import ptb
 
-    data_dir = dist.run_on_chief(
-        lambda: ptb.ensure_ptb(data_path, url=url, expected_vocab_size=expected_vocab_size))
+    data_dir = dist.run_on_chief(lambda: _ensure_ptb(data_path, url, expected_vocab_size))
     # Hosts without a shared file system get the data from rank 0.
     local = ptb.find_ptb(data_path)
     everyone_has_it = all(dist.allgather_object(local is not None))
     if everyone_has_it:
-        return ptb.load_ptb(local)
+        return same_outcome_everywhere(lambda: ptb.load_ptb(local))
     return dist.run_on_chief(lambda: ptb.load_ptb(data_dir))

@@ -22,7 +22,9 @@ import json
 import math
 import os
 import sys
+import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -83,11 +85,115 @@ class _Progress(tf.Module):
         self.rng = tf.random.Generator.from_seed(seed, alg="philox")
 
 
+def _scalar_summary(name: str, value: float) -> None:
+    """What ``tf.summary.scalar`` writes, without needing TensorBoard installed.
+
+    ``tf.summary.scalar`` lives in the TensorBoard package, which TensorFlow
+    2.20+ no longer installs; ``tf.summary.write`` is TensorFlow's own, and the
+    "scalars" plugin tag makes TensorBoard show the value as a scalar.
+    """
+    from tensorflow.core.framework import summary_pb2
+    metadata = summary_pb2.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
+
+
 def fingerprint(*parts: Any) -> str:
     """A short, order-sensitive hash of JSON-able parts (config, sizes, vocab)."""
     import hashlib
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+COLLECTIVE_TIMEOUT_ENV = "LMKIT_COLLECTIVE_TIMEOUT"
+DEFAULT_COLLECTIVE_TIMEOUT = 300.0  # seconds without progress before a rank ends the job
+
+
+class _Watchdog:
+    """Ends this process when training makes no progress for ``limit`` seconds.
+
+    A rank stuck outside the collectives (a deadlock, a hung file system)
+    leaves the others waiting in the next collective forever: launchers end a
+    job only when a process exits, and Horovod's stall check only warns.
+    Training steps, evaluation batches and checkpoint saves report progress
+    (:meth:`beat`); after ``limit`` seconds without any, this rank prints
+    where it is stuck and exits with status 1, so the launcher stops the job.
+
+    The first beat arms it (compiling the first step may take long);
+    :meth:`pause` disarms it until the next beat (a rank waiting while rank
+    0 alone evaluates and saves: rank 0's own watchdog covers that time). A
+    rank waiting inside TensorFlow or Horovod (in a collective) gives the
+    stuck rank a head start of ``max(5, limit / 5)`` seconds, so that the
+    stuck rank is the one that reports.
+
+    Args:
+      rank: this process's rank, for the message.
+      limit: seconds without progress; 0 turns the watchdog off.
+    """
+
+    def __init__(self, rank: int, limit: float) -> None:
+        self.rank = rank
+        self.limit = limit
+        self._last: Optional[float] = None  # time of the last beat; None = not armed
+        self._after: Any = "start-up"
+        self._stop = threading.Event()
+        if limit > 0:
+            threading.Thread(target=self._watch, name="lmkit-watchdog", daemon=True).start()
+
+    @classmethod
+    def from_env(cls, rank: int, processes: int) -> "_Watchdog":
+        """Reads ``LMKIT_COLLECTIVE_TIMEOUT``; off in a single process (no peer to wait for)."""
+        raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
+        try:
+            limit = float(raw) if raw else DEFAULT_COLLECTIVE_TIMEOUT
+        except ValueError:
+            raise UsageError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a number of seconds; "
+                             "set it to e.g. 600, or 0 to turn the watchdog off") from None
+        return cls(rank, limit if processes > 1 else 0.0)
+
+    def beat(self, after: Any) -> None:
+        """Records progress: ``after`` is the global step just finished, or what just happened."""
+        self._after = after
+        self._last = time.monotonic()
+
+    def pause(self) -> None:
+        self._last = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        head_start = max(5.0, self.limit / 5)
+        while not self._stop.wait(min(2.0, self.limit / 10)):
+            last = self._last
+            if last is None:
+                continue
+            idle = time.monotonic() - last
+            if idle < self.limit or self._stop.is_set():
+                continue
+            # Where is the main thread? Inside a library means waiting in a collective.
+            frame = sys._current_frames().get(threading.main_thread().ident)
+            stack = traceback.extract_stack(frame) if frame is not None else []
+            own = [f for f in stack if "site-packages" not in f.filename
+                   and "dist-packages" not in f.filename]
+            waiting = bool(own) and stack[-1] is not own[-1]
+            if waiting and idle < self.limit + head_start:
+                continue
+            after = (f"training step {self._after} finished" if isinstance(self._after, int)
+                     else self._after)
+            where = (f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name} ({own[-1].line})"
+                     if own else "an unknown place")
+            why = ("waiting inside TensorFlow/Horovod (a collective operation waits for every "
+                   "rank): another rank is stuck or gone" if waiting else
+                   "the other ranks wait for this one in the next collective operation")
+            sys.stderr.write(
+                f"rank {self.rank} failed: no progress for {idle:.0f} s since {after}; it is at "
+                f"{where}, {why}. Ending this rank so that the launcher stops the job "
+                f"({COLLECTIVE_TIMEOUT_ENV}={self.limit:g} s; raise it if a step, an evaluation "
+                "or a checkpoint save may take longer, 0 turns this check off)\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(1)
 
 
 class Trainer:
@@ -104,39 +210,47 @@ class Trainer:
       record_step_losses: keep the rank-averaged loss of every step in the
         result (one host sync per step: for tests).
       resume: restore the latest checkpoint of ``model_dir`` when there is one.
+      lr_world_size: the number of workers the learning-rate scaling and
+        warmup assume (default: the real number); lets one process reproduce
+        the policy of N workers with the same global batch.
     """
 
     def __init__(self, model: tf.Module, config: TrainConfig, model_dir: Optional[str] = None,
                  vocab: Any = None, optimizer: Any = None,
                  log: Optional[Callable[[str], None]] = None,
-                 record_step_losses: bool = False, resume: bool = True) -> None:
+                 record_step_losses: bool = False, resume: bool = True,
+                 lr_world_size: Optional[int] = None) -> None:
         from lmkit.optim import build_optimizer
 
         self.model = model
         self.config = config
         self.model_dir = model_dir
         self.vocab = vocab
-        self.world = dist.size()
+        self.world = dist.num_replicas()  # data-parallel replicas (= processes with Horovod)
         self.rank = dist.rank()
         self.chief = dist.is_chief()
         self._log = log or (lambda s: print(s, flush=True))
         self.record_step_losses = record_step_losses
+        self.lr_world_size = lr_world_size or self.world
         self.resume = resume
         if config.batch_size % self.world:
             raise UsageError(
                 f"batch_size {config.batch_size} is not divisible by {self.world} workers; "
                 f"use a multiple of {self.world}")
         self.local_batch = config.batch_size // self.world
-        self.optimizer = optimizer if optimizer is not None else build_optimizer(config)
+        with dist.scope():  # the native backend keeps one copy per replica
+            self.optimizer = optimizer if optimizer is not None else build_optimizer(config)
         # Dropout of lmkit modules draws from the global generator: make it a
         # checkpointed one, different on every rank (each rank sees other rows).
-        self.progress = _Progress(config.seed * 1009 + self.rank)
+        with dist.scope():
+            self.progress = _Progress(config.seed * 1009 + self.rank)
         tf.random.set_global_generator(self.progress.rng)
         self._train_step = None
         self._eval_step = None
         self._compiled = False
         self.compile_time = 0.0
         self.policy = None
+        self._watchdog = _Watchdog(self.rank, 0.0)  # armed by fit() when there are peers
 
     # ------------------------------------------------------------------ logging
     def log(self, text: str) -> None:
@@ -147,16 +261,21 @@ class Trainer:
     def _check_agreement(self, steps_per_epoch: int, train_len: int) -> None:
         """All ranks must load the same config, vocabulary and data sizes."""
         vocab_fp = self.vocab.fingerprint() if hasattr(self.vocab, "fingerprint") else None
-        mine = {"config": fingerprint(self.config.to_dict()), "vocab": vocab_fp,
+        mine = {"config": self.config.to_dict(), "vocab": vocab_fp,
                 "train_ids": int(train_len), "steps_per_epoch": int(steps_per_epoch)}
         everyone = dist.allgather_object(mine)  # same call on every rank
+        first = everyone[0]
         for r, theirs in enumerate(everyone):
-            if theirs != everyone[0]:
-                diff = sorted(k for k in mine if theirs[k] != everyone[0][k])
-                raise UsageError(
-                    f"ranks disagree at start-up: rank {r} differs from rank 0 in {', '.join(diff)} "
-                    f"(rank 0: {[everyone[0][k] for k in diff]}, rank {r}: {[theirs[k] for k in diff]}); "
-                    "make every rank read the same config and data files")
+            if theirs != first:
+                # Name every value that differs; configs are compared key by key.
+                keys = sorted(set(first["config"]) | set(theirs["config"]))
+                diffs = [f"config key {k} (rank 0: {first['config'].get(k)!r}, rank {r}: "
+                         f"{theirs['config'].get(k)!r})"
+                         for k in keys if first["config"].get(k) != theirs["config"].get(k)]
+                diffs += [f"{k} (rank 0: {first[k]!r}, rank {r}: {theirs[k]!r})"
+                          for k in mine if k != "config" and theirs[k] != first[k]]
+                raise UsageError(f"ranks disagree at start-up: rank {r} differs from rank 0 in "
+                                 f"{'; '.join(diffs)}; make every rank read the same config and data files")
 
     def _prepare_model_dir(self) -> None:
         """Rank 0 checks the folder and the stored config/vocabulary; all ranks learn the outcome."""
@@ -246,7 +365,12 @@ class Trainer:
             return loss, new_state
 
         self._compiled = False
-        self._train_step = tf.function(train_step, jit_compile=cfg.jit_compile and self.world == 1)
+        def replicated_step(x, y, state):
+            # Each local replica trains on its rows; the loss agrees on all of them.
+            loss, new_state, finite = dist.run(train_step, (x, y, state))
+            return dist.first(loss), new_state, dist.first(finite)
+
+        self._train_step = tf.function(replicated_step, jit_compile=cfg.jit_compile and self.world == 1)
         self._eval_step = tf.function(eval_step)
 
     # ----------------------------------------------------------------- training
@@ -265,6 +389,7 @@ class Trainer:
         for i in range(inputs.shape[0]):
             loss, state = self._eval_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
             total += float(loss)
+            self._watchdog.beat("an evaluation batch finished")
         return perplexity(total / (inputs.shape[0] * self.config.num_steps))
 
     def fit(self, train_ids: np.ndarray, valid_ids: Optional[np.ndarray] = None,
@@ -289,19 +414,31 @@ class Trainer:
             model directory that does not fit this config.
           NonFiniteError: a loss or gradient became NaN/Inf.
         """
+        # With peers, a watchdog ends this process when training stops making
+        # progress (LMKIT_COLLECTIVE_TIMEOUT), instead of waiting forever.
+        self._watchdog = _Watchdog.from_env(self.rank, dist.size())
+        try:
+            return self._fit(train_ids, valid_ids, test_ids, max_steps, num_epochs)
+        finally:
+            self._watchdog.stop()
+
+    def _fit(self, train_ids: np.ndarray, valid_ids: Optional[np.ndarray],
+             test_ids: Optional[np.ndarray], max_steps: Optional[int],
+             num_epochs: Optional[int]) -> TrainResult:
         from lmkit.data.batching import bptt_arrays
         from lmkit.optim import LearningRatePolicy
 
         cfg = self.config
         epochs = num_epochs or cfg.num_epochs
         inputs, targets = bptt_arrays(train_ids, cfg.batch_size, cfg.num_steps,
-                                      rank=self.rank, size=self.world)
+                                      rank=self.rank, size=dist.size())  # this process's rows
         steps_per_epoch = int(inputs.shape[0])
         self._check_agreement(steps_per_epoch, len(train_ids))
         self._prepare_model_dir()
-        self.policy = LearningRatePolicy.from_config(cfg, world_size=self.world,
+        self.policy = LearningRatePolicy.from_config(cfg, world_size=self.lr_world_size,
                                                      steps_per_epoch=steps_per_epoch)
-        self.optimizer.build(self._trainable())
+        with dist.scope():
+            self.optimizer.build(self._trainable())
 
         result = TrainResult()
         manager = None
@@ -339,7 +476,7 @@ class Trainer:
         stop = False
         step_count = int(self.progress.global_step.numpy())
         for epoch in range(start_epoch, epochs):
-            state = self._initial_state(self.local_batch)  # reset each epoch
+            state = dist.per_replica(lambda: self._initial_state(self.local_batch))  # reset each epoch
             bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief,
                               every=cfg.log_every_steps)
             loss_sum = 0.0
@@ -351,12 +488,18 @@ class Trainer:
                 if max_steps is not None and step_count >= max_steps:
                     stop = True
                     break
+                if i == 0 and not self.chief:  # waits for rank 0's evaluation and save (watched there)
+                    self._watchdog.pause()
                 loss, state, finite = self._train_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
+                self._watchdog.beat(step_count + 1)
                 pending.append((loss, finite))
                 steps_done += 1
                 step_count += 1
                 if not self._compiled:  # the first call traces and compiles: not training speed
-                    loss_sum += sum(self._drain(pending, epoch, i))
+                    values = self._drain(pending, epoch, i)
+                    if self.record_step_losses:
+                        result.step_losses.extend(values)
+                    loss_sum += sum(values)
                     self.compile_time = time.perf_counter() - t0
                     self._compiled = True
                     self.log(f"compiled the training step in {self.compile_time:.1f} s")
@@ -397,14 +540,15 @@ class Trainer:
                      f"cumulative training time {cumulative:.1f} s")
             if writer is not None:
                 with writer.as_default(step=int(self.progress.global_step.numpy())):
-                    tf.summary.scalar("train/perplexity", train_ppl)
-                    tf.summary.scalar("train/learning_rate", lr)
-                    tf.summary.scalar("train/words_per_sec", stats.words_per_sec)
+                    _scalar_summary("train/perplexity", train_ppl)
+                    _scalar_summary("train/learning_rate", lr)
+                    _scalar_summary("train/words_per_sec", stats.words_per_sec)
                     if valid_ppl is not None:
-                        tf.summary.scalar("valid/perplexity", valid_ppl)
+                        _scalar_summary("valid/perplexity", valid_ppl)
                 writer.flush()
             if (self.chief and manager is not None and completed
                     and ((epoch + 1) % cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs)):
+                self._watchdog.beat("a checkpoint save began")
                 path = manager.save(int(self.progress.global_step.numpy()),
                                     meta={"epoch": epoch + 1, "world_size": self.world,
                                           "train_perplexity": train_ppl, "valid_perplexity": valid_ppl})

@@ -1,6 +1,8 @@
 """Trains a tiny model on generated data and writes what each rank saw.
 
-Run by tests in one process and under ``mpirun -np 2``; each rank writes
+Run by tests in one process, under ``mpirun -np 2``, with the native backend
+on N logical CPU devices (``--backend native --num_replicas N``) and as native
+workers started by ``python -m lmkit.launch``; each process writes
 ``<out>.rank<r>.npz`` with the per-step losses and the final variables.
 """
 import argparse
@@ -23,6 +25,12 @@ def main() -> None:
     p.add_argument("--seed_by_rank", action="store_true",
                    help="give each rank a different init seed (the broadcast must fix it)")
     p.add_argument("--backend", default=None)
+    p.add_argument("--num_replicas", type=int, default=0,
+                   help="native backend: replicas in this process (logical CPU devices)")
+    p.add_argument("--model_dir", default=None)
+    p.add_argument("--num_epochs", type=int, default=None)
+    p.add_argument("--ids", type=int, default=3000, help="length of the generated id stream")
+    p.add_argument("--learning_rate", type=float, default=None)
     args = p.parse_args()
 
     import numpy as np
@@ -33,29 +41,39 @@ def main() -> None:
     from lmkit.models import build_model
     from lmkit.train import Trainer
 
-    dist.init(backend=args.backend)
+    dist.init(backend=args.backend, num_gpus=args.num_replicas)
     cfg = TrainConfig.from_dict(dict(
         model=args.model, vocab_size=50, hidden_size=16, num_layers=2, init_scale=0.1,
         keep_prob=args.keep_prob, batch_size=args.batch_size, num_steps=6, num_epochs=100,
-        learning_rate=0.5 if args.optimizer == "sgd" else 0.01, optimizer=args.optimizer,
+        learning_rate=args.learning_rate or (0.5 if args.optimizer == "sgd" else 0.01),
+        optimizer=args.optimizer,
         max_grad_norm=5.0, num_heads=2, max_positions=16, sparse_as_dense=args.sparse_as_dense))
     rng = np.random.RandomState(0)
     # A learnable stream: mostly "next = (prev * 3 + 1) % 50" with noise.
-    ids = np.zeros(3000, np.int32)
+    ids = np.zeros(args.ids, np.int32)
     for i in range(1, len(ids)):
         ids[i] = (ids[i - 1] * 3 + 1) % 50 if rng.rand() < 0.8 else rng.randint(50)
     seed = 7 + (1000 * dist.rank() if args.seed_by_rank else 0)
     tf.random.set_seed(seed)
-    model = build_model(cfg.model_config())
+    with dist.scope():
+        model = build_model(cfg.model_config())
     before = [v.numpy().copy() for v in model.trainable_variables]
-    trainer = Trainer(model, cfg, record_step_losses=True, log=lambda s: None)
-    result = trainer.fit(ids, max_steps=args.steps)
+    trainer = Trainer(model, cfg, model_dir=args.model_dir, record_step_losses=True, log=lambda s: None)
+    result = trainer.fit(ids, max_steps=args.steps, num_epochs=args.num_epochs)
     arrays = {f"var{i}": v.numpy() for i, v in enumerate(model.trainable_variables)}
     arrays.update({f"init{i}": b for i, b in enumerate(before)})
     arrays.update({f"slot{i}": v.numpy() for i, v in enumerate(trainer.optimizer.variables)})
+    # Largest difference between the copies a process holds of one variable
+    # (native backend: one per replica; otherwise a single copy).
+    copies = [getattr(v, "values", (v,)) for v in list(model.variables) + list(trainer.optimizer.variables)]
+    arrays["copy_spread"] = np.array(max(
+        float(np.max(np.abs(c.numpy().astype(np.float64) - cs[0].numpy().astype(np.float64)), initial=0.0))
+        for cs in copies for c in cs))
     np.savez(f"{args.out}.rank{dist.rank()}.npz", losses=np.array(result.step_losses), **arrays)
     with open(f"{args.out}.rank{dist.rank()}.json", "w") as f:
-        json.dump({"size": dist.size(), "rank": dist.rank(), "steps": result.global_step}, f)
+        json.dump({"size": dist.size(), "rank": dist.rank(), "steps": result.global_step,
+                   "backend": dist.backend_name(), "replicas": dist.num_replicas(),
+                   "resumed_from": result.resumed_from}, f)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+"""Helpers shared by the benchmarks: machine facts, statistics, JSON and plots.
+
+Nothing here imports TensorFlow or PyTorch, so a benchmark can set thread
+counts before either framework starts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+__all__ = [
+    "REPO",
+    "RESULTS_DIR",
+    "command_line",
+    "load_average",
+    "machine_info",
+    "median_ratio",
+    "summarize",
+    "write_json",
+]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+
+
+def command_line() -> str:
+    """The command that started this process, relative to the repository."""
+    argv = [os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]
+    return " ".join(shlex.quote(a) for a in [".venv/bin/python"] + argv)
+
+
+def load_average() -> List[float]:
+    """The 1, 5 and 15 minute load averages (other jobs share this host)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> Optional[float]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2 ** 20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def machine_info(**versions: Optional[str]) -> Dict[str, Any]:
+    """Where and when a result was measured.
+
+    Args:
+      **versions: framework versions to record (None values are dropped).
+
+    Returns:
+      A JSON-able dict: host CPU count and model, memory, load, Python and
+      the given versions, and the UTC time.
+    """
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "memory_gib": _memory_gib(),
+        "load_average_at_start": load_average(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "utc_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **{k: v for k, v in versions.items() if v is not None},
+    }
+
+
+def summarize(values: Sequence[float]) -> Dict[str, float]:
+    """Median, min, max and count of repeated measurements."""
+    values = list(values)
+    if not values:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def write_json(path: str, payload: Dict[str, Any]) -> str:
+    """Writes ``payload`` (indented, sorted keys) atomically; returns the path."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def median_ratio(numerators: Iterable[float], denominators: Iterable[float]) -> float:
+    """Median of the per-round ratios (each round measured back to back)."""
+    ratios = [a / b for a, b in zip(numerators, denominators) if b > 0]
+    return statistics.median(ratios) if ratios else float("nan")

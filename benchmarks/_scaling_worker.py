@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""One rank of a scaling or memory measurement; launched by scaling.py / memory.py.
+
+    mpirun -np 2 .venv/bin/python benchmarks/_scaling_worker.py --config config_small --output out.json
+
+Trains the config's model with the real ``Trainer`` on synthetic ids:
+``fit(max_steps=warmup)`` builds the compiled step (and does the start-up
+broadcast), then ``repeats`` timed runs of ``steps`` steps call
+``Trainer._train_step`` the way ``Trainer.fit`` does (this rank's rows of
+each global batch, state carried, losses read back once per run). A run's
+time is the slowest rank's; throughput = global words per step / step time.
+
+Rank 0 writes the JSON: step times, words/sec, thread settings, the resident
+memory of every rank (peak ``ru_maxrss`` and the RSS every few steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="config_small")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override (a Python literal), e.g. --set batch_size=40")
+    parser.add_argument("--warmup", type=int, default=3, help="steps run by fit() before timing")
+    parser.add_argument("--steps", type=int, default=30, help="steps per timed run")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs")
+    parser.add_argument("--rss_every", type=int, default=10, help="record the RSS every this many steps")
+    parser.add_argument("--output", required=True)
+    return parser.parse_args(argv)
+
+
+def _rss_mib() -> float:
+    try:
+        import psutil
+        return psutil.Process().memory_info().rss / 2 ** 20
+    except ImportError:  # Linux fallback
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    rss_start = _rss_mib()
+    import numpy as np
+    import tensorflow as tf
+
+    from lmkit import dist
+    from lmkit.config import load_config
+    from lmkit.data.batching import bptt_arrays
+    from lmkit.models import build_model
+    from lmkit.train import Trainer
+
+    dist.init()
+    rank, size = dist.rank(), dist.size()
+    overrides: Dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key] = eval(value, {}, {})  # a Python literal: 40, True, "fp16"
+    cfg = load_config(args.config, overrides)
+    rss_after_import = _rss_mib()
+    tf.random.set_seed(cfg.seed)
+    model = build_model(cfg.model_config())
+    trainer = Trainer(model, cfg, log=lambda s: None)
+    total_steps = args.warmup + args.steps * args.repeats
+    ids = np.random.RandomState(0).randint(0, cfg.vocab_size, cfg.batch_size * cfg.num_steps * (total_steps + 2) + 1)
+    ids = ids.astype(np.int32)
+    start = time.perf_counter()
+    trainer.fit(ids, max_steps=args.warmup, num_epochs=1)  # builds the step, broadcasts, warms up
+    setup_seconds = time.perf_counter() - start
+    inputs, targets = bptt_arrays(ids, cfg.batch_size, cfg.num_steps, rank=rank, size=size)
+    step = trainer._train_step
+    state = dist.per_replica(lambda: trainer._initial_state(trainer.local_batch)) \
+        if hasattr(dist, "per_replica") else trainer._initial_state(trainer.local_batch)
+    rss_trace: List[List[float]] = [[args.warmup, round(_rss_mib(), 1)]]
+    run_seconds: List[float] = []
+    windows_us: List[List[float]] = []  # wall-clock spans of the timed runs (to cut the Horovod timeline)
+    losses: List[float] = []
+    position = args.warmup
+    for _ in range(args.repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        window_start = time.time() * 1e6
+        pending = []
+        for k in range(args.steps):
+            i = position % len(inputs)
+            position += 1
+            loss, state, finite = step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
+            pending.append(loss)
+            if args.rss_every and position % args.rss_every == 0:
+                rss_trace.append([position, round(_rss_mib(), 1)])
+        losses.extend(float(v) for v in pending)  # the host sync fit() does every few steps
+        mine = time.perf_counter() - start
+        windows_us.append([window_start, time.time() * 1e6])
+        run_seconds.append(max(dist.allgather_object(mine)))  # the slowest rank sets the pace
+    rss_trace.append([position, round(_rss_mib(), 1)])
+    memory = {"peak_rss_mib": round(_peak_rss_mib(), 1), "rss_start_mib": round(rss_start, 1),
+              "rss_after_import_mib": round(rss_after_import, 1), "rss_end_mib": round(_rss_mib(), 1),
+              "rss_trace": rss_trace}
+    everyone = dist.allgather_object({"rank": rank, "memory": memory, "threads": vars(dist.threads()),
+                                      "affinity": sorted(os.sched_getaffinity(0))})
+    if rank == 0:
+        words = cfg.batch_size * cfg.num_steps  # global words per step
+        step_seconds = [s / args.steps for s in run_seconds]
+        result = {
+            "config": args.config,
+            "overrides": overrides,
+            "world_size": size,
+            "backend": dist.backend_name(),
+            "global_batch": cfg.batch_size,
+            "local_batch": trainer.local_batch,
+            "num_steps": cfg.num_steps,
+            "words_per_step": words,
+            "steps_per_run": args.steps,
+            "warmup_steps": args.warmup,
+            "total_train_steps": position,
+            "timed_windows_epoch_us": windows_us,
+            "setup_seconds": round(setup_seconds, 2),
+            "step_seconds": [round(s, 5) for s in step_seconds],
+            "words_per_sec": [round(words / s, 1) for s in step_seconds],
+            "mean_loss": round(sum(losses) / len(losses), 3),
+            "ranks": everyone,
+            "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
+        }
+        tmp = args.output + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2, sort_keys=True)
+        os.replace(tmp, args.output)
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,554 @@
+#!/usr/bin/env python
+"""Training words/sec of lmkit against tf.keras and PyTorch, measured in one run.
+
+For each config (``config_small``, ``config_medium``, ``config_transformer``)
+the same language model is trained four ways in this one process:
+
+* ``lmkit``: the real :class:`lmkit.train.Trainer` step (``Trainer._train_step``
+  after ``fit(max_steps=2)`` built it), driven by the same loop as
+  ``Trainer.fit``: one ``tf.constant`` per input, the state carried across
+  windows, losses read back once per run;
+* ``lmkit_xla``: the same with ``jit_compile=True``;
+* ``keras``: what a user would otherwise write with ``tf.keras`` layers
+  (``Embedding``, ``LSTM`` with the state passed across windows, ``Dense``;
+  or ``MultiHeadAttention``/``LayerNormalization`` blocks) and a
+  ``tf.function`` training step with a Keras optimizer (``global_clipnorm``);
+* ``torch``: the same model in PyTorch (``nn.LSTM``,
+  ``nn.TransformerEncoderLayer``), eager, ``clip_grad_norm_``; skipped (and
+  said so) when torch is not installed (``pip install torch==2.13.0``).
+
+Same sizes, vocabulary 10000, batch, window, optimizer (SGD lr 1.0 for the
+LSTMs, Adam for the transformer), global-norm clipping, dropout placement
+and loss (cross entropy summed over the window, averaged over the batch).
+The data are synthetic random ids: speed does not depend on them.
+
+Runs ALTERNATE: lmkit, lmkit_xla, keras, torch, lmkit, ... each a fixed
+number of steps after a warm-up, so that load from other jobs on this
+shared machine hits every framework alike. Reported: the median words/sec
+per framework and the ratio lmkit / baseline, both of the medians and as the
+median of the per-round ratios. Every framework gets the same threads
+(``--threads``, default all cores: TF intra-op and inter-op pools,
+``torch.set_num_threads`` and ``set_num_interop_threads``).
+
+Usage::
+
+    .venv/bin/python benchmarks/train_throughput.py            # ~8 minutes
+    .venv/bin/python benchmarks/train_throughput.py --quick    # ~3 minutes
+    .venv/bin/python benchmarks/train_throughput.py --configs config_small --repeats 9
+
+Writes ``benchmarks/results/train_throughput.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
+                                median_ratio, summarize, write_json)
+
+FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
+BASELINES = ("keras", "torch")
+DEFAULT_CONFIGS = ("config_small", "config_medium", "config_transformer")
+# Timed steps per run: a run lasts a few seconds on 2 cores.
+STEPS = {"config_small": 40, "config_medium": 4, "config_transformer": 3}
+QUICK_STEPS = {"config_small": 20, "config_medium": 2, "config_transformer": 2}
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                        help="comma-separated config names (default: %(default)s)")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
+                        help="comma-separated subset of %(default)s")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per framework (default 5)")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="training steps per timed run (default: per config, see STEPS)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before the first run")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="intra-op and inter-op threads of every framework (default: all cores)")
+    parser.add_argument("--pause", type=float, default=0.5,
+                        help="seconds of idle between runs, so that spinning worker threads of the "
+                             "previous framework go to sleep")
+    parser.add_argument("--quick", action="store_true", help="3 repeats, fewer steps (a smoke run)")
+    parser.add_argument("--output", default=os.path.join(RESULTS_DIR, "train_throughput.json"),
+                        help="results file; the plot goes next to it as .png")
+    args = parser.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.frameworks = [f for f in args.frameworks.split(",") if f]
+    unknown = sorted(set(args.frameworks) - set(FRAMEWORKS))
+    if unknown:
+        parser.error(f"--frameworks {unknown[0]!r} is not one of {', '.join(FRAMEWORKS)}")
+    if args.quick:
+        args.repeats = min(args.repeats, 3)
+    if args.repeats < 1 or args.threads < 1 or args.warmup < 1:
+        parser.error("--repeats, --threads and --warmup must be >= 1")
+    return args
+
+
+# ----------------------------------------------------------------------------- data
+def synthetic_batches(cfg: Any, num_batches: int, seed: int = 0):
+    """Random ids and their BPTT windows: (ids, inputs, targets), windows [n, batch, num_steps] int32."""
+    import numpy as np
+
+    from lmkit.data.batching import bptt_arrays
+    ids = np.random.RandomState(seed).randint(
+        0, cfg.vocab_size, size=cfg.batch_size * cfg.num_steps * num_batches + cfg.batch_size + 1)
+    ids = ids.astype(np.int32)
+    return (ids,) + tuple(bptt_arrays(ids, cfg.batch_size, cfg.num_steps))
+
+
+class Runner:
+    """Trains one model; :meth:`run` times ``steps`` steps including the final sync."""
+
+    name = "?"
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.losses: List[float] = []
+        self.setup_seconds = 0.0
+
+    def run(self, steps: int) -> float:
+        raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------- lmkit
+def initial_state(trainer: Any) -> Any:
+    """The state ``Trainer.fit`` starts an epoch from (one per local replica)."""
+    from lmkit import dist
+    make = lambda: trainer._initial_state(trainer.local_batch)  # noqa: E731
+    return dist.per_replica(make) if hasattr(dist, "per_replica") else make()
+
+
+class LmkitRunner(Runner):
+    """The Trainer's own compiled step, driven like ``Trainer.fit`` drives it."""
+
+    def __init__(self, cfg: Any, ids, inputs, targets, jit: bool) -> None:
+        super().__init__()
+        import tensorflow as tf
+
+        from lmkit.models import build_model
+        from lmkit.train import Trainer
+        self.name = "lmkit_xla" if jit else "lmkit"
+        self.tf = tf
+        cfg = cfg.replace(jit_compile=jit)
+        tf.random.set_seed(cfg.seed)
+        self.trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
+        start = time.perf_counter()
+        # fit() builds (and traces) the step that the timed runs then call.
+        self.trainer.fit(ids, max_steps=2, num_epochs=1)
+        self.setup_seconds = time.perf_counter() - start
+        self.step = self.trainer._train_step
+        self.inputs, self.targets = inputs, targets
+        self.state = initial_state(self.trainer)
+
+    def run(self, steps: int) -> float:
+        tf = self.tf
+        pending = []
+        start = time.perf_counter()
+        for _ in range(steps):
+            i = self.position % len(self.inputs)
+            self.position += 1
+            loss, self.state, finite = self.step(tf.constant(self.inputs[i]), tf.constant(self.targets[i]),
+                                                 self.state)
+            pending.append(loss)
+        values = [float(v) for v in pending]  # the host sync Trainer.fit does every few steps
+        elapsed = time.perf_counter() - start
+        self.losses.extend(values)
+        return elapsed
+
+
+# ----------------------------------------------------------------------------- keras
+def _keras_lstm_model(cfg: Any):
+    import tensorflow as tf
+    keras = tf.keras
+
+    class KerasLSTMLM(keras.Model):
+        """Embedding -> LSTM x L (state passed across windows) -> Dense, Zaremba dropout."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            init = keras.initializers.RandomUniform(-cfg.init_scale, cfg.init_scale, seed=cfg.seed)
+            self.embedding = keras.layers.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                                    embeddings_initializer=init)
+            self.lstms = [keras.layers.LSTM(cfg.hidden_size, return_sequences=True, return_state=True,
+                                            kernel_initializer=init, recurrent_initializer=init,
+                                            bias_initializer=init, unit_forget_bias=False)
+                          for _ in range(cfg.num_layers)]
+            self.drop = keras.layers.Dropout(cfg.dropout)
+            self.softmax = keras.layers.Dense(cfg.vocab_size, kernel_initializer=init, bias_initializer=init)
+
+        def call(self, ids, states, training=False):
+            x = self.drop(self.embedding(ids), training=training)  # [batch, time, hidden]
+            new_states = []
+            for lstm, (h, c) in zip(self.lstms, states):
+                x, h, c = lstm(x, initial_state=[h, c], training=training)
+                x = self.drop(x, training=training)
+                new_states.append((h, c))
+            return self.softmax(x), new_states  # [batch, time, vocab]
+
+    return KerasLSTMLM()
+
+
+def _keras_transformer_model(cfg: Any):
+    import tensorflow as tf
+    keras = tf.keras
+    ffn_dim = cfg.ffn_dim or 4 * cfg.hidden_size
+
+    class Block(keras.layers.Layer):
+        def __init__(self, init) -> None:
+            super().__init__()
+            self.norm1 = keras.layers.LayerNormalization(epsilon=1e-5)
+            self.attention = keras.layers.MultiHeadAttention(
+                cfg.num_heads, cfg.hidden_size // cfg.num_heads, dropout=cfg.dropout, kernel_initializer=init)
+            self.norm2 = keras.layers.LayerNormalization(epsilon=1e-5)
+            self.inner = keras.layers.Dense(ffn_dim, kernel_initializer=init,
+                                            activation=lambda x: keras.activations.gelu(x, approximate=True))
+            self.outer = keras.layers.Dense(cfg.hidden_size, kernel_initializer=init)
+            self.drop = keras.layers.Dropout(cfg.dropout)
+
+        def call(self, x, training=False):
+            h = self.norm1(x)
+            x = x + self.drop(self.attention(h, h, use_causal_mask=True, training=training), training=training)
+            return x + self.drop(self.outer(self.inner(self.norm2(x))), training=training)
+
+    class KerasTransformerLM(keras.Model):
+        """Token + position embeddings -> pre-LN blocks -> final norm -> tied softmax."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            init = keras.initializers.RandomUniform(-cfg.init_scale, cfg.init_scale, seed=cfg.seed)
+            self.embedding = keras.layers.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                                    embeddings_initializer=init)
+            self.positions = keras.layers.Embedding(cfg.max_positions, cfg.hidden_size,
+                                                    embeddings_initializer=init)
+            self.blocks = [Block(init) for _ in range(cfg.num_layers)]
+            self.final_norm = keras.layers.LayerNormalization(epsilon=1e-5)
+            self.drop = keras.layers.Dropout(cfg.dropout)
+            self.bias = self.add_weight(shape=(cfg.vocab_size,), initializer="zeros", name="softmax_bias")
+
+        def call(self, ids, states=None, training=False):
+            length = tf.shape(ids)[1]
+            x = self.embedding(ids) + self.positions(tf.range(length))[tf.newaxis]  # [batch, time, dim]
+            x = self.drop(x, training=training)
+            for block in self.blocks:
+                x = block(x, training=training)
+            x = self.final_norm(x)
+            logits = tf.einsum("btd,vd->btv", x, self.embedding.embeddings) + self.bias
+            return logits, None
+
+    return KerasTransformerLM()
+
+
+class KerasRunner(Runner):
+    name = "keras"
+
+    def __init__(self, cfg: Any, inputs, targets) -> None:
+        super().__init__()
+        import tensorflow as tf
+        keras = tf.keras
+        self.tf = tf
+        start = time.perf_counter()
+        tf.random.set_seed(cfg.seed)
+        if cfg.model == "transformer":
+            model = _keras_transformer_model(cfg)
+            optimizer = keras.optimizers.Adam(learning_rate=cfg.learning_rate, beta_1=0.9, beta_2=0.98,
+                                              epsilon=1e-9, global_clipnorm=cfg.max_grad_norm)
+            self.state = None
+        else:
+            model = _keras_lstm_model(cfg)
+            optimizer = keras.optimizers.SGD(learning_rate=cfg.learning_rate, global_clipnorm=cfg.max_grad_norm)
+            zeros = tf.zeros([cfg.batch_size, cfg.hidden_size])
+            self.state = [(zeros, zeros) for _ in range(cfg.num_layers)]
+
+        def train_step(x, y, state):
+            with tf.GradientTape() as tape:
+                logits, new_state = model(x, state, training=True)
+                losses = tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits)  # [batch, time]
+                loss = tf.reduce_mean(tf.reduce_sum(losses, axis=1))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss, new_state
+
+        model(tf.constant(inputs[0]), self.state)  # builds the variables
+        self.step = tf.function(train_step)
+        self.inputs, self.targets = inputs, targets
+        self.run(2)
+        self.losses.clear()
+        self.setup_seconds = time.perf_counter() - start
+
+    def run(self, steps: int) -> float:
+        tf = self.tf
+        pending = []
+        start = time.perf_counter()
+        for _ in range(steps):
+            i = self.position % len(self.inputs)
+            self.position += 1
+            loss, self.state = self.step(tf.constant(self.inputs[i]), tf.constant(self.targets[i]), self.state)
+            pending.append(loss)
+        values = [float(v) for v in pending]
+        elapsed = time.perf_counter() - start
+        self.losses.extend(values)
+        return elapsed
+
+
+# ----------------------------------------------------------------------------- torch
+class TorchRunner(Runner):
+    name = "torch"
+
+    def __init__(self, cfg: Any, inputs, targets) -> None:
+        super().__init__()
+        import functools
+
+        import torch
+        from torch import nn
+        from torch.nn import functional as F
+        self.torch = torch
+        start = time.perf_counter()
+        torch.manual_seed(cfg.seed)
+        vocab, dim = cfg.vocab_size, cfg.hidden_size
+
+        class TorchLSTMLM(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embedding = nn.Embedding(vocab, dim)
+                self.lstm = nn.LSTM(dim, dim, num_layers=cfg.num_layers, batch_first=True, dropout=cfg.dropout)
+                self.drop = nn.Dropout(cfg.dropout)
+                self.softmax = nn.Linear(dim, vocab)
+                for p in self.parameters():
+                    nn.init.uniform_(p, -cfg.init_scale, cfg.init_scale)
+
+            def forward(self, ids, state):
+                out, state = self.lstm(self.drop(self.embedding(ids)), state)  # [batch, time, dim]
+                return self.softmax(self.drop(out)), state
+
+        class TorchTransformerLM(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embedding = nn.Embedding(vocab, dim)
+                self.positions = nn.Embedding(cfg.max_positions, dim)
+                layer = nn.TransformerEncoderLayer(
+                    dim, cfg.num_heads, cfg.ffn_dim or 4 * dim, dropout=cfg.dropout,
+                    activation=functools.partial(F.gelu, approximate="tanh"), batch_first=True,
+                    norm_first=True)
+                self.blocks = nn.TransformerEncoder(layer, cfg.num_layers, enable_nested_tensor=False)
+                self.final_norm = nn.LayerNorm(dim)
+                self.drop = nn.Dropout(cfg.dropout)
+                self.bias = nn.Parameter(torch.zeros(vocab))
+                nn.init.uniform_(self.embedding.weight, -cfg.init_scale, cfg.init_scale)
+                nn.init.uniform_(self.positions.weight, -cfg.init_scale, cfg.init_scale)
+
+            def forward(self, ids, state):
+                length = ids.shape[1]
+                x = self.drop(self.embedding(ids) + self.positions(torch.arange(length)))
+                mask = nn.Transformer.generate_square_subsequent_mask(length)
+                x = self.final_norm(self.blocks(x, mask=mask, is_causal=True))
+                return F.linear(x, self.embedding.weight, self.bias), None
+
+        if cfg.model == "transformer":
+            self.model = TorchTransformerLM()
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
+                                              betas=(0.9, 0.98), eps=1e-9)
+        else:
+            self.model = TorchLSTMLM()
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.learning_rate)
+        self.model.train()
+        self.params = list(self.model.parameters())
+        self.cfg = cfg
+        self.state = None
+        self.inputs = torch.from_numpy(inputs.astype("int64"))
+        self.targets = torch.from_numpy(targets.astype("int64"))
+        self.run(2)
+        self.losses.clear()
+        self.setup_seconds = time.perf_counter() - start
+
+    def run(self, steps: int) -> float:
+        torch, cfg = self.torch, self.cfg
+        from torch.nn import functional as F
+        pending = []
+        start = time.perf_counter()
+        for _ in range(steps):
+            i = self.position % len(self.inputs)
+            self.position += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            logits, state = self.model(self.inputs[i], self.state)
+            loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), self.targets[i].reshape(-1),
+                                   reduction="sum") / cfg.batch_size
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+            self.optimizer.step()
+            self.state = None if state is None else tuple(s.detach() for s in state)
+            pending.append(loss.detach())
+        values = [float(v) for v in pending]
+        elapsed = time.perf_counter() - start
+        self.losses.extend(values)
+        return elapsed
+
+
+# ----------------------------------------------------------------------------- main
+def set_threads(threads: int, want_torch: bool) -> Dict[str, Any]:
+    """Gives TensorFlow and PyTorch the same thread pools; returns what was set."""
+    from lmkit import dist
+    dist.init(backend="local", intra_op_threads=threads, inter_op_threads=threads)
+    settings = {"tf_intra_op": dist.threads().intra_op, "tf_inter_op": dist.threads().inter_op}
+    if want_torch:
+        try:
+            import torch
+        except ImportError:
+            return settings
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(threads)
+        settings.update(torch_intra_op=torch.get_num_threads(), torch_inter_op=torch.get_num_interop_threads())
+    return settings
+
+
+def build_runner(framework: str, cfg: Any, ids, inputs, targets) -> Runner:
+    if framework in ("lmkit", "lmkit_xla"):
+        return LmkitRunner(cfg, ids, inputs, targets, jit=framework == "lmkit_xla")
+    if framework == "keras":
+        return KerasRunner(cfg, inputs, targets)
+    return TorchRunner(cfg, inputs, targets)
+
+
+def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
+                 log: Callable[[str], None]) -> Dict[str, Any]:
+    from lmkit.config import load_config
+    cfg = load_config(name)
+    steps = args.steps or (QUICK_STEPS if args.quick else STEPS).get(name, 10)
+    words_per_step = cfg.batch_size * cfg.num_steps
+    ids, inputs, targets = synthetic_batches(cfg, num_batches=max(8, steps + args.warmup))
+    runners: Dict[str, Runner] = {}
+    for fw in frameworks:
+        log(f"[{name}] building {fw} ...")
+        runners[fw] = build_runner(fw, cfg, ids, inputs, targets)
+        runners[fw].run(args.warmup)
+        log(f"[{name}] {fw} ready ({runners[fw].setup_seconds:.1f} s to build and trace)")
+    wps: Dict[str, List[float]] = {fw: [] for fw in frameworks}
+    for r in range(args.repeats):
+        for fw in frameworks:
+            time.sleep(args.pause)
+            elapsed = runners[fw].run(steps)
+            wps[fw].append(words_per_step * steps / elapsed)
+        log(f"[{name}] round {r + 1}/{args.repeats}: "
+            + ", ".join(f"{fw} {wps[fw][-1]:.0f}" for fw in frameworks) + f" words/sec (load {load_average()[:1]})")
+    out: Dict[str, Any] = {
+        "config": {k: getattr(cfg, k) for k in ("model", "vocab_size", "hidden_size", "num_layers", "batch_size",
+                                                "num_steps", "keep_prob", "optimizer", "learning_rate",
+                                                "max_grad_norm")},
+        "steps_per_run": steps,
+        "words_per_step": words_per_step,
+        "frameworks": {},
+        "ratios": {},
+    }
+    for fw in frameworks:
+        losses = runners[fw].losses
+        out["frameworks"][fw] = {
+            "words_per_sec": [round(v, 1) for v in wps[fw]],
+            "summary": {k: round(v, 1) for k, v in summarize(wps[fw]).items()},
+            "setup_seconds": round(runners[fw].setup_seconds, 2),
+            # Sanity: every framework computes the same loss (about num_steps * ln(vocab) on random ids).
+            "mean_loss": round(sum(losses) / max(1, len(losses)), 3),
+        }
+    for lm in ("lmkit", "lmkit_xla"):
+        for base in BASELINES:
+            if lm in wps and base in wps:
+                out["ratios"][f"{lm}/{base}"] = {
+                    "of_medians": round(summarize(wps[lm])["median"] / summarize(wps[base])["median"], 3),
+                    "median_of_rounds": round(median_ratio(wps[lm], wps[base]), 3),
+                }
+    if "lmkit" in wps and "lmkit_xla" in wps:
+        out["ratios"]["lmkit_xla/lmkit"] = {
+            "of_medians": round(summarize(wps["lmkit_xla"])["median"] / summarize(wps["lmkit"])["median"], 3),
+            "median_of_rounds": round(median_ratio(wps["lmkit_xla"], wps["lmkit"]), 3)}
+    del runners
+    gc.collect()
+    return out
+
+
+def plot(results: Dict[str, Any], path: str) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e .[bench]); no plot", flush=True)
+        return None
+    configs = list(results["configs"])
+    fig, axes = plt.subplots(1, len(configs), figsize=(4.2 * len(configs), 4.2), squeeze=False)
+    colors = {"lmkit": "#1f77b4", "lmkit_xla": "#6baed6", "keras": "#ff7f0e", "torch": "#d62728"}
+    for ax, name in zip(axes[0], configs):
+        fws = results["configs"][name]["frameworks"]
+        names = list(fws)
+        med = [fws[f]["summary"]["median"] for f in names]
+        low = [m - fws[f]["summary"]["min"] for m, f in zip(med, names)]
+        high = [fws[f]["summary"]["max"] - m for m, f in zip(med, names)]
+        bars = ax.bar(names, med, yerr=[low, high], capsize=4, color=[colors.get(f, "gray") for f in names])
+        base = fws.get("lmkit", {}).get("summary", {}).get("median")
+        for bar, m in zip(bars, med):
+            label = f"{m:.0f}" + (f"\n({base / m:.2f}x)" if base and m else "")
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), label, ha="center", va="bottom",
+                    fontsize=8)
+        ax.set_title(name)
+        ax.set_ylabel("training words/sec (median, min-max)")
+        ax.set_ylim(0, max(m + h for m, h in zip(med, high)) * 1.25)
+        ax.tick_params(axis="x", labelrotation=20)
+    threads = results["threads"]
+    fig.suptitle(f"lmkit vs tf.keras vs PyTorch, one process, {threads.get('tf_intra_op')} threads each "
+                 f"({results['machine']['cpu_model']}, {results['machine']['nproc']} cores); "
+                 "(x) = lmkit / column", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    frameworks = list(args.frameworks)
+    threads = set_threads(args.threads, "torch" in frameworks)
+    notes = []
+    if "torch" in frameworks and "torch_intra_op" not in threads:
+        notes.append("torch is not installed: the PyTorch column is skipped "
+                     "(install the optional baseline with: .venv/bin/python -m pip install torch==2.13.0)")
+        log(notes[-1])
+        frameworks.remove("torch")
+    import tensorflow as tf
+    torch_version = None
+    if "torch" in frameworks:
+        import torch
+        torch_version = torch.__version__
+    results: Dict[str, Any] = {
+        "benchmark": "train_throughput",
+        "command": command_line(),
+        "machine": machine_info(tensorflow=tf.__version__, keras=tf.keras.__version__, torch=torch_version),
+        "threads": threads,
+        "settings": {"repeats": args.repeats, "warmup_steps": args.warmup, "pause_seconds": args.pause,
+                     "order": frameworks, "data": "synthetic uniform random ids"},
+        "notes": notes,
+        "configs": {},
+    }
+    log(f"threads: {threads}; load {load_average()}")
+    started = time.perf_counter()
+    for name in args.configs:
+        results["configs"][name] = bench_config(name, frameworks, args, log)
+        for key, ratio in results["configs"][name]["ratios"].items():
+            log(f"[{name}] {key}: {ratio['of_medians']:.2f} (ratio of medians), "
+                f"{ratio['median_of_rounds']:.2f} (median of per-round ratios)")
+    results["load_average_at_end"] = load_average()
+    results["wall_seconds"] = round(time.perf_counter() - started, 1)
+    path = write_json(args.output, results)
+    png = plot(results, os.path.splitext(args.output)[0] + ".png")
+    log(f"wrote {path}" + (f" and {png}" if png else "") + f" in {results['wall_seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""Starts the workers of a native-backend job (``use_horovod = False``) on one or more hosts.
+
+    python -m lmkit.launch --hosts 127.0.0.1 --num_workers 2 -- \\
+        python examples/lm_ptb_distributed.py --use_horovod false --config config_small
+
+TensorFlow's ``MultiWorkerMirroredStrategy`` learns the cluster from the
+``TF_CONFIG`` environment variable of each worker: the address (host:port) of
+every worker and this worker's index.  The launcher writes it, together with
+
+* ``LMKIT_BACKEND=native`` (``dist.init()`` picks the native backend),
+* ``RANK`` (the worker's index, so errors are printed once by rank 0),
+* ``LMKIT_LOCAL_RANK`` / ``LMKIT_LOCAL_SIZE`` (workers sharing a host share
+  its cores and GPUs),
+
+and then
+
+* starts the workers of this host (``127.0.0.1``, ``localhost`` or its own
+  name) as subprocesses and waits for them; when one fails the others are
+  stopped and its exit status is returned;
+* for every other host prints the exact command to run there (start them by
+  hand or from a scheduler), or with ``--ssh`` runs it through ``ssh host``
+  in the same directory (needs password-less SSH and the same checkout and
+  virtual environment on every host, as Horovod does).
+
+Worker ``i`` of ``N`` runs on host ``i // (N / number of hosts)``, or as many
+as ``host:slots`` says; its port is ``--port`` + its index on that host (on a
+job that stays on this host, free ports are picked when ``--port`` is not given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["Worker", "plan", "worker_env", "remote_command", "main"]
+
+DEFAULT_PORT = 23456
+_LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker of the job.
+
+    Attributes:
+      rank: index of the worker (0 is the chief: it evaluates, logs and saves).
+      host: where it runs.
+      port: the port its TensorFlow server listens on.
+      local_rank: index among the workers of its host.
+      local_size: number of workers on its host.
+    """
+
+    rank: int
+    host: str
+    port: int
+    local_rank: int
+    local_size: int
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def is_local_host(host: str) -> bool:
+    """True for this machine's loopback addresses and its own host names."""
+    names = set(_LOCAL_NAMES)
+    try:
+        names.update({socket.gethostname(), socket.getfqdn()})
+    except OSError:
+        pass
+    return host in names
+
+
+def _free_ports(count: int) -> List[int]:
+    """Ports that are free on 127.0.0.1 right now (held open together, so all differ)."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _parse_hosts(hosts: str, num_workers: int) -> List[Tuple[str, int]]:
+    """``"h1,h2"`` or ``"h1:2,h2:2"`` -> [(host, workers on it)]."""
+    if num_workers < 1:
+        raise ValueError(f"--num_workers {num_workers} must be >= 1")
+    items = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not items:
+        raise ValueError(f"--hosts {hosts!r} names no host; e.g. --hosts 127.0.0.1 or --hosts h1,h2")
+    parsed: List[Tuple[str, Optional[int]]] = []
+    for item in items:
+        # "host:slots"; an IPv6 address (several colons) has no slots.
+        host, slots = item.split(":") if item.count(":") == 1 else (item, "")
+        if slots and (not slots.isdigit() or int(slots) < 1):
+            raise ValueError(f"--hosts entry {item!r}: slots must be a positive integer (host:2)")
+        parsed.append((host, int(slots) if slots else None))
+    if all(s is None for _, s in parsed):
+        if num_workers % len(parsed):
+            raise ValueError(f"--num_workers {num_workers} cannot be spread evenly over {len(parsed)} "
+                             f"hosts; use a multiple of {len(parsed)} or give slots (h1:3,h2:1)")
+        return [(h, num_workers // len(parsed)) for h, _ in parsed]
+    if any(s is None for _, s in parsed):
+        raise ValueError(f"--hosts {hosts!r}: give slots for every host or for none")
+    total = sum(s for _, s in parsed)  # type: ignore[misc]
+    if total != num_workers:
+        raise ValueError(f"--hosts {hosts!r} has {total} slots but --num_workers is {num_workers}; "
+                         "make them agree")
+    return [(h, s) for h, s in parsed]  # type: ignore[misc]
+
+
+def plan(hosts: str, num_workers: int, port: Optional[int] = None) -> List[Worker]:
+    """The workers of a job, in rank order.
+
+    Args:
+      hosts: comma-separated host names, each optionally ``host:slots``.
+      num_workers: total number of workers.
+      port: first port on each host; None picks free ports when every host is
+        this one, else uses 23456.
+
+    Returns:
+      One :class:`Worker` per rank.
+
+    Raises:
+      ValueError: the hosts and the number of workers do not fit together.
+    """
+    per_host = _parse_hosts(hosts, num_workers)
+    all_local = all(is_local_host(h) for h, _ in per_host)
+    free = _free_ports(num_workers) if port is None and all_local else None
+    workers = []
+    for host, count in per_host:
+        for local in range(count):
+            rank = len(workers)
+            p = free[rank] if free else (port or DEFAULT_PORT) + local
+            workers.append(Worker(rank=rank, host=host, port=p, local_rank=local, local_size=count))
+    addresses = [w.address for w in workers]
+    if len(set(addresses)) != len(addresses):
+        raise ValueError(f"two workers share an address ({addresses}); list each host once")
+    return workers
+
+
+def worker_env(worker: Worker, workers: Sequence[Worker]) -> Dict[str, str]:
+    """The environment variables that make ``worker`` one of ``workers``."""
+    tf_config = {"cluster": {"worker": [w.address for w in workers]},
+                 "task": {"type": "worker", "index": worker.rank}}
+    return {"TF_CONFIG": json.dumps(tf_config, separators=(",", ":")),
+            "LMKIT_BACKEND": "native",
+            "RANK": str(worker.rank),
+            "LMKIT_LOCAL_RANK": str(worker.local_rank),
+            "LMKIT_LOCAL_SIZE": str(worker.local_size)}
+
+
+def remote_command(worker: Worker, workers: Sequence[Worker], command: Sequence[str],
+                   cwd: str) -> str:
+    """The shell command that starts ``worker`` on its host (run from any shell there)."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in worker_env(worker, workers).items())
+    return f"cd {shlex.quote(cwd)} && env {env} {' '.join(shlex.quote(c) for c in command)}"
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace: float = 10.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parses the flags, starts the workers and returns the job's exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lmkit.launch",
+        description="Start the workers of a native-backend (TF_CONFIG) lmkit job.",
+        epilog="example: python -m lmkit.launch --hosts 127.0.0.1 --num_workers 2 -- "
+               "python examples/lm_ptb_distributed.py --use_horovod false")
+    parser.add_argument("--hosts", default="127.0.0.1",
+                        help="comma-separated hosts, optionally host:slots (default 127.0.0.1)")
+    parser.add_argument("--num_workers", type=int, required=True, help="total number of workers")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"first port on each host (default: free ports on this host, else {DEFAULT_PORT})")
+    parser.add_argument("--ssh", action="store_true",
+                        help="start the workers of other hosts through ssh (else print their commands)")
+    parser.add_argument("--dry_run", action="store_true", help="print every worker's command and exit")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- followed by the training command")
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given; put it after --, e.g. -- python examples/lm_ptb_distributed.py")
+    try:
+        workers = plan(args.hosts, args.num_workers, args.port)
+    except ValueError as exc:
+        parser.error(str(exc))
+    cwd = os.getcwd()
+    if args.dry_run:
+        for w in workers:
+            print(f"# worker {w.rank} on {w.host}\n{remote_command(w, workers, command, cwd)}")
+        return 0
+    remote = [w for w in workers if not is_local_host(w.host)]
+    if remote and not args.ssh:
+        print("[launch] start these workers on their hosts (same checkout and venv):", file=sys.stderr)
+        for w in remote:
+            print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd)}", file=sys.stderr)
+    procs: List[subprocess.Popen] = []
+    try:
+        for w in workers:
+            if is_local_host(w.host):
+                procs.append(subprocess.Popen(command, env={**os.environ, **worker_env(w, workers)}))
+            elif args.ssh:
+                procs.append(subprocess.Popen(
+                    ["ssh", "-o", "BatchMode=yes", w.host, remote_command(w, workers, command, cwd)]))
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                print(f"[launch] a worker exited with status {failed[0]}; stopping the others",
+                      file=sys.stderr)
+                _stop(procs)
+                return failed[0] if failed[0] > 0 else 1
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        _stop(procs)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

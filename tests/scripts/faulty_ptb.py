@@ -1,0 +1,127 @@
+"""Runs the real PTB example with one fault injected from outside the library.
+
+Used by ``tests/reliability``; nothing here is part of lmkit. The example's
+``main`` runs unchanged through ``run_main``; this script only swaps in a
+``Trainer`` subclass (or slows the checkpoint writer down) before it starts::
+
+    mpirun -np 2 python tests/scripts/faulty_ptb.py --fault rank=1,step=3,kind=raise -- \
+        --config cfg.py --data_path data --model_dir model --max_steps 20
+
+Faults (``rank=R`` picks the rank that misbehaves, ``step=N`` the global
+step before which it does):
+
+* ``kind=raise``: raises ``RuntimeError``;
+* ``kind=kill``: sends itself SIGKILL (no Python clean-up at all);
+* ``kind=exit``: calls ``sys.exit(0)`` as a stray library call might;
+* ``kind=hang``: sleeps for an hour in Python, never reaching the next collective;
+* ``kind=eval_raise``: raises inside rank 0's rank-0-only evaluation;
+* ``kind=slow_save``: every checkpoint write after the first sleeps 600 s
+  (the test kills the job there);
+* ``kind=truncate``: that rank trains on fewer ids than the others;
+* ``kind=config``: that rank uses another learning rate than the others.
+
+Every rank prints ``PID <pid> RANK <rank>`` first, so a test can signal one.
+"""
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, ROOT)
+
+
+def _parse(spec: str) -> dict:
+    out = {"rank": 0, "step": 1, "kind": "raise"}
+    for item in filter(None, spec.split(",")):
+        key, value = item.split("=", 1)
+        out[key] = int(value) if key in ("rank", "step") else value
+    return out
+
+
+def _install(fault: dict) -> None:
+    import lmkit.train
+    from lmkit.train import checkpoint as ckpt_module
+    from lmkit.train.cli import launcher_rank
+
+    me = launcher_rank()
+    kind = fault["kind"]
+    base = lmkit.train.Trainer
+
+    class FaultyTrainer(base):
+        def _build_steps(self) -> None:
+            super()._build_steps()
+            step_fn = self._train_step
+
+            def train_step(*args):
+                if (kind in ("raise", "kill", "exit", "hang") and me == fault["rank"]
+                        and int(self.progress.global_step.numpy()) + 1 == fault["step"]):
+                    print(f"rank {me}: injecting {kind} before step {fault['step']}", flush=True)
+                    if kind == "raise":
+                        raise RuntimeError(f"injected fault on rank {me} at step {fault['step']}")
+                    if kind == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    if kind == "exit":
+                        sys.exit(0)
+                    if kind == "hang":
+                        time.sleep(3600)
+                return step_fn(*args)
+
+            self._train_step = train_step
+
+        def evaluate(self, ids, batch_size=None):
+            if kind == "eval_raise" and me == fault["rank"]:
+                print(f"rank {me}: injecting {kind}", flush=True)
+                raise RuntimeError(f"injected fault in rank {me}'s evaluation")
+            return super().evaluate(ids, batch_size)
+
+        def fit(self, train_ids, *args, **kwargs):
+            if kind == "truncate" and me == fault["rank"]:
+                train_ids = train_ids[: len(train_ids) // 2]
+            return super().fit(train_ids, *args, **kwargs)
+
+    if kind == "config" and me == fault["rank"]:
+        def init(self, model, config, *args, **kwargs):
+            base.__init__(self, model, config.replace(learning_rate=config.learning_rate * 2),
+                          *args, **kwargs)
+        FaultyTrainer.__init__ = init
+    lmkit.train.Trainer = FaultyTrainer
+
+    if kind == "slow_save":
+        original = ckpt_module.CheckpointManager.save
+
+        def slow_save(self, step, meta=None):
+            if not self.all():  # the first checkpoint is written normally
+                return original(self, step, meta)
+            import tensorflow as tf
+            write = tf.train.Checkpoint.write
+
+            def slow_write(ckpt, prefix, options=None):
+                out = write(ckpt, prefix, options)
+                print(f"in the middle of saving step {step}", flush=True)
+                time.sleep(600)  # the test kills the job here
+                return out
+
+            tf.train.Checkpoint.write = slow_write
+            return original(self, step, meta)
+
+        ckpt_module.CheckpointManager.save = slow_save
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if len(argv) < 2 or argv[0] != "--fault" or "--" not in argv:
+        sys.exit("usage: faulty_ptb.py --fault rank=R,step=N,kind=K -- <lm_ptb_distributed.py flags>")
+    fault = _parse(argv[1])
+    example_args = argv[argv.index("--") + 1:]
+    from lmkit.train.cli import launcher_rank, run_main
+    print(f"PID {os.getpid()} RANK {launcher_rank()}", flush=True)
+    _install(fault)
+    from lm_ptb_distributed import main as example_main
+    run_main(example_main, example_args)
+
+
+if __name__ == "__main__":
+    main()
