@@ -742,6 +742,11 @@ def backend_name() -> str:
     return _backend().name
 
 
+def initialized() -> bool:
+    """True once :func:`init` has run (and :func:`shutdown` has not)."""
+    return _BACKEND is not None
+
+
 def threads() -> ThreadSettings:
     """The CPU thread settings chosen at :func:`init`."""
     _backend()

@@ -140,6 +140,12 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
     except KeyboardInterrupt:
         sys.stderr.write(f"rank {launcher_rank()}: interrupted\n")
         _hard_exit(130)
+    except SystemExit as exc:
+        if not _has_peers():  # --help, or sys.exit in a single process: nobody waits for us
+            raise
+        sys.stderr.write(f"{traceback.format_exc()}\nrank {launcher_rank()} failed: sys.exit({exc.code!r}) "
+                         "was called during the run; the other ranks would wait for this one\n")
+        _hard_exit(1)
     except BaseException as exc:  # noqa: BLE001 - a crash must end this rank now
         if _is_peer_failure(exc):  # a bystander: the failing rank (or the launcher) names the cause
             sys.stderr.write(f"rank {launcher_rank()} stopped: a collective operation was cancelled "
@@ -151,6 +157,11 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
         _hard_exit(1)
     sys.stdout.flush()
     sys.exit(code or 0)  # normal exit: Horovod and MPI finalise
+
+
+def _has_peers() -> bool:
+    dist = sys.modules.get("lmkit.dist")
+    return dist is not None and dist.initialized() and dist.size() > 1
 
 
 def _is_peer_failure(exc: BaseException) -> bool:
