@@ -98,13 +98,6 @@ def _scalar_summary(name: str, value: float) -> None:
     tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
 
 
-def fingerprint(*parts: Any) -> str:
-    """A short, order-sensitive hash of JSON-able parts (config, sizes, vocab)."""
-    import hashlib
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
 COLLECTIVE_TIMEOUT_ENV = "LMKIT_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 300.0  # seconds without progress before a rank ends the job
 

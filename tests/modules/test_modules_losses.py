@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.losses import sequence_softmax_cross_entropy
+from lmkit.losses import sequence_softmax_cross_entropy, sparse_softmax_cross_entropy
 
 BATCH, TIME, VOCAB = 3, 4, 6
 RNG = np.random.RandomState(0)
@@ -126,3 +126,52 @@ def test_incompatible_options():
         sequence_softmax_cross_entropy(LABELS, LOGITS[:, 0])
     with pytest.raises(ValueError, match=r"integer labels have shape \(3,\)"):
         sequence_softmax_cross_entropy(LABELS[:, 0], LOGITS)
+
+
+def np_sparse_xent(labels, logits):
+    """float64 reference: logsumexp(logits) - logits[label] per row, and softmax - onehot."""
+    x = logits.astype(np.float64)
+    top = x.max(-1, keepdims=True)
+    lse = top[..., 0] + np.log(np.exp(x - top).sum(-1))
+    picked = np.take_along_axis(x, labels[..., None].astype(np.int64), -1)[..., 0]
+    probs = np.exp(x - lse[..., None])
+    return lse - picked, probs - np.eye(x.shape[-1])[labels]
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0, 400.0])  # 40, 400: some label probabilities underflow
+def test_sparse_softmax_cross_entropy_values_and_gradient(run, scale):
+    rng = np.random.RandomState(int(scale))
+    logits = (rng.normal(size=(2, 5, 7, 50)) * scale).astype(np.float32)  # any leading shape
+    labels = rng.randint(0, 50, size=(2, 5, 7)).astype(np.int64)
+    weights = rng.uniform(size=labels.shape).astype(np.float32)  # a different upstream gradient per row
+
+    def loss_and_grad(y, x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            losses = sparse_softmax_cross_entropy(y, x)
+            total = tf.reduce_sum(losses * weights)
+        return losses, tape.gradient(total, x)
+
+    losses, grad = run(loss_and_grad, tf.constant(labels), tf.constant(logits))
+    want_losses, want_grad = np_sparse_xent(labels, logits)
+    assert losses.shape == labels.shape and losses.dtype == tf.float32
+    if scale > 1:
+        assert want_losses.max() > 87.0  # the exact fallback ran
+    np.testing.assert_allclose(losses, want_losses, rtol=2e-6, atol=2e-5 * max(1.0, scale / 40))
+    np.testing.assert_allclose(grad, want_grad * weights[..., None], rtol=1e-4, atol=1e-6)
+    # ... and the same as TensorFlow's fused kernel.
+    fused = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    np.testing.assert_allclose(losses, fused, rtol=1e-6, atol=1e-4 * max(1.0, scale / 40))
+
+
+def test_sparse_softmax_cross_entropy_infinite_logits():
+    logits = np.zeros((2, 3), np.float32)
+    logits[0, 1] = -np.inf  # an impossible label: infinite loss, as from the fused kernel
+    got = sparse_softmax_cross_entropy(np.array([1, 2]), logits).numpy()
+    assert got[0] == np.inf
+    np.testing.assert_allclose(got[1], np.log(3.0), rtol=1e-6)  # three equal logits
+
+
+def test_sparse_softmax_cross_entropy_rejects_labels_out_of_range():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not in"):
+        sparse_softmax_cross_entropy(np.array([0, 6]), np.zeros((2, 6), np.float32))
