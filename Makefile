@@ -17,13 +17,15 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup setup-native run run-single test test-fast test-dist test-native bench clean help
+.PHONY: setup setup-native run run-single test test-fast test-dist test-native bench bench-deps clean help
 
 help:
 	@echo "make run        set up, then: mpirun -np $(NP) python examples/lm_ptb_distributed.py --config $(CONFIG)"
 	@echo "make test       set up, then run all tests (single-process, mpirun -np 2, native TF env)"
 	@echo "make setup      only the set-up of .venv (TF 2.18.1 + Horovod 0.28.1)"
 	@echo "make setup-native  the second env .venv-tf-latest (newest TF, no Horovod)"
+	@echo "make bench      set up (+ the PyTorch baseline), then every benchmark (about 35 minutes; docs/performance.md)"
+	@echo "make bench-deps only the benchmark extras: torch==2.13.0 (CPU) for the PyTorch column"
 	@echo "variables: NP CONFIG DATA_PATH MODEL_DIR ARGS"
 
 setup:
@@ -51,6 +53,19 @@ test-dist: setup
 
 test-native: setup-native
 	@bash scripts/run_tests.sh native
+
+# The PyTorch baseline of benchmarks/train_throughput.py (optional: without it
+# that column is skipped and the benchmark says so).
+bench-deps: setup
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "torch==2.13.0"
+
+# Quiet machine wanted: each benchmark alternates its variants and reports medians.
+bench: setup bench-deps
+	$(PYTHON) benchmarks/train_throughput.py
+	$(PYTHON) benchmarks/scaling.py
+	$(PYTHON) benchmarks/memory.py
+	$(PYTHON) benchmarks/profile_step.py --config config_small
+	$(PYTHON) benchmarks/profile_step.py --config config_small --threads 1 --output benchmarks/results/profile_config_small_1thread.json
 
 clean:
 	rm -rf runs .pytest_cache

@@ -22,8 +22,9 @@ setup(
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
         "test": ["pytest>=7", "pytest-timeout>=2.1", "hypothesis>=6"],
         "bench": ["matplotlib>=3.6", "psutil>=5"],
-        # Optional PyTorch baseline for benchmarks/train_throughput.py.
-        "bench-torch": ["torch"],
+        # Optional PyTorch baseline for benchmarks/train_throughput.py (`make bench-deps`);
+        # pinned so that the baseline stays the version the published figures used.
+        "bench-torch": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": []},
 )

@@ -22,18 +22,24 @@ LSTMs, Adam for the transformer), global-norm clipping, dropout placement
 and loss (cross entropy summed over the window, averaged over the batch).
 The data are synthetic random ids: speed does not depend on them.
 
-Runs ALTERNATE: lmkit, lmkit_xla, keras, torch, lmkit, ... each a fixed
-number of steps after a warm-up, so that load from other jobs on this
-shared machine hits every framework alike. Reported: the median words/sec
-per framework and the ratio lmkit / baseline, both of the medians and as the
-median of the per-round ratios. Every framework gets the same threads
-(``--threads``, default all cores: TF intra-op and inter-op pools,
-``torch.set_num_threads`` and ``set_num_interop_threads``).
+Every framework runs in a process of its own (a worker started by this
+script and driven over a pipe), so no framework shares a process with
+another's thread pools, allocator or OpenMP runtime: measured here, putting
+all four in one process slowed every column by up to 20%, unevenly. The
+workers are built one after the other; then the timed runs ALTERNATE
+(lmkit, lmkit_xla, keras, torch, lmkit, ...), one worker running at a time
+while the others wait idle on their pipe, each run a fixed number of steps,
+so that load from other jobs on this shared machine hits every framework
+alike. Reported: the median words/sec per framework and the ratio lmkit /
+baseline, both of the medians and as the median of the per-round ratios.
+Every framework gets the same threads (``--threads``, default all cores:
+TF intra-op and inter-op pools, ``torch.set_num_threads`` and
+``set_num_interop_threads``).
 
 Usage::
 
-    .venv/bin/python benchmarks/train_throughput.py            # ~8 minutes
-    .venv/bin/python benchmarks/train_throughput.py --quick    # ~3 minutes
+    .venv/bin/python benchmarks/train_throughput.py            # ~10 minutes
+    .venv/bin/python benchmarks/train_throughput.py --quick    # ~4 minutes
     .venv/bin/python benchmarks/train_throughput.py --configs config_small --repeats 9
 
 Writes ``benchmarks/results/train_throughput.json`` and ``.png``.
@@ -42,9 +48,9 @@ Writes ``benchmarks/results/train_throughput.json`` and ``.png``.
 from __future__ import annotations
 
 import argparse
-import gc
-import math
+import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -79,6 +85,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="3 repeats, fewer steps (a smoke run)")
     parser.add_argument("--output", default=os.path.join(RESULTS_DIR, "train_throughput.json"),
                         help="results file; the plot goes next to it as .png")
+    parser.add_argument("--timeout", type=float, default=900,
+                        help="seconds a worker may take to build or to finish one run")
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: FRAMEWORK:CONFIG
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.frameworks = [f for f in args.frameworks.split(",") if f]
@@ -89,6 +98,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.repeats = min(args.repeats, 3)
     if args.repeats < 1 or args.threads < 1 or args.warmup < 1:
         parser.error("--repeats, --threads and --warmup must be >= 1")
+    from lmkit.config import available_configs
+    known = available_configs()
+    bad = [c for c in args.configs if c not in known and not c.endswith(".py")]
+    if bad:
+        parser.error(f"--configs {bad[0]!r} is not a config; known: {', '.join(known)}")
     return args
 
 
@@ -416,27 +430,127 @@ def build_runner(framework: str, cfg: Any, ids, inputs, targets) -> Runner:
     return TorchRunner(cfg, inputs, targets)
 
 
+# ----------------------------------------------------------------------------- worker processes
+_PROTOCOL = "@@lmkit-bench "  # prefix of the lines a worker sends back (other output passes through)
+
+
+def _reply(payload: Dict[str, Any]) -> None:
+    sys.stdout.write(_PROTOCOL + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    """One framework on one config: build, warm up, then ``run N`` / ``quit`` commands from stdin."""
+    framework, _, name = args.worker.partition(":")
+    try:
+        threads = set_threads(args.threads, framework == "torch")
+        from lmkit.config import load_config
+        cfg = load_config(name)
+        steps = args.steps or (QUICK_STEPS if args.quick else STEPS).get(name, 10)
+        ids, inputs, targets = synthetic_batches(cfg, num_batches=max(8, steps + args.warmup))
+        runner = build_runner(framework, cfg, ids, inputs, targets)
+        runner.run(args.warmup)
+        runner.losses.clear()
+        import tensorflow as tf
+        versions = {"tensorflow": tf.__version__, "keras": tf.keras.__version__}
+        if framework == "torch":
+            import torch
+            versions["torch"] = torch.__version__
+        _reply({"ready": True, "setup_seconds": runner.setup_seconds, "threads": threads, "versions": versions})
+    except Exception as exc:  # reported by the parent, which stops
+        _reply({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    for line in sys.stdin:
+        command = line.split()
+        if not command or command[0] == "quit":
+            break
+        losses_before = len(runner.losses)
+        elapsed = runner.run(int(command[1]))
+        _reply({"elapsed": elapsed, "losses": runner.losses[losses_before:]})
+    return 0
+
+
+class Worker:
+    """The parent's handle on one framework's worker process."""
+
+    def __init__(self, framework: str, config: str, args: argparse.Namespace) -> None:
+        self.framework = framework
+        self.timeout = args.timeout
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{framework}:{config}",
+               "--threads", str(args.threads), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        if args.quick:
+            cmd.append("--quick")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.info = self._read()
+
+    def _read(self) -> Dict[str, Any]:
+        import select
+        deadline = time.monotonic() + self.timeout
+        assert self.proc.stdout is not None
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, left))
+            if not ready:
+                self.close()
+                raise RuntimeError(f"the {self.framework} worker gave no answer in {self.timeout:.0f} s "
+                                   "(raise --timeout on a slow machine)")
+            line = self.proc.stdout.readline()
+            if not line:
+                code = self.proc.wait()
+                raise RuntimeError(f"the {self.framework} worker exited with status {code} "
+                                   "(its error is printed above)")
+            if line.startswith(_PROTOCOL):
+                payload = json.loads(line[len(_PROTOCOL):])
+                if "error" in payload:
+                    self.close()
+                    raise RuntimeError(f"the {self.framework} worker failed: {payload['error']}")
+                return payload
+            sys.stdout.write(line)  # the framework's own output
+
+    def run(self, steps: int) -> Dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"run {steps}\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
 def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
                  log: Callable[[str], None]) -> Dict[str, Any]:
     from lmkit.config import load_config
     cfg = load_config(name)
     steps = args.steps or (QUICK_STEPS if args.quick else STEPS).get(name, 10)
     words_per_step = cfg.batch_size * cfg.num_steps
-    ids, inputs, targets = synthetic_batches(cfg, num_batches=max(8, steps + args.warmup))
-    runners: Dict[str, Runner] = {}
-    for fw in frameworks:
-        log(f"[{name}] building {fw} ...")
-        runners[fw] = build_runner(fw, cfg, ids, inputs, targets)
-        runners[fw].run(args.warmup)
-        log(f"[{name}] {fw} ready ({runners[fw].setup_seconds:.1f} s to build and trace)")
-    wps: Dict[str, List[float]] = {fw: [] for fw in frameworks}
-    for r in range(args.repeats):
-        for fw in frameworks:
-            time.sleep(args.pause)
-            elapsed = runners[fw].run(steps)
-            wps[fw].append(words_per_step * steps / elapsed)
-        log(f"[{name}] round {r + 1}/{args.repeats}: "
-            + ", ".join(f"{fw} {wps[fw][-1]:.0f}" for fw in frameworks) + f" words/sec (load {load_average()[:1]})")
+    workers: Dict[str, Worker] = {}
+    try:
+        for fw in frameworks:  # one at a time: tracing is not timed but uses the cores
+            log(f"[{name}] building {fw} in its own process ...")
+            workers[fw] = Worker(fw, name, args)
+            log(f"[{name}] {fw} ready ({workers[fw].info['setup_seconds']:.1f} s to build and trace)")
+        wps: Dict[str, List[float]] = {fw: [] for fw in frameworks}
+        losses: Dict[str, List[float]] = {fw: [] for fw in frameworks}
+        for r in range(args.repeats):
+            for fw in frameworks:
+                time.sleep(args.pause)
+                result = workers[fw].run(steps)
+                wps[fw].append(words_per_step * steps / result["elapsed"])
+                losses[fw].extend(result["losses"])
+            log(f"[{name}] round {r + 1}/{args.repeats}: "
+                + ", ".join(f"{fw} {wps[fw][-1]:.0f}" for fw in frameworks)
+                + f" words/sec (load {load_average()[:1]})")
+    finally:
+        for worker in workers.values():
+            worker.close()
     out: Dict[str, Any] = {
         "config": {k: getattr(cfg, k) for k in ("model", "vocab_size", "hidden_size", "num_layers", "batch_size",
                                                 "num_steps", "keep_prob", "optimizer", "learning_rate",
@@ -445,15 +559,15 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
         "words_per_step": words_per_step,
         "frameworks": {},
         "ratios": {},
+        "worker_info": {fw: w.info for fw, w in workers.items()},
     }
     for fw in frameworks:
-        losses = runners[fw].losses
         out["frameworks"][fw] = {
             "words_per_sec": [round(v, 1) for v in wps[fw]],
             "summary": {k: round(v, 1) for k, v in summarize(wps[fw]).items()},
-            "setup_seconds": round(runners[fw].setup_seconds, 2),
+            "setup_seconds": round(workers[fw].info["setup_seconds"], 2),
             # Sanity: every framework computes the same loss (about num_steps * ln(vocab) on random ids).
-            "mean_loss": round(sum(losses) / max(1, len(losses)), 3),
+            "mean_loss": round(sum(losses[fw]) / max(1, len(losses[fw])), 3),
         }
     for lm in ("lmkit", "lmkit_xla"):
         for base in BASELINES:
@@ -466,8 +580,6 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
         out["ratios"]["lmkit_xla/lmkit"] = {
             "of_medians": round(summarize(wps["lmkit_xla"])["median"] / summarize(wps["lmkit"])["median"], 3),
             "median_of_rounds": round(median_ratio(wps["lmkit_xla"], wps["lmkit"]), 3)}
-    del runners
-    gc.collect()
     return out
 
 
@@ -511,34 +623,49 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.worker:
+        return worker_main(args)
+    import importlib.util
+    from importlib import metadata
     log = lambda s: print(s, flush=True)  # noqa: E731
     frameworks = list(args.frameworks)
-    threads = set_threads(args.threads, "torch" in frameworks)
     notes = []
-    if "torch" in frameworks and "torch_intra_op" not in threads:
+    if "torch" in frameworks and importlib.util.find_spec("torch") is None:
         notes.append("torch is not installed: the PyTorch column is skipped "
-                     "(install the optional baseline with: .venv/bin/python -m pip install torch==2.13.0)")
+                     "(install the optional baseline with: make bench-deps, or "
+                     ".venv/bin/python -m pip install torch==2.13.0)")
         log(notes[-1])
         frameworks.remove("torch")
-    import tensorflow as tf
-    torch_version = None
-    if "torch" in frameworks:
-        import torch
-        torch_version = torch.__version__
+
+    def version(dist_name: str) -> Optional[str]:
+        try:
+            return metadata.version(dist_name)
+        except metadata.PackageNotFoundError:
+            return None
+
     results: Dict[str, Any] = {
         "benchmark": "train_throughput",
         "command": command_line(),
-        "machine": machine_info(tensorflow=tf.__version__, keras=tf.keras.__version__, torch=torch_version),
-        "threads": threads,
+        "machine": machine_info(tensorflow=version("tensorflow-cpu") or version("tensorflow"),
+                                keras=version("keras"),
+                                torch=version("torch") if "torch" in frameworks else None),
+        "threads": {"tf_intra_op": args.threads, "tf_inter_op": args.threads,
+                    **({"torch_intra_op": args.threads, "torch_inter_op": args.threads}
+                       if "torch" in frameworks else {})},
         "settings": {"repeats": args.repeats, "warmup_steps": args.warmup, "pause_seconds": args.pause,
-                     "order": frameworks, "data": "synthetic uniform random ids"},
+                     "order": frameworks, "data": "synthetic uniform random ids",
+                     "isolation": "one worker process per framework, one running at a time"},
         "notes": notes,
         "configs": {},
     }
-    log(f"threads: {threads}; load {load_average()}")
+    log(f"{args.threads} threads per framework; load {load_average()}")
     started = time.perf_counter()
     for name in args.configs:
-        results["configs"][name] = bench_config(name, frameworks, args, log)
+        try:
+            results["configs"][name] = bench_config(name, frameworks, args, log)
+        except RuntimeError as exc:
+            print(f"train_throughput: {name}: {exc}", file=sys.stderr)
+            return 1
         for key, ratio in results["configs"][name]["ratios"].items():
             log(f"[{name}] {key}: {ratio['of_medians']:.2f} (ratio of medians), "
                 f"{ratio['median_of_rounds']:.2f} (median of per-round ratios)")

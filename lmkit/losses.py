@@ -47,7 +47,8 @@ def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Ten
     below the smallest normal float32 (a loss above about 87), every row is
     recomputed exactly as ``logsumexp(logits) - logits[label]``, so large
     and infinite losses come out as the fused kernel gives them. The
-    backward pass scales the kept probabilities and subtracts at the labels.
+    backward pass scales the kept probabilities and subtracts at the labels
+    in one XLA-compiled pass.
 
     Args:
       labels: int tensor [...] of ids in [0, vocab).
@@ -78,14 +79,24 @@ def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Ten
                          lambda: -tf.math.log(picked))  # [n]
 
         def grad(d_losses):
-            d_logits = probs * d_losses[:, tf.newaxis]  # [n, vocab]
-            rows = tf.range(tf.shape(flat_labels)[0], dtype=flat_labels.dtype)
-            at_labels = tf.stack([rows, flat_labels], axis=1)  # [n, 2]
-            return tf.tensor_scatter_nd_sub(d_logits, at_labels, d_losses)
+            return _xent_gradient(probs, flat_labels, d_losses)
 
         return losses, grad
 
     return tf.reshape(xent(flat_logits), tf.shape(labels))
+
+
+def _xent_gradient_impl(probs: tf.Tensor, labels: tf.Tensor, d_losses: tf.Tensor) -> tf.Tensor:
+    """(probs - onehot(labels)) * d_losses: probs [n, vocab], labels and d_losses [n]."""
+    d_logits = probs * d_losses[:, tf.newaxis]  # [n, vocab]
+    rows = tf.range(tf.shape(labels)[0], dtype=labels.dtype)
+    at_labels = tf.stack([rows, labels], axis=1)  # [n, 2]
+    return tf.tensor_scatter_nd_sub(d_logits, at_labels, d_losses)
+
+
+# Compiled with XLA: the scale and the scatter become one pass that writes the
+# [n, vocab] gradient once (TensorFlow's kernels copy it in the scatter).
+_xent_gradient = tf.function(_xent_gradient_impl, jit_compile=True, reduce_retracing=True)
 
 
 def sequence_softmax_cross_entropy(labels: tf.Tensor,
