@@ -62,10 +62,15 @@ bench-deps: setup
 # Quiet machine wanted: each benchmark alternates its variants and reports medians.
 bench: setup bench-deps
 	$(PYTHON) benchmarks/train_throughput.py
+	$(PYTHON) benchmarks/train_throughput.py --configs config_small --frameworks lmkit,keras,torch \
+	    --repeats 9 --output benchmarks/results/train_throughput_small.json
 	$(PYTHON) benchmarks/scaling.py
 	$(PYTHON) benchmarks/memory.py
 	$(PYTHON) benchmarks/profile_step.py --config config_small
-	$(PYTHON) benchmarks/profile_step.py --config config_small --threads 1 --output benchmarks/results/profile_config_small_1thread.json
+	LMKIT_INTER_OP_THREADS=1 $(PYTHON) benchmarks/profile_step.py --config config_small --threads 1 \
+	    --output benchmarks/results/profile_config_small_1thread.json
+	LMKIT_INTER_OP_THREADS=1 $(PYTHON) benchmarks/profile_step.py --config config_small --threads 1 \
+	    --set batch_size=10 --output benchmarks/results/profile_config_small_1thread_batch10.json
 
 clean:
 	rm -rf runs .pytest_cache

@@ -19,6 +19,8 @@ variant                     np    what changes
 1 rank + half batch         1     one rank's share of the 2-rank work, no collectives
 2 ranks + 2x batch          2     weak scaling: each rank keeps the 1-rank batch
 2 ranks + timeline          2     ``HOROVOD_TIMELINE`` on: time spent in collectives
+2 ranks + busy polling      2     ``OMPI_MCA_mpi_yield_when_idle=0``: Open MPI spins
+                                  while it waits (lmkit's default makes it yield)
 ==========================  ====  ===================================================
 
 Throughput of N ranks = global words per step / step time (the slowest
@@ -70,10 +72,12 @@ VARIANTS: Dict[str, Tuple[int, Dict[str, Any], Dict[str, str]]] = {
     "1 rank + half batch": (1, {"batch_size": "{B/2}"}, {}),
     "2 ranks + 2x batch": (2, {"batch_size": "{2B}"}, {}),
     "2 ranks + timeline": (2, {}, {"HOROVOD_TIMELINE": "{timeline}"}),
+    "2 ranks + busy polling": (2, {}, {"OMPI_MCA_mpi_yield_when_idle": "0"}),
 }
 SETS = {
     "all": list(VARIANTS),
-    "core": ["1 rank", "2 ranks", "1 rank + half batch", "2 ranks + 2x batch", "2 ranks + timeline"],
+    "core": ["1 rank", "2 ranks", "1 rank + half batch", "2 ranks + 2x batch", "2 ranks + timeline",
+             "2 ranks + busy polling"],
     "quick": ["1 rank", "2 ranks", "1 rank + half batch", "2 ranks + timeline"],
 }
 
@@ -134,7 +138,7 @@ def launch(config: str, label: str, args: argparse.Namespace, batch: int, workdi
         elif value == "{2B}":
             value = batch * 2
         sets += ["--set", f"{key}={value!r}"]
-    forwarded = sorted(k for k in env if k.startswith(("LMKIT_", "HOROVOD_", "TF_CPP")))
+    forwarded = sorted(k for k in env if k.startswith(("LMKIT_", "HOROVOD_", "TF_CPP", "OMPI_MCA_")))
     cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core", "--map-by", "core"]
     for key in forwarded:
         cmd += ["-x", key]
@@ -245,7 +249,7 @@ def summarize_config(config: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict
     one = median_wps.get("1 rank")
     if one:
         for label, wps in median_wps.items():
-            if label.startswith("2 ranks") and label != "2 ranks + 2x batch":
+            if label.startswith("2 ranks") and label != "2 ranks + 2x batch":  # same global batch
                 out["efficiency"][f"strong: {label}"] = round(wps / (2 * one), 3)
         if "2 ranks + 2x batch" in median_wps:
             out["efficiency"]["weak: 2 ranks + 2x batch"] = round(median_wps["2 ranks + 2x batch"] / (2 * one), 3)

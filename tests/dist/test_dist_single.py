@@ -28,6 +28,16 @@ def test_thread_settings_split_cores_between_local_ranks(monkeypatch):
     assert dist.thread_settings(1).intra_op == 2
 
 
+def test_open_mpi_yields_while_waiting_unless_the_user_chose(monkeypatch):
+    # Open MPI's busy polling took the core from a rank's own compute (docs/performance.md).
+    monkeypatch.delenv(dist.MPI_YIELD_ENV, raising=False)
+    dist._quiet_mpi_polling()
+    assert os.environ[dist.MPI_YIELD_ENV] == "1"
+    monkeypatch.setenv(dist.MPI_YIELD_ENV, "0")
+    dist._quiet_mpi_polling()
+    assert os.environ[dist.MPI_YIELD_ENV] == "0"
+
+
 def test_local_backend_is_size_one():
     b = dist._Backend()
     assert (b.rank(), b.size(), b.local_rank(), b.local_size()) == (0, 1, 0, 1)

@@ -153,6 +153,33 @@ def test_while_loop_path_equals_static_path(cell, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("forget_bias", [0.0, 1.0])
+@pytest.mark.parametrize("final_state_used", [False, True])
+def test_lstm_hand_written_backward_equals_automatic_differentiation(run, forget_bias, final_state_used):
+    """LSTMCell.unroll_projected's own backward pass against autodiff of the plain step loop."""
+    cell = LSTMCell(input_size=3, hidden_size=5, forget_bias=forget_bias)
+    projected = tf.constant(_random(2, 7, 20, seed=1))  # [batch, time, 4 * hidden]
+    state = LSTMState(tf.constant(_random(2, 5, seed=2)), tf.constant(_random(2, 5, seed=3)))
+    d_out = _random(2, 7, 5, seed=4)  # a different upstream gradient at every output
+    d_cell, d_hidden = _random(2, 5, seed=5), _random(2, 5, seed=6)
+
+    def gradients(unroll):
+        def fn(projected, cell_state, hidden):
+            with tf.GradientTape() as tape:
+                tape.watch([projected, cell_state, hidden])
+                outputs, final = unroll(projected, LSTMState(cell_state, hidden))
+                loss = tf.reduce_sum(outputs * d_out)
+                if final_state_used:  # the next window's gradient flows back through the state
+                    loss += tf.reduce_sum(final.cell * d_cell) + tf.reduce_sum(final.hidden * d_hidden)
+            return tape.gradient(loss, [projected, cell_state, hidden, cell.recurrent_kernel])
+        return run(fn, projected, *state)
+
+    want = gradients(lambda p, s: rnn.RecurrentCell.unroll_projected(cell, p, s))  # autodiff
+    got = gradients(cell.unroll_projected)  # hand-written
+    for name, a, b in zip(["inputs", "cell state", "hidden state", "recurrent kernel"], got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_unrolled_graph_projects_inputs_once_per_layer():
     decoder = RNNDecoder(input_size=3, hidden_size=4, num_layers=2)
     graph = tf.function(lambda x: decoder(x)).get_concrete_function(tf.TensorSpec([2, 6, 3])).graph

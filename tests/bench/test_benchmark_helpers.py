@@ -1,0 +1,67 @@
+"""The arithmetic of the benchmarks (no timing is asserted: speed lives in benchmarks/)."""
+
+import json
+
+import pytest
+
+from benchmarks import _common, scaling
+
+
+def test_intervals_union_counts_overlaps_once():
+    assert scaling._intervals_union([]) == 0.0
+    assert scaling._intervals_union([(0, 10), (5, 15), (20, 25)]) == 20.0
+    assert scaling._intervals_union([(0, 10), (2, 3)]) == 10.0  # nested
+
+
+def test_median_ratio_pairs_rounds():
+    assert _common.median_ratio([10, 20, 30], [5, 10, 10]) == 2.0  # ratios 2, 2, 3
+    assert _common.summarize([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def _timeline(tmp_path, origin_us):
+    """A Horovod-style Chrome trace: one gradient tensor, one start-up broadcast."""
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 1,
+         "args": {"name": "DistributedGradientTape_Allreduce/grad_0", "start_time_since_epoch_in_micros": origin_us}},
+        {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "broadcast_variables/w"}},
+        # inside the timed window [1000, 5000] us after the origin: negotiation 100 us, allreduce 400 us
+        {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": 1, "ts": 1000},
+        {"name": "NEGOTIATE_ALLREDUCE", "ph": "E", "pid": 1, "ts": 1100},
+        {"name": "ALLREDUCE", "ph": "B", "pid": 1, "ts": 1100},
+        {"name": "MPI_ALLREDUCE", "ph": "B", "pid": 1, "ts": 1150},
+        {"name": "MPI_ALLREDUCE", "ph": "E", "pid": 1, "ts": 1450},
+        {"name": "ALLREDUCE", "ph": "E", "pid": 1, "ts": 1500},
+        # outside the window (warm-up): not counted
+        {"name": "ALLREDUCE", "ph": "B", "pid": 1, "ts": 100},
+        {"name": "ALLREDUCE", "ph": "E", "pid": 1, "ts": 900},
+        # another tensor (the start-up broadcast): not a training-step collective
+        {"name": "BROADCAST", "ph": "B", "pid": 2, "ts": 2000},
+        {"name": "BROADCAST", "ph": "E", "pid": 2, "ts": 3000},
+    ]
+    path = tmp_path / "timeline.json"
+    # Horovod leaves the list open while the job runs.
+    path.write_text(json.dumps(events)[:-1] + ",")
+    return str(path)
+
+
+def test_parse_timeline_counts_training_collectives_in_the_timed_window(tmp_path):
+    origin = 1_700_000_000_000_000
+    path = _timeline(tmp_path, origin)
+    got = scaling.parse_timeline(path, [[origin + 1000, origin + 5000]], train_steps=2)
+    assert got["timed_train_steps"] == 2
+    assert got["collective_ms_per_step"] == pytest.approx(0.4 / 2)
+    assert got["negotiate_ms_per_step"] == pytest.approx(0.1 / 2)
+    assert got["activity_ms_per_step (summed over tensors)"]["MPI_ALLREDUCE"] == pytest.approx(0.3 / 2)
+    assert got["tensors"] == ["DistributedGradientTape_Allreduce/grad_0"]
+
+
+def test_efficiency_is_two_rank_throughput_over_twice_one_rank():
+    def run(wps, step):
+        return {"words_per_sec": [wps], "step_seconds": [step], "global_batch": 20, "local_batch": 10,
+                "mean_loss": 1.0, "ranks": [{"memory": {"peak_rss_mib": 100.0}}]}
+    runs = {"1 rank": [run(1000.0, 0.4)], "2 ranks": [run(1800.0, 0.222)],
+            "1 rank + half batch": [run(1100.0, 0.2)], "2 ranks + 2x batch": [run(1900.0, 0.42)]}
+    got = scaling.summarize_config("config_small", runs)
+    assert got["efficiency"]["strong: 2 ranks"] == 0.9
+    assert got["efficiency"]["weak: 2 ranks + 2x batch"] == 0.95
+    assert got["collectives"]["step_minus_half_batch_step_ms"] == pytest.approx(22.0)
