@@ -276,7 +276,8 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
         print("matplotlib is not installed (pip install -e .[bench]); no plot", flush=True)
         return None
     configs = list(results["configs"])
-    fig, axes = plt.subplots(len(configs), 1, figsize=(10, 4.2 * len(configs)), squeeze=False)
+    most = max(len(results["configs"][c]["variants"]) for c in configs)
+    fig, axes = plt.subplots(len(configs), 1, figsize=(max(10, 1.25 * most), 4.2 * len(configs)), squeeze=False)
     for ax, config in zip(axes[:, 0], configs):
         res = results["configs"][config]
         labels = [k for k, v in res["variants"].items() if v["words_per_sec"]["n"]]
