@@ -21,6 +21,8 @@ variant                     np    what changes
 2 ranks + timeline          2     ``HOROVOD_TIMELINE`` on: time spent in collectives
 2 ranks + busy polling      2     ``OMPI_MCA_mpi_yield_when_idle=0``: Open MPI spins
                                   while it waits (lmkit's default makes it yield)
+2 ranks + 1 inter-op        2     ``LMKIT_INTER_OP_THREADS=1`` (default: 2 threads
+                                  even for a 1-thread rank)
 ==========================  ====  ===================================================
 
 Throughput of N ranks = global words per step / step time (the slowest
@@ -73,6 +75,7 @@ VARIANTS: Dict[str, Tuple[int, Dict[str, Any], Dict[str, str]]] = {
     "2 ranks + 2x batch": (2, {"batch_size": "{2B}"}, {}),
     "2 ranks + timeline": (2, {}, {"HOROVOD_TIMELINE": "{timeline}"}),
     "2 ranks + busy polling": (2, {}, {"OMPI_MCA_mpi_yield_when_idle": "0"}),
+    "2 ranks + 1 inter-op": (2, {}, {"LMKIT_INTER_OP_THREADS": "1"}),
 }
 SETS = {
     "all": list(VARIANTS),
