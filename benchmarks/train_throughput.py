@@ -98,11 +98,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.repeats = min(args.repeats, 3)
     if args.repeats < 1 or args.threads < 1 or args.warmup < 1:
         parser.error("--repeats, --threads and --warmup must be >= 1")
-    from lmkit.config import available_configs
-    known = available_configs()
-    bad = [c for c in args.configs if c not in known and not c.endswith(".py")]
-    if bad:
-        parser.error(f"--configs {bad[0]!r} is not a config; known: {', '.join(known)}")
+    from lmkit.config import ConfigError, load_config
+    for name in args.configs:
+        try:
+            load_config(name)
+        except ConfigError as exc:
+            parser.error(f"--configs: {exc}")
     return args
 
 
@@ -451,12 +452,7 @@ def worker_main(args: argparse.Namespace) -> int:
         runner = build_runner(framework, cfg, ids, inputs, targets)
         runner.run(args.warmup)
         runner.losses.clear()
-        import tensorflow as tf
-        versions = {"tensorflow": tf.__version__, "keras": tf.keras.__version__}
-        if framework == "torch":
-            import torch
-            versions["torch"] = torch.__version__
-        _reply({"ready": True, "setup_seconds": runner.setup_seconds, "threads": threads, "versions": versions})
+        _reply({"ready": True, "setup_seconds": runner.setup_seconds, "threads": threads})
     except Exception as exc:  # reported by the parent, which stops
         _reply({"error": f"{type(exc).__name__}: {exc}"})
         return 1

@@ -644,8 +644,8 @@ def _quiet_mpi_polling() -> None:
     negotiates every cycle through MPI), yielding only when it sees a host
     oversubscribed. With one rank per core, as on a CPU host, the polling
     then takes the core from that rank's own compute threads: measured on 2
-    cores with ``config_small``, the 2-rank step took 130-153 ms with the
-    polling and 97 ms with yielding (``docs/performance.md``). GPU hosts lose
+    cores with ``config_small``, the 2-rank step took 122-153 ms with the
+    polling and 97-117 ms with yielding (``docs/performance.md``). GPU hosts lose
     nothing measurable (the wait is for NCCL or the network either way).
     Set ``OMPI_MCA_mpi_yield_when_idle=0`` to keep Open MPI's own choice.
     """
