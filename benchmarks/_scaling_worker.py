@@ -36,6 +36,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="steps per timed run")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs")
     parser.add_argument("--rss_every", type=int, default=10, help="record the RSS every this many steps")
+    parser.add_argument("--collective_calls", type=int, default=20,
+                        help="timed calls of the step's collectives alone (0: skip)")
     parser.add_argument("--output", required=True)
     return parser.parse_args(argv)
 
@@ -51,6 +53,51 @@ def _rss_mib() -> float:
 
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _time_collectives_alone(trainer, inputs, targets, calls: int) -> List[float]:
+    """Milliseconds per call of the training step's collectives with nothing else running.
+
+    The gradients of one real batch (dense tensors and the embedding's
+    ``IndexedSlices``) and the loss are averaged over the ranks the way the
+    step averages them, ``calls`` times, each call waited for: the
+    communication floor on this host, against which the 2-rank step's extra
+    time can be read. Every rank runs the same calls in the same order.
+    """
+    import tensorflow as tf
+
+    from lmkit import dist
+    from lmkit.losses import sequence_softmax_cross_entropy
+
+    if calls <= 0 or dist.backend_name() != "horovod":
+        return []
+    variables = list(trainer.model.trainable_variables)
+    state = trainer._initial_state(trainer.local_batch)
+    with tf.GradientTape() as tape:
+        logits, _ = trainer.model(tf.constant(inputs), state, training=True)
+        loss = sequence_softmax_cross_entropy(tf.constant(targets), logits, average_across_batch=True,
+                                              average_across_timesteps=False, sum_over_timesteps=True)
+    grads = tape.gradient(loss, variables)
+
+    @tf.function
+    def communicate(grads, loss):
+        return (dist.average_gradients(grads, sparse_as_dense=trainer.config.sparse_as_dense,
+                                       compression=trainer.config.compression),
+                dist.allreduce(loss, op="average", name="lmkit.bench.loss"))
+
+    for _ in range(3):  # trace, negotiate, fill Horovod's response cache
+        communicate(grads, loss)[1].numpy()
+    times: List[float] = []
+    dist.barrier()
+    for _ in range(calls):
+        start = time.perf_counter()
+        averaged, mean = communicate(grads, loss)
+        for g in averaged:
+            if g is not None:
+                (g.values if isinstance(g, tf.IndexedSlices) else g).numpy()
+        mean.numpy()
+        times.append(1000 * (time.perf_counter() - start))
+    return times
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -109,6 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         windows_us.append([window_start, time.time() * 1e6])
         run_seconds.append(max(dist.allgather_object(mine)))  # the slowest rank sets the pace
     rss_trace.append([position, round(_rss_mib(), 1)])
+    collectives_ms = _time_collectives_alone(trainer, inputs[0], targets[0], args.collective_calls)
     memory = {"peak_rss_mib": round(_peak_rss_mib(), 1), "rss_start_mib": round(rss_start, 1),
               "rss_after_import_mib": round(rss_after_import, 1), "rss_end_mib": round(_rss_mib(), 1),
               "rss_trace": rss_trace}
@@ -134,6 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "step_seconds": [round(s, 5) for s in step_seconds],
             "words_per_sec": [round(words / s, 1) for s in step_seconds],
             "mean_loss": round(sum(losses) / len(losses), 3),
+            "collectives_alone_ms": [round(ms, 3) for ms in collectives_ms],
             "ranks": everyone,
             "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
         }

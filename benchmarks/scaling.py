@@ -21,8 +21,12 @@ variant                     np    what changes
 2 ranks + timeline          2     ``HOROVOD_TIMELINE`` on: time spent in collectives
 2 ranks + busy polling      2     ``OMPI_MCA_mpi_yield_when_idle=0``: Open MPI spins
                                   while it waits (lmkit's default makes it yield)
-2 ranks + 1 inter-op        2     ``LMKIT_INTER_OP_THREADS=1`` (default: 2 threads
-                                  even for a 1-thread rank)
+2 ranks + 2 inter-op        2     ``LMKIT_INTER_OP_THREADS=2`` (lmkit's default for a
+                                  1-thread rank is 1; it was 2 before)
+1 rank + 2 inter-op         1     the same for the reference
+2 ranks + fusion 1 MB       2     ``HOROVOD_FUSION_THRESHOLD=1048576``: the softmax
+                                  layer's 8 MB gradient is reduced in place, not
+                                  copied through the fusion buffer
 ==========================  ====  ===================================================
 
 Throughput of N ranks = global words per step / step time (the slowest
@@ -33,6 +37,9 @@ collectives cost per step is measured two ways: the 2-rank step minus the
 "1 rank + half batch" step (same per-rank work), and the Horovod timeline
 (union of the ALLREDUCE / ALLGATHER activities of the gradient and loss
 tensors after negotiation, and of the negotiation itself, on rank 0).
+Every launch also times the step's collectives alone (the gradients of one
+batch and the loss averaged over the ranks, nothing else running): the
+communication floor of this host.
 
 Usage::
 
@@ -75,7 +82,9 @@ VARIANTS: Dict[str, Tuple[int, Dict[str, Any], Dict[str, str]]] = {
     "2 ranks + 2x batch": (2, {"batch_size": "{2B}"}, {}),
     "2 ranks + timeline": (2, {}, {"HOROVOD_TIMELINE": "{timeline}"}),
     "2 ranks + busy polling": (2, {}, {"OMPI_MCA_mpi_yield_when_idle": "0"}),
-    "2 ranks + 1 inter-op": (2, {}, {"LMKIT_INTER_OP_THREADS": "1"}),
+    "2 ranks + 2 inter-op": (2, {}, {"LMKIT_INTER_OP_THREADS": "2"}),
+    "1 rank + 2 inter-op": (1, {}, {"LMKIT_INTER_OP_THREADS": "2"}),
+    "2 ranks + fusion 1 MB": (2, {}, {"HOROVOD_FUSION_THRESHOLD": "1048576"}),
 }
 SETS = {
     "all": list(VARIANTS),
@@ -252,7 +261,7 @@ def summarize_config(config: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict
     one = median_wps.get("1 rank")
     if one:
         for label, wps in median_wps.items():
-            if label.startswith("2 ranks") and label != "2 ranks + 2x batch":  # same global batch
+            if label.startswith("2 ranks") and label not in ("2 ranks + 2x batch", "2 ranks + 2 inter-op"):
                 out["efficiency"][f"strong: {label}"] = round(wps / (2 * one), 3)
         if "2 ranks + 2x batch" in median_wps:
             out["efficiency"]["weak: 2 ranks + 2x batch"] = round(median_wps["2 ranks + 2x batch"] / (2 * one), 3)
@@ -261,6 +270,12 @@ def summarize_config(config: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict
         out["collectives"]["step_ms_1_rank_half_batch"] = round(1000 * median_step["1 rank + half batch"], 2)
         out["collectives"]["step_minus_half_batch_step_ms"] = round(
             1000 * (median_step["2 ranks"] - median_step["1 rank + half batch"]), 2)
+    if "1 rank + 2 inter-op" in median_wps and "2 ranks + 2 inter-op" in median_wps:
+        out["efficiency"]["strong, both with 2 inter-op threads"] = round(
+            median_wps["2 ranks + 2 inter-op"] / (2 * median_wps["1 rank + 2 inter-op"]), 3)
+    alone = [ms for r in runs.get("2 ranks", []) for ms in r.get("collectives_alone_ms", [])]
+    if alone:
+        out["collectives"]["collectives_alone_ms"] = summarize(alone)
     if "1 rank" in median_step and "1 rank + half batch" in median_step:
         out["collectives"]["half_batch_speedup_1_rank"] = round(
             median_step["1 rank"] / median_step["1 rank + half batch"], 3)
@@ -292,9 +307,12 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
         one = res["variants"].get("1 rank", {}).get("words_per_sec", {}).get("median")
         for bar, k, m in zip(bars, labels, med):
             text = f"{m:.0f}"
-            if one and k.startswith("2 ranks"):
+            ref = one
+            if "2 inter-op" in k:  # against the 1-rank run with the same threads
+                ref = res["variants"].get("1 rank + 2 inter-op", {}).get("words_per_sec", {}).get("median")
+            if ref and k.startswith("2 ranks"):
                 kind = "weak" if "2x batch" in k else "strong"
-                text += f"\neff {m / (2 * one):.2f} ({kind})"
+                text += f"\neff {m / (2 * ref):.2f} ({kind})"
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text, ha="center", va="bottom",
                     fontsize=7)
         ax.set_xticks(range(len(labels)))
@@ -305,7 +323,8 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
         tl = coll.get("timeline", {})
         ax.set_title(f"{config}: {results['threads_per_rank']} intra-op thread(s) per rank; collectives "
                      f"{tl.get('collective_ms_per_step', float('nan')):.1f} ms/step (timeline), "
-                     f"2-rank step - half-batch step = {coll.get('step_minus_half_batch_step_ms', float('nan')):.1f} ms",
+                     f"2-rank step - half-batch step = {coll.get('step_minus_half_batch_step_ms', float('nan')):.1f} ms; "
+                     f"collectives alone {coll.get('collectives_alone_ms', {}).get('median', float('nan')):.1f} ms",
                      fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -564,7 +564,7 @@ def _make_native(num_gpus: int, intra_op: Optional[int],
             "`python -m lmkit.launch` on several, or set use_horovod=True")
     local_rank = int(os.environ.get("LMKIT_LOCAL_RANK", "0") or 0)
     local_size = int(os.environ.get("LMKIT_LOCAL_SIZE", "1") or 1)
-    threads = thread_settings(local_size, intra_op, inter_op)
+    threads = thread_settings(local_size, intra_op, inter_op, min_inter_op=2)
     gpus = tf.config.list_physical_devices("GPU")
     if cluster is not None and not gpus and num_gpus > 1:
         raise ValueError(f"num_gpus = {num_gpus}, but on a host without GPUs each worker of a "
@@ -660,18 +660,23 @@ def _cpu_count() -> int:
 
 
 def thread_settings(local_size: int, intra_op: Optional[int] = None,
-                    inter_op: Optional[int] = None) -> ThreadSettings:
+                    inter_op: Optional[int] = None, min_inter_op: int = 1) -> ThreadSettings:
     """Threads for one rank when ``local_size`` ranks share this host.
 
     Each rank gets about ``cores / local_size`` intra-op threads so that the
-    ranks of one host do not oversubscribe its cores.  Overrides come from the
-    arguments, then from ``LMKIT_INTRA_OP_THREADS`` / ``LMKIT_INTER_OP_THREADS``.
+    ranks of one host do not oversubscribe its cores, and ``min(intra, 4)``
+    inter-op threads, at least ``min_inter_op`` (the native backend's
+    in-process replicas need 2). A rank with one core gets one inter-op
+    thread: a second one, idle most of the time, still took turns on that
+    core, and a bound ``config_small`` rank was 8-20% slower with it
+    (``docs/performance.md``). Overrides come from the arguments, then from
+    ``LMKIT_INTRA_OP_THREADS`` / ``LMKIT_INTER_OP_THREADS``.
     """
     total = os.cpu_count() or 1
     bound = _cpu_count()  # mpirun may bind each rank to fewer cores
     default_intra = max(1, min(bound, total // max(1, local_size)))
     intra = intra_op or int(os.environ.get("LMKIT_INTRA_OP_THREADS", "0") or 0) or default_intra
-    inter = inter_op or int(os.environ.get("LMKIT_INTER_OP_THREADS", "0") or 0) or max(2, min(intra, 4))
+    inter = inter_op or int(os.environ.get("LMKIT_INTER_OP_THREADS", "0") or 0) or max(min_inter_op, min(intra, 4))
     if intra < 1 or inter < 1:
         raise ValueError(f"thread counts must be >= 1, got intra_op={intra}, inter_op={inter}")
     return ThreadSettings(intra_op=intra, inter_op=inter)
@@ -706,7 +711,8 @@ def init(backend: Optional[str] = None, intra_op_threads: Optional[int] = None,
         a single local process).  The environment variable ``LMKIT_BACKEND``
         overrides the default (``lmkit.launch`` sets it to ``native``).
       intra_op_threads: CPU threads per op; default cores / processes on this host.
-      inter_op_threads: ops run in parallel; default min(intra, 4), at least 2.
+      inter_op_threads: ops run in parallel; default min(intra, 4) (at least 2 for
+        the native backend).
       num_gpus: native backend only: replicas in this process (0 = every GPU
         of the host, or one replica on the CPU).  On a host without GPUs,
         ``num_gpus > 1`` runs that many replicas on logical CPU devices.

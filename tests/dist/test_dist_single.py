@@ -9,7 +9,8 @@ from tests.helpers import ROOT, have_horovod, mpirun_cmd, run, subprocess_env
 
 PROBE = ("from lmkit import dist; b = dist.init(); import tensorflow as tf; "
          "print(b, dist.rank(), dist.size(), dist.local_size(), dist.threads().intra_op, "
-         "tf.config.threading.get_intra_op_parallelism_threads())")
+         "tf.config.threading.get_intra_op_parallelism_threads(), dist.threads().inter_op, "
+         "tf.config.threading.get_inter_op_parallelism_threads())")
 
 
 def test_thread_settings_split_cores_between_local_ranks(monkeypatch):
@@ -26,6 +27,25 @@ def test_thread_settings_split_cores_between_local_ranks(monkeypatch):
     monkeypatch.delenv("LMKIT_INTRA_OP_THREADS")
     monkeypatch.setattr(dist, "_cpu_count", lambda: 2)
     assert dist.thread_settings(1).intra_op == 2
+
+
+def test_inter_op_threads_follow_intra_op_threads(monkeypatch):
+    monkeypatch.delenv("LMKIT_INTRA_OP_THREADS", raising=False)
+    monkeypatch.delenv("LMKIT_INTER_OP_THREADS", raising=False)
+    monkeypatch.setattr(dist.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(dist, "_cpu_count", lambda: 16)
+    # A rank with one core runs one op at a time (a second inter-op thread cost 8-20%).
+    assert dist.thread_settings(16).inter_op == 1
+    assert dist.thread_settings(8).inter_op == 2
+    assert dist.thread_settings(1).inter_op == 4
+    # The native backend's in-process replicas need two.
+    assert dist.thread_settings(16, min_inter_op=2).inter_op == 2
+    assert dist.thread_settings(16, inter_op=3).inter_op == 3
+    monkeypatch.setenv("LMKIT_INTER_OP_THREADS", "5")
+    assert dist.thread_settings(16).inter_op == 5
+    monkeypatch.setenv("LMKIT_INTER_OP_THREADS", "-1")
+    with pytest.raises(ValueError, match="inter_op=-1"):
+        dist.thread_settings(16)
 
 
 def test_open_mpi_yields_while_waiting_unless_the_user_chose(monkeypatch):
@@ -46,26 +66,28 @@ def test_local_backend_is_size_one():
 
 @pytest.mark.horovod
 def test_plain_python_process_runs_horovod_at_size_one():
-    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": ""})
+    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": "", "LMKIT_INTER_OP_THREADS": ""})
     res = run([sys.executable, "-c", PROBE], timeout=120, env=env)
     assert res.returncode == 0, res.stderr
-    backend, rank, size, local_size, intra, tf_intra = res.stdout.split()
+    backend, rank, size, local_size, intra, tf_intra, inter, tf_inter = res.stdout.split()
     assert (backend, rank, size, local_size) == ("horovod", "0", "1", "1")
     assert int(intra) == int(tf_intra) >= 1
+    assert int(inter) == int(tf_inter) == min(int(intra), 4)
 
 
 @pytest.mark.horovod
 @pytest.mark.mpi
 def test_mpirun_two_ranks_split_threads():
-    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": ""})
+    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": "", "LMKIT_INTER_OP_THREADS": ""})
     res = run(mpirun_cmd(2, ["-c", PROBE]), timeout=180, env=env)
     assert res.returncode == 0, res.stderr
     lines = sorted(res.stdout.split("\n")[:-1])
     assert len(lines) == 2, res.stdout
     for rank, line in enumerate(lines):
-        backend, r, size, local_size, intra, tf_intra = line.split()
+        backend, r, size, local_size, intra, tf_intra, inter, tf_inter = line.split()
         assert (backend, r, size, local_size) == ("horovod", str(rank), "2", "2")
         assert int(intra) == max(1, (os.cpu_count() or 1) // 2) == int(tf_intra)
+        assert int(inter) == min(int(intra), 4) == int(tf_inter)
 
 
 @pytest.mark.horovod
