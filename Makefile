@@ -24,7 +24,7 @@ help:
 	@echo "make test       set up, then run all tests (single-process, mpirun -np 2, native TF env)"
 	@echo "make setup      only the set-up of .venv (TF 2.18.1 + Horovod 0.28.1)"
 	@echo "make setup-native  the second env .venv-tf-latest (newest TF, no Horovod)"
-	@echo "make bench      set up (+ the PyTorch baseline), then every benchmark (about 35 minutes; docs/performance.md)"
+	@echo "make bench      set up (+ the PyTorch baseline), then every benchmark (about 55 minutes; docs/performance.md)"
 	@echo "make bench-deps only the benchmark extras: torch==2.13.0 (CPU) for the PyTorch column"
 	@echo "variables: NP CONFIG DATA_PATH MODEL_DIR ARGS"
 
@@ -64,7 +64,9 @@ bench: setup bench-deps
 	$(PYTHON) benchmarks/train_throughput.py
 	$(PYTHON) benchmarks/train_throughput.py --configs config_small --frameworks lmkit,keras,torch \
 	    --repeats 9 --output benchmarks/results/train_throughput_small.json
-	$(PYTHON) benchmarks/scaling.py
+	$(PYTHON) benchmarks/scaling.py --rounds 3
+	$(PYTHON) benchmarks/scaling.py --rounds 4 --variants "1 rank,2 ranks,2 ranks + no fusion,2 ranks + fp16" \
+	    --output benchmarks/results/scaling_comm.json
 	$(PYTHON) benchmarks/memory.py
 	$(PYTHON) benchmarks/profile_step.py --config config_small
 	LMKIT_INTER_OP_THREADS=1 $(PYTHON) benchmarks/profile_step.py --config config_small --threads 1 \

@@ -44,6 +44,7 @@ communication floor of this host.
 Usage::
 
     .venv/bin/python benchmarks/scaling.py                 # config_small, all variants, ~8 min
+    .venv/bin/python benchmarks/scaling.py --rounds 3      # each variant 3 times, alternating (~20 min)
     .venv/bin/python benchmarks/scaling.py --quick         # 4 variants, ~3 min
     .venv/bin/python benchmarks/scaling.py --configs config_small,config_medium --variants core
 
