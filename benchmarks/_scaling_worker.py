@@ -67,7 +67,7 @@ def _time_collectives_alone(trainer, inputs, targets, calls: int) -> List[float]
     import tensorflow as tf
 
     from lmkit import dist
-    from lmkit.losses import sequence_softmax_cross_entropy
+    from lmkit.train.trainer import window_loss
 
     if calls <= 0 or dist.backend_name() != "horovod":
         return []
@@ -75,8 +75,7 @@ def _time_collectives_alone(trainer, inputs, targets, calls: int) -> List[float]
     state = trainer._initial_state(trainer.local_batch)
     with tf.GradientTape() as tape:
         logits, _ = trainer.model(tf.constant(inputs), state, training=True)
-        loss = sequence_softmax_cross_entropy(tf.constant(targets), logits, average_across_batch=True,
-                                              average_across_timesteps=False, sum_over_timesteps=True)
+        loss = window_loss(tf.constant(targets), logits)
     grads = tape.gradient(loss, variables)
 
     @tf.function

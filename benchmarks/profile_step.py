@@ -106,9 +106,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from lmkit import dist
     from lmkit.config import load_config
     from lmkit.data.batching import bptt_arrays
-    from lmkit.losses import sequence_softmax_cross_entropy
     from lmkit.models import build_model
     from lmkit.train import Trainer
+    from lmkit.train.trainer import window_loss
 
     dist.init(backend="local", intra_op_threads=args.threads or None)
     overrides = {}
@@ -134,8 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def loss_of(x, y, state):
         logits, _ = model(x, state, training=True)
-        return sequence_softmax_cross_entropy(y, logits, average_across_batch=True,
-                                              average_across_timesteps=False, sum_over_timesteps=True)
+        return window_loss(y, logits)
 
     variables = list(model.trainable_variables)
 

@@ -241,6 +241,22 @@ def parse_timeline(path: str, windows_us: List[List[float]], train_steps: int) -
     }
 
 
+def reference_variant(label: str) -> str:
+    """The 1-rank variant that a 2-rank variant is compared with: the one with the same threads."""
+    return "1 rank + 2 inter-op" if label.endswith("+ 2 inter-op") else "1 rank"
+
+
+def efficiency(label: str, words_per_sec: Dict[str, float]) -> Optional[Tuple[str, float]]:
+    """``(kind, throughput / (2 x the reference's))`` of a 2-rank variant, else None.
+
+    ``kind`` is "weak" for the variant that doubles the global batch, "strong" otherwise.
+    """
+    ref = words_per_sec.get(reference_variant(label))
+    if not label.startswith("2 ranks") or label not in words_per_sec or not ref:
+        return None
+    return ("weak" if label == "2 ranks + 2x batch" else "strong"), words_per_sec[label] / (2 * ref)
+
+
 def summarize_config(config: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"variants": {}, "efficiency": {}, "collectives": {}}
     median_wps: Dict[str, float] = {}
@@ -259,21 +275,15 @@ def summarize_config(config: str, runs: Dict[str, List[Dict[str, Any]]]) -> Dict
             entry["local_batch"] = good[-1]["local_batch"]
             entry["mean_loss"] = good[-1]["mean_loss"]
         out["variants"][label] = entry
-    one = median_wps.get("1 rank")
-    if one:
-        for label, wps in median_wps.items():
-            if label.startswith("2 ranks") and label not in ("2 ranks + 2x batch", "2 ranks + 2 inter-op"):
-                out["efficiency"][f"strong: {label}"] = round(wps / (2 * one), 3)
-        if "2 ranks + 2x batch" in median_wps:
-            out["efficiency"]["weak: 2 ranks + 2x batch"] = round(median_wps["2 ranks + 2x batch"] / (2 * one), 3)
+    for label in median_wps:
+        found = efficiency(label, median_wps)
+        if found:
+            out["efficiency"][f"{found[0]}: {label}"] = round(found[1], 3)
     if "2 ranks" in median_step and "1 rank + half batch" in median_step:
         out["collectives"]["step_ms_2_ranks"] = round(1000 * median_step["2 ranks"], 2)
         out["collectives"]["step_ms_1_rank_half_batch"] = round(1000 * median_step["1 rank + half batch"], 2)
         out["collectives"]["step_minus_half_batch_step_ms"] = round(
             1000 * (median_step["2 ranks"] - median_step["1 rank + half batch"]), 2)
-    if "1 rank + 2 inter-op" in median_wps and "2 ranks + 2 inter-op" in median_wps:
-        out["efficiency"]["strong, both with 2 inter-op threads"] = round(
-            median_wps["2 ranks + 2 inter-op"] / (2 * median_wps["1 rank + 2 inter-op"]), 3)
     alone = [ms for r in runs.get("2 ranks", []) for ms in r.get("collectives_alone_ms", [])]
     if alone:
         out["collectives"]["collectives_alone_ms"] = summarize(alone)
@@ -305,15 +315,12 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
         hi = [res["variants"][k]["words_per_sec"]["max"] - m for m, k in zip(med, labels)]
         colors = ["#1f77b4" if k.startswith("1 rank") else "#2ca02c" for k in labels]
         bars = ax.bar(range(len(labels)), med, yerr=[lo, hi], capsize=3, color=colors)
-        one = res["variants"].get("1 rank", {}).get("words_per_sec", {}).get("median")
+        by_label = dict(zip(labels, med))
         for bar, k, m in zip(bars, labels, med):
             text = f"{m:.0f}"
-            ref = one
-            if "2 inter-op" in k:  # against the 1-rank run with the same threads
-                ref = res["variants"].get("1 rank + 2 inter-op", {}).get("words_per_sec", {}).get("median")
-            if ref and k.startswith("2 ranks"):
-                kind = "weak" if "2x batch" in k else "strong"
-                text += f"\neff {m / (2 * ref):.2f} ({kind})"
+            found = efficiency(k, by_label)
+            if found:
+                text += f"\neff {found[1]:.2f} ({found[0]})"
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text, ha="center", va="bottom",
                     fontsize=7)
         ax.set_xticks(range(len(labels)))

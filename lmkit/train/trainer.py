@@ -85,6 +85,17 @@ class _Progress(tf.Module):
         self.rng = tf.random.Generator.from_seed(seed, alg="philox")
 
 
+def window_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """The training and evaluation loss of one window of ``labels`` [batch, time].
+
+    Cross-entropy summed over the window's time steps and averaged over its
+    rows: what every step of the trainer reports (divide by the window
+    length for the per-word loss whose exponential is the perplexity).
+    """
+    return sequence_softmax_cross_entropy(labels, logits, average_across_batch=True,
+                                          average_across_timesteps=False, sum_over_timesteps=True)
+
+
 def _scalar_summary(name: str, value: float) -> None:
     """What ``tf.summary.scalar`` writes, without needing TensorBoard installed.
 
@@ -323,9 +334,7 @@ class Trainer:
         def train_step(x, y, state):
             with tf.GradientTape() as tape:
                 logits, new_state = model(x, state, training=True)  # [b, t, vocab]
-                loss = sequence_softmax_cross_entropy(
-                    y, logits, average_across_batch=True, average_across_timesteps=False,
-                    sum_over_timesteps=True)
+                loss = window_loss(y, logits)
             # Averaging over ranks happens here (allreduce / allgather).
             tape = dist.DistributedGradientTape(tape, sparse_as_dense=cfg.sparse_as_dense,
                                                 compression=cfg.compression)
@@ -352,10 +361,7 @@ class Trainer:
 
         def eval_step(x, y, state):
             logits, new_state = model(x, state, training=False)
-            loss = sequence_softmax_cross_entropy(
-                y, logits, average_across_batch=True, average_across_timesteps=False,
-                sum_over_timesteps=True)
-            return loss, new_state
+            return window_loss(y, logits), new_state
 
         self._compiled = False
         def replicated_step(x, y, state):

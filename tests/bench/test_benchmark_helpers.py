@@ -61,7 +61,12 @@ def test_efficiency_is_two_rank_throughput_over_twice_one_rank():
                 "mean_loss": 1.0, "ranks": [{"memory": {"peak_rss_mib": 100.0}}]}
     runs = {"1 rank": [run(1000.0, 0.4)], "2 ranks": [run(1800.0, 0.222)],
             "1 rank + half batch": [run(1100.0, 0.2)], "2 ranks + 2x batch": [run(1900.0, 0.42)]}
+    runs["1 rank + 2 inter-op"] = [run(800.0, 0.5)]
+    runs["2 ranks + 2 inter-op"] = [run(1200.0, 0.333)]
     got = scaling.summarize_config("config_small", runs)
     assert got["efficiency"]["strong: 2 ranks"] == 0.9
+    # A variant with other threads is compared with the 1-rank run that has the same threads.
+    assert got["efficiency"]["strong: 2 ranks + 2 inter-op"] == 0.75
+    assert not any("1 rank" in key for key in got["efficiency"])
     assert got["efficiency"]["weak: 2 ranks + 2x batch"] == 0.95
     assert got["collectives"]["step_minus_half_batch_step_ms"] == pytest.approx(22.0)

@@ -13,10 +13,18 @@ PROBE = ("from lmkit import dist; b = dist.init(); import tensorflow as tf; "
          "tf.config.threading.get_inter_op_parallelism_threads())")
 
 
-def test_thread_settings_split_cores_between_local_ranks(monkeypatch):
+@pytest.fixture
+def sixteen_cores(monkeypatch):
+    """A host of 16 cores, this process bound to all of them, no thread overrides."""
     monkeypatch.delenv("LMKIT_INTRA_OP_THREADS", raising=False)
+    monkeypatch.delenv("LMKIT_INTER_OP_THREADS", raising=False)
     monkeypatch.setattr(dist.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(dist, "_cpu_count", lambda: 16)
+    return monkeypatch
+
+
+def test_thread_settings_split_cores_between_local_ranks(sixteen_cores):
+    monkeypatch = sixteen_cores
     assert dist.thread_settings(1).intra_op == 16
     assert dist.thread_settings(4).intra_op == 4
     assert dist.thread_settings(32).intra_op == 1
@@ -29,11 +37,8 @@ def test_thread_settings_split_cores_between_local_ranks(monkeypatch):
     assert dist.thread_settings(1).intra_op == 2
 
 
-def test_inter_op_threads_follow_intra_op_threads(monkeypatch):
-    monkeypatch.delenv("LMKIT_INTRA_OP_THREADS", raising=False)
-    monkeypatch.delenv("LMKIT_INTER_OP_THREADS", raising=False)
-    monkeypatch.setattr(dist.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(dist, "_cpu_count", lambda: 16)
+def test_inter_op_threads_follow_intra_op_threads(sixteen_cores):
+    monkeypatch = sixteen_cores
     # A rank with one core runs one op at a time (a second inter-op thread cost 8-20%).
     assert dist.thread_settings(16).inter_op == 1
     assert dist.thread_settings(8).inter_op == 2
