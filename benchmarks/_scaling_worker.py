@@ -6,7 +6,7 @@
 Trains the config's model with the real ``Trainer`` on synthetic ids:
 ``fit(max_steps=warmup)`` builds the compiled step (and does the start-up
 broadcast), then ``repeats`` timed runs of ``steps`` steps call
-``Trainer._train_step`` the way ``Trainer.fit`` does (this rank's rows of
+``Trainer.train_step`` the way ``Trainer.fit`` does (this rank's rows of
 each global batch, state carried, losses read back once per run). A run's
 time is the slowest rank's; throughput = global words per step / step time.
 
@@ -67,12 +67,12 @@ def _time_collectives_alone(trainer, inputs, targets, calls: int) -> List[float]
     import tensorflow as tf
 
     from lmkit import dist
-    from lmkit.train.trainer import window_loss
+    from lmkit.losses import window_loss
 
     if calls <= 0 or dist.backend_name() != "horovod":
         return []
     variables = list(trainer.model.trainable_variables)
-    state = trainer._initial_state(trainer.local_batch)
+    state = trainer.initial_state()  # horovod: one replica, a plain state
     with tf.GradientTape() as tape:
         logits, _ = trainer.model(tf.constant(inputs), state, training=True)
         loss = window_loss(tf.constant(targets), logits)
@@ -130,9 +130,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     trainer.fit(ids, max_steps=args.warmup, num_epochs=1)  # builds the step, broadcasts, warms up
     setup_seconds = time.perf_counter() - start
     inputs, targets = bptt_arrays(ids, cfg.batch_size, cfg.num_steps, rank=rank, size=size)
-    step = trainer._train_step
-    state = dist.per_replica(lambda: trainer._initial_state(trainer.local_batch)) \
-        if hasattr(dist, "per_replica") else trainer._initial_state(trainer.local_batch)
+    step = trainer.train_step
+    state = trainer.initial_state()
     rss_trace: List[List[float]] = [[args.warmup, round(_rss_mib(), 1)]]
     run_seconds: List[float] = []
     windows_us: List[List[float]] = []  # wall-clock spans of the timed runs (to cut the Horovod timeline)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where the time of one lmkit training step goes, in one process.
 
-Two views of the real ``Trainer._train_step``:
+Two views of the real ``Trainer.train_step``:
 
 1. the TensorFlow profiler (``tf.profiler.experimental``) traces a few steps;
    the op events of the executor threads are summed by op type and by op
@@ -108,7 +108,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from lmkit.data.batching import bptt_arrays
     from lmkit.models import build_model
     from lmkit.train import Trainer
-    from lmkit.train.trainer import window_loss
+    from lmkit.losses import window_loss
 
     dist.init(backend="local", intra_op_threads=args.threads or None)
     overrides = {}
@@ -124,8 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     trainer.fit(ids, max_steps=2, num_epochs=1)
     inputs, targets = bptt_arrays(ids, cfg.batch_size, cfg.num_steps)
     position = [0]
-    state0 = dist.per_replica(lambda: trainer._initial_state(trainer.local_batch)) \
-        if hasattr(dist, "per_replica") else trainer._initial_state(trainer.local_batch)
+    state0 = trainer.initial_state()
 
     def batch():
         i = position[0] % len(inputs)
@@ -146,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pieces = {
         "forward + loss": tf.function(loss_of, jit_compile=cfg.jit_compile),
         "forward + backward": tf.function(forward_backward, jit_compile=cfg.jit_compile),
-        "trainer step": trainer._train_step,
+        "trainer step": trainer.train_step,
     }
     for fn in pieces.values():  # trace and warm up
         for _ in range(2):
@@ -164,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cpu[name].append((time.process_time() - cpu_start) / args.steps * 1000)
     medians = {k: round(statistics.median(v), 2) for k, v in times.items()}
     cpu_medians = {k: round(statistics.median(v), 2) for k, v in cpu.items()}
-    trace = trace_ops(trainer._train_step, batch, args.steps)
+    trace = trace_ops(trainer.train_step, batch, args.steps)
     result = {
         "benchmark": "profile_step",
         "command": command_line(),

@@ -4,7 +4,7 @@
 For each config (``config_small``, ``config_medium``, ``config_transformer``)
 the same language model is trained four ways in this one process:
 
-* ``lmkit``: the real :class:`lmkit.train.Trainer` step (``Trainer._train_step``
+* ``lmkit``: the real :class:`lmkit.train.Trainer` step (``Trainer.train_step``
   after ``fit(max_steps=2)`` built it), driven by the same loop as
   ``Trainer.fit``: one ``tf.constant`` per input, the state carried across
   windows, losses read back once per run;
@@ -134,13 +134,6 @@ class Runner:
 
 
 # ----------------------------------------------------------------------------- lmkit
-def initial_state(trainer: Any) -> Any:
-    """The state ``Trainer.fit`` starts an epoch from (one per local replica)."""
-    from lmkit import dist
-    make = lambda: trainer._initial_state(trainer.local_batch)  # noqa: E731
-    return dist.per_replica(make) if hasattr(dist, "per_replica") else make()
-
-
 class LmkitRunner(Runner):
     """The Trainer's own compiled step, driven like ``Trainer.fit`` drives it."""
 
@@ -159,9 +152,9 @@ class LmkitRunner(Runner):
         # fit() builds (and traces) the step that the timed runs then call.
         self.trainer.fit(ids, max_steps=2, num_epochs=1)
         self.setup_seconds = time.perf_counter() - start
-        self.step = self.trainer._train_step
+        self.step = self.trainer.train_step
         self.inputs, self.targets = inputs, targets
-        self.state = initial_state(self.trainer)
+        self.state = self.trainer.initial_state()
 
     def run(self, steps: int) -> float:
         tf = self.tf

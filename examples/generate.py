@@ -25,11 +25,10 @@ from typing import List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lmkit.errors import CheckpointError, UsageError  # noqa: E402  (no TensorFlow import)
-
-STRATEGIES = ("greedy", "sample", "top_k", "top_p", "beam")
-CONFIG_FILE = "config.json"  # lmkit.train.checkpoint.CONFIG_FILE, which imports TensorFlow
-CHECKPOINT_DIR = "checkpoints"  # lmkit.train.checkpoint.CHECKPOINT_DIR
+# None of these imports TensorFlow: flags and the folder are checked at once.
+from lmkit.decoding.registry import SAMPLER_NAMES  # noqa: E402
+from lmkit.errors import CheckpointError, UsageError  # noqa: E402
+from lmkit.layout import CONFIG_FILE, resolve_checkpoint  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -42,7 +41,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "(default: the latest)")
     p.add_argument("--prompt", action="append", default=None,
                    help="words to continue (repeatable; default: the start of a sentence)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="top_p")
+    p.add_argument("--strategy", choices=SAMPLER_NAMES, default="top_p")
     p.add_argument("--temperature", type=float, default=1.0, help="sample, top_k, top_p")
     p.add_argument("--top_k", type=int, default=40)
     p.add_argument("--top_p", type=float, default=0.9)
@@ -104,19 +103,6 @@ def check_args(args: argparse.Namespace) -> List[List[str]]:
     return prompts
 
 
-def resolve_checkpoint(model_dir: str, checkpoint: Optional[str]) -> Optional[str]:
-    """The folder of --checkpoint (a path, or a name inside <model_dir>/checkpoints)."""
-    if checkpoint is None:
-        return None
-    ckpt_dir = os.path.join(model_dir, CHECKPOINT_DIR)
-    for path in (checkpoint, os.path.join(ckpt_dir, checkpoint)):
-        if os.path.isfile(os.path.join(path, "ckpt.index")):
-            return path
-    names = sorted(n for n in os.listdir(ckpt_dir) if n.startswith("ckpt-")) if os.path.isdir(ckpt_dir) else []
-    raise UsageError(f"--checkpoint {checkpoint} is not a checkpoint folder (no ckpt.index); "
-                     f"those in {ckpt_dir}: {', '.join(names) or 'none'}")
-
-
 def encode_prompt(words: Sequence[str], vocab) -> Tuple[List[int], List[str]]:
     """Word ids of a prompt, out-of-vocabulary words as ``<unk>``.
 
@@ -140,6 +126,20 @@ def describe_unknown(unknown: Sequence[str], vocab) -> str:
         hint = f" (try {w.lower()!r})" if w.lower() != w and w.lower() in vocab else ""
         parts.append(f"{w!r}{hint}")
     return ", ".join(parts)
+
+
+def build_sampler(args: argparse.Namespace):
+    """The --strategy sampler, from the registry, with the flags its constructor takes."""
+    import inspect
+
+    from lmkit.decoding.registry import SAMPLERS
+    from lmkit.registry import import_object
+
+    flags = {"temperature": args.temperature, "k": args.top_k, "p": args.top_p,
+             "beam_width": args.beam_width, "length_penalty": args.length_penalty}
+    cls = import_object(SAMPLERS[args.strategy], "sampler")
+    takes = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in flags.items() if k in takes})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -182,23 +182,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              f"{vocab.id_to_token(vocab.unk_id)}\n")
         prompts.append(ids)
 
-    common = dict(eos_id=vocab.eos_id, start_id=start_id)
+    sampler = build_sampler(args)
+    beam = args.strategy == "beam"
+    # Beam search returns num_samples hypotheses of one search per prompt;
+    # the other strategies sample each prompt num_samples times.
+    rows = prompts if beam else [ids for ids in prompts for _ in range(args.num_samples)]
+    result = decoding.decode(model, decode_length, sampler, prompts=rows, eos_id=vocab.eos_id,
+                             start_id=start_id, seed=None if beam else args.seed)
     samples: List[Tuple[int, int, List[int]]] = []  # (prompt, sample, ids with the prompt)
-    if args.strategy == "beam":
-        # One search per prompt; its best hypotheses are the samples.
-        result = decoding.beam_search(model, decode_length, beam_width=args.beam_width,
-                                      length_penalty=args.length_penalty, prompts=prompts, **common)
+    if beam:
         for i in range(len(prompts)):
             for j in range(args.num_samples):
                 if result.beam_scores[i, j] > -float("inf"):  # -inf marks an unused slot
                     samples.append((i, j, result.beam_ids[i, j, :result.beam_lengths[i, j]].tolist()))
     else:
-        params = {"greedy": {}, "sample": {"temperature": args.temperature},
-                  "top_k": {"k": args.top_k, "temperature": args.temperature},
-                  "top_p": {"p": args.top_p, "temperature": args.temperature}}[args.strategy]
-        sampler = decoding.get_sampler(args.strategy, **params)
-        rows = [ids for ids in prompts for _ in range(args.num_samples)]
-        result = decoding.decode(model, decode_length, sampler, prompts=rows, seed=args.seed, **common)
         if args.seed is None and args.strategy != "greedy":
             sys.stderr.write(f"seed {result.seed} (pass --seed {result.seed} to repeat)\n")
         for n, ids in enumerate(result.sequences(include_prompt=True)):

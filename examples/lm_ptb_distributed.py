@@ -2,9 +2,9 @@
 """Trains a PTB language model on N workers with Horovod or TensorFlow's own distribution.
 
     mpirun -np 2 python examples/lm_ptb_distributed.py --config config_small
-    python examples/lm_ptb_distributed.py --use_horovod false --num_gpus 2 --config config_small
+    python examples/lm_ptb_distributed.py --backend native --num_gpus 2 --config config_small
     python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- \
-        python examples/lm_ptb_distributed.py --use_horovod false --config config_small
+        python examples/lm_ptb_distributed.py --backend native --config config_small
 
 Downloads the Penn Treebank when --data_path lacks it (rank 0 only), splits
 each global batch of ``batch_size`` rows across the workers, broadcasts the
@@ -17,19 +17,24 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from lmkit.dist import BACKEND_CHOICES  # noqa: E402  (imports no TensorFlow)
 from lmkit.train.cli import ptb_arg_parser, run_main  # noqa: E402
+
 
 
 def main(argv=None, distributed: bool = True) -> int:
     prog = "lm_ptb_distributed.py" if distributed else "lm_ptb.py"
     parser = ptb_arg_parser(prog, __doc__.split("\n\n")[0], distributed)
     if distributed:  # DIST: which backend
-        parser.add_argument("--use_horovod", type=str.lower, choices=["true", "false"], default=None,
-                            help="true: Horovod (start with mpirun/horovodrun); false: TensorFlow's own "
+        parser.add_argument("--backend", choices=list(BACKEND_CHOICES), default=None,
+                            help="horovod: start with mpirun/horovodrun; native: TensorFlow's own "
                                  "distribution (start with python, or python -m lmkit.launch for several "
-                                 "hosts); default: the config's use_horovod")
+                                 "hosts); auto: Horovod when installed, else one local process; "
+                                 "default: the config's backend")
+        parser.add_argument("--use_horovod", type=str.lower, choices=["true", "false"], default=None,
+                            help="OpenSeq2Seq's spelling: true = --backend horovod, false = --backend native")
         parser.add_argument("--num_gpus", type=int, default=None,
-                            help="use_horovod false: replicas in this process, one per GPU (logical CPU "
+                            help="backend native: replicas in this process, one per GPU (logical CPU "
                                  "devices on a host without GPUs); 0 = all GPUs; default: the config's num_gpus")
     args = parser.parse_args(argv)
 
@@ -50,12 +55,14 @@ def main(argv=None, distributed: bool = True) -> int:
         if args.fp16_allreduce:
             overrides["compression"] = "fp16"  # DIST
         if args.use_horovod is not None:
-            overrides["use_horovod"] = args.use_horovod == "true"  # DIST
+            overrides["backend"] = "horovod" if args.use_horovod == "true" else "native"  # DIST
+        if args.backend is not None:
+            overrides["backend"] = args.backend  # DIST
         if args.num_gpus is not None:
             overrides["num_gpus"] = args.num_gpus  # DIST
     config = load_config(args.config, overrides)  # plain Python: no TensorFlow op yet
     # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
-    dist.init(backend=(None if config.use_horovod else "native") if distributed else "local",  # DIST
+    dist.init(backend=config.backend if distributed else "local",  # DIST
               intra_op_threads=args.intra_op_threads, num_gpus=config.num_gpus)
     replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
     if config.batch_size % replicas:
@@ -68,7 +75,8 @@ def main(argv=None, distributed: bool = True) -> int:
                          "pass a new --model_dir or drop --no_resume to continue that run")
 
     # Rank 0 downloads when needed; the other ranks wait, then read.  # DIST
-    data = load_ptb_everywhere(args.data_path, args.data_url, expected_vocab_size=config.vocab_size)
+    data = load_ptb_everywhere(args.data_path, args.data_url, expected_vocab_size=config.vocab_size,
+                               verify=not args.no_verify_data)
     if len(data.vocab) != config.vocab_size:
         raise UsageError(f"the data has {len(data.vocab)} words but the config says vocab_size = "
                          f"{config.vocab_size}; set vocab_size = {len(data.vocab)}")

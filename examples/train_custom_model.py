@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
     from lmkit import dist
     from lmkit.config import TrainConfig
-    from lmkit.data import TextCorpus
+    from lmkit.data import TextCorpus, load_tokenizer, train_tokenizer
     from lmkit.errors import UsageError
     from lmkit.train import Trainer
 
@@ -90,8 +90,10 @@ def main(argv=None) -> int:
         if not os.path.isfile(path):
             raise UsageError(f"text file {path} does not exist; pass --train/--valid paths to UTF-8 text")
     if args.subword:  # rank 0 trains the sentencepiece model; the others wait, then load it
-        dist.run_on_chief(lambda: TextCorpus.subword(args.train, args.subword) and None)
-        corpus = TextCorpus.subword(args.train, args.subword)  # cached by rank 0
+        folder = args.model_dir or os.path.join("runs", "custom_model")
+        dist.run_on_chief(lambda: train_tokenizer("sentencepiece", args.train, folder,
+                                                  vocab_size=args.subword) and None)
+        corpus = TextCorpus(load_tokenizer(folder))  # saved in the model folder by rank 0
     else:
         corpus = TextCorpus.word_level(args.train, max_size=args.max_vocab)
     train = corpus.encode_stream(args.train)

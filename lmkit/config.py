@@ -17,7 +17,6 @@ silently coerced (``2.7`` is not an int, ``"False"`` is not a bool).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import importlib.util
 import json
@@ -26,14 +25,44 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union, get_type_hints
 
+from lmkit.checks import check_heads, did_you_mean
+from lmkit.dist import BACKEND_CHOICES
 from lmkit.errors import UsageError
+from lmkit.models import MODELS, is_import_path
 
 
 class ConfigError(UsageError):
     """A config that cannot be used; the message names the key and the fix."""
 
 
-_MODELS = ("lstm", "gru", "transformer")
+# OpenSeq2Seq's spelling of the backend, still accepted: True -> "horovod"
+# (launch with mpirun/horovodrun), False -> "native".
+LEGACY_BACKEND_KEY = "use_horovod"
+
+
+# The TrainConfig keys that define the model's shape (stored with checkpoints;
+# lmkit.models.build_model checks them against the model's constructor).
+MODEL_CONFIG_KEYS = ("model", "vocab_size", "hidden_size", "num_layers", "init_scale", "keep_prob",
+                     "forget_bias", "tie_weights", "embedding_dim", "num_heads", "ffn_dim",
+                     "max_positions", "pre_layer_norm")
+
+
+def _map_legacy_backend(values: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """``use_horovod = True/False`` -> ``backend = "horovod"/"native"``; both given must agree."""
+    if LEGACY_BACKEND_KEY not in values:
+        return values
+    values = dict(values)
+    flag = values.pop(LEGACY_BACKEND_KEY)
+    if not isinstance(flag, bool):
+        raise ConfigError(f"{source}: {LEGACY_BACKEND_KEY} = {flag!r} must be True or False "
+                          "(or set backend = 'horovod' | 'native' | 'local')")
+    mapped = "horovod" if flag else "native"
+    given = values.get("backend", "auto")
+    if given not in ("auto", mapped):
+        raise ConfigError(f"{source}: {LEGACY_BACKEND_KEY} = {flag} means backend = {mapped!r}, but "
+                          f"backend = {given!r}; keep one of the two keys")
+    values["backend"] = mapped
+    return values
 
 
 @dataclass(frozen=True)
@@ -46,7 +75,7 @@ class TrainConfig:
     """
 
     # --- model ---------------------------------------------------------------
-    model: str  # "lstm" | "gru" | "transformer"
+    model: str  # a name of lmkit.models.MODELS, or "package.module:Class"
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -77,8 +106,9 @@ class TrainConfig:
     ffn_dim: int = 0  # transformer; 0 = 4 * hidden_size
     max_positions: int = 512  # transformer
     pre_layer_norm: bool = True  # transformer
+    model_params: Dict[str, Any] = field(default_factory=dict)  # more constructor arguments
     # --- distributed -------------------------------------------------------
-    use_horovod: bool = True
+    backend: str = "auto"  # auto | horovod | native | local (lmkit.dist.BACKENDS)
     num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)
     sparse_as_dense: bool = False
     compression: str = "none"  # none | fp16 (dense gradients only)
@@ -96,12 +126,12 @@ class TrainConfig:
         """Builds a checked config; raises :class:`ConfigError` naming the bad key."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         hints = get_type_hints(cls)
+        values = _map_legacy_backend(values, source)
         unknown = sorted(set(values) - set(fields))
         if unknown:
             key = unknown[0]
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(sorted(fields))}"
-            raise ConfigError(f"{source}: unknown key {key!r}{hint}")
+            raise ConfigError(f"{source}: unknown key {key!r}; "
+                              f"{did_you_mean(key, sorted(fields), listing='known keys', full=False)}")
         required = [n for n, f in fields.items()
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         missing = [k for k in required if k not in values]
@@ -118,8 +148,11 @@ class TrainConfig:
         def bad(key: str, why: str) -> None:
             raise ConfigError(f"{source}: {key} = {getattr(self, key)!r} {why}")
 
-        if self.model not in _MODELS:
-            bad("model", f"is not one of {', '.join(_MODELS)}")
+        if self.model not in MODELS and not is_import_path(self.model):
+            bad("model", f"is not one of {', '.join(MODELS)} and not an import path "
+                "'package.module:Class'")
+        if self.backend not in BACKEND_CHOICES:
+            bad("backend", f"is not one of {', '.join(BACKEND_CHOICES)}")
         for key in ("vocab_size", "hidden_size", "num_layers", "batch_size", "num_steps", "num_epochs"):
             if getattr(self, key) < 1:
                 bad(key, "must be a positive integer")
@@ -138,9 +171,10 @@ class TrainConfig:
         if self.warmup_epochs < 0:
             bad("warmup_epochs", "must be >= 0")
         if self.model == "transformer":
-            if self.hidden_size % self.num_heads:
-                bad("hidden_size", f"is not divisible by num_heads = {self.num_heads}; "
-                    f"use a multiple of {self.num_heads}")
+            try:
+                check_heads("hidden_size", self.hidden_size, self.num_heads)
+            except UsageError as exc:
+                raise ConfigError(f"{source}: {exc}") from None
             if self.num_steps > self.max_positions:
                 bad("num_steps", f"exceeds max_positions = {self.max_positions}; raise max_positions")
         if self.tie_weights and self.embedding_dim not in (0, self.hidden_size):
@@ -166,10 +200,9 @@ class TrainConfig:
 
     def model_config(self) -> Dict[str, Any]:
         """The settings that define the model's shape (stored with checkpoints)."""
-        keys = ("model", "vocab_size", "hidden_size", "num_layers", "init_scale", "keep_prob",
-                "forget_bias", "tie_weights", "embedding_dim", "num_heads", "ffn_dim",
-                "max_positions", "pre_layer_norm")
-        return {k: getattr(self, k) for k in keys}
+        config = {k: getattr(self, k) for k in MODEL_CONFIG_KEYS}
+        config.update(self.model_params)
+        return config
 
 
 def _check_type(source: str, key: str, value: Any, hint: Any) -> Any:
@@ -256,10 +289,8 @@ def load_config(name: str, overrides: Optional[Mapping[str, Any]] = None) -> Tra
                 module = importlib.import_module(name)
             except ModuleNotFoundError:
                 known = available_configs()
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ConfigError(f"unknown config {name!r}; {hint}available: {', '.join(known) or 'none'} "
-                                  f"(or pass a path to a .py file)") from None
+                hint = did_you_mean(name, known, listing="available")
+                raise ConfigError(f"unknown config {name!r}; {hint} (or pass a path to a .py file)") from None
     except ConfigError:
         raise
     except Exception as exc:

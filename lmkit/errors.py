@@ -12,6 +12,11 @@ class LmkitError(Exception):
 
     exit_code = 1
 
+    # Exception's own constructor (one message) also for the ValueError
+    # subclasses: TensorFlow's autograph then re-raises an lmkit error from
+    # traced code as the same type, not as a StagingError.
+    __init__ = Exception.__init__
+
 
 class UsageError(LmkitError, ValueError):
     """Bad input: the message says what, which value, and how to fix it."""

@@ -41,6 +41,9 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from lmkit.dist.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV
+from lmkit.errors import UsageError
+
 __all__ = ["Worker", "plan", "worker_env", "remote_command", "main"]
 
 DEFAULT_PORT = 23456
@@ -99,27 +102,27 @@ def _free_ports(count: int) -> List[int]:
 def _parse_hosts(hosts: str, num_workers: int) -> List[Tuple[str, int]]:
     """``"h1,h2"`` or ``"h1:2,h2:2"`` -> [(host, workers on it)]."""
     if num_workers < 1:
-        raise ValueError(f"--num_workers {num_workers} must be >= 1")
+        raise UsageError(f"--num_workers {num_workers} must be >= 1")
     items = [h.strip() for h in hosts.split(",") if h.strip()]
     if not items:
-        raise ValueError(f"--hosts {hosts!r} names no host; e.g. --hosts 127.0.0.1 or --hosts h1,h2")
+        raise UsageError(f"--hosts {hosts!r} names no host; e.g. --hosts 127.0.0.1 or --hosts h1,h2")
     parsed: List[Tuple[str, Optional[int]]] = []
     for item in items:
         # "host:slots"; an IPv6 address (several colons) has no slots.
         host, slots = item.split(":") if item.count(":") == 1 else (item, "")
         if slots and (not slots.isdigit() or int(slots) < 1):
-            raise ValueError(f"--hosts entry {item!r}: slots must be a positive integer (host:2)")
+            raise UsageError(f"--hosts entry {item!r}: slots must be a positive integer (host:2)")
         parsed.append((host, int(slots) if slots else None))
     if all(s is None for _, s in parsed):
         if num_workers % len(parsed):
-            raise ValueError(f"--num_workers {num_workers} cannot be spread evenly over {len(parsed)} "
+            raise UsageError(f"--num_workers {num_workers} cannot be spread evenly over {len(parsed)} "
                              f"hosts; use a multiple of {len(parsed)} or give slots (h1:3,h2:1)")
         return [(h, num_workers // len(parsed)) for h, _ in parsed]
     if any(s is None for _, s in parsed):
-        raise ValueError(f"--hosts {hosts!r}: give slots for every host or for none")
+        raise UsageError(f"--hosts {hosts!r}: give slots for every host or for none")
     total = sum(s for _, s in parsed)  # type: ignore[misc]
     if total != num_workers:
-        raise ValueError(f"--hosts {hosts!r} has {total} slots but --num_workers is {num_workers}; "
+        raise UsageError(f"--hosts {hosts!r} has {total} slots but --num_workers is {num_workers}; "
                          "make them agree")
     return [(h, s) for h, s in parsed]  # type: ignore[misc]
 
@@ -150,7 +153,7 @@ def plan(hosts: str, num_workers: int, port: Optional[int] = None) -> List[Worke
             workers.append(Worker(rank=rank, host=host, port=p, local_rank=local, local_size=count))
     addresses = [w.address for w in workers]
     if len(set(addresses)) != len(addresses):
-        raise ValueError(f"two workers share an address ({addresses}); list each host once")
+        raise UsageError(f"two workers share an address ({addresses}); list each host once")
     return workers
 
 
@@ -159,10 +162,10 @@ def worker_env(worker: Worker, workers: Sequence[Worker]) -> Dict[str, str]:
     tf_config = {"cluster": {"worker": [w.address for w in workers]},
                  "task": {"type": "worker", "index": worker.rank}}
     return {"TF_CONFIG": json.dumps(tf_config, separators=(",", ":")),
-            "LMKIT_BACKEND": "native",
+            BACKEND_ENV: "native",
             "RANK": str(worker.rank),
-            "LMKIT_LOCAL_RANK": str(worker.local_rank),
-            "LMKIT_LOCAL_SIZE": str(worker.local_size)}
+            LOCAL_RANK_ENV: str(worker.local_rank),
+            LOCAL_SIZE_ENV: str(worker.local_size)}
 
 
 def remote_command(worker: Worker, workers: Sequence[Worker], command: Sequence[str],

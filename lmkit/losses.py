@@ -28,7 +28,9 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["sequence_softmax_cross_entropy", "sparse_softmax_cross_entropy"]
+from lmkit.errors import UsageError
+
+__all__ = ["sequence_softmax_cross_entropy", "sparse_softmax_cross_entropy", "window_loss"]
 
 # Below this a float32 probability has lost precision (subnormal) or is 0.
 _SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
@@ -39,9 +41,8 @@ def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Ten
 
     The same values and gradient (``softmax - onehot``) as
     ``tf.nn.sparse_softmax_cross_entropy_with_logits``, computed differently
-    because TensorFlow's fused kernel is slow on CPU: for [400, 10000] logits
-    (``config_small``) its forward and backward take about 19 ms on 2 cores,
-    this function about 10 ms (``docs/performance.md``). The forward pass is
+    because TensorFlow's fused kernel is slow on CPU (``docs/performance.md``
+    compares the two). The forward pass is
     one ``tf.nn.softmax`` and a gather of each row's label probability; the
     loss is ``-log`` of that probability. Where a label's probability falls
     below the smallest normal float32 (a loss above about 87), every row is
@@ -135,23 +136,23 @@ def sequence_softmax_cross_entropy(labels: tf.Tensor,
         (or labels of the wrong rank).
     """
     if average_across_timesteps and sum_over_timesteps:
-        raise ValueError("average_across_timesteps and sum_over_timesteps are both True; "
+        raise UsageError("average_across_timesteps and sum_over_timesteps are both True; "
                          "set one of them to False")
     if average_across_batch and sum_over_batch:
-        raise ValueError("average_across_batch and sum_over_batch are both True; set one of them to False")
+        raise UsageError("average_across_batch and sum_over_batch are both True; set one of them to False")
     with tf.name_scope(name or "sequence_softmax_cross_entropy"):
         logits = tf.convert_to_tensor(logits)
         if logits.shape.rank is not None and logits.shape.rank != 3:
-            raise ValueError(f"logits have shape {logits.shape} but must be [batch, time, vocab]")
+            raise UsageError(f"logits have shape {logits.shape} but must be [batch, time, vocab]")
         logits = tf.cast(logits, tf.float32)  # softmax in float32 for mixed-precision models
         labels = tf.convert_to_tensor(labels)
         if labels.dtype.is_integer:
             if labels.shape.rank is not None and labels.shape.rank != 2:
-                raise ValueError(f"integer labels have shape {labels.shape} but must be [batch, time] ids")
+                raise UsageError(f"integer labels have shape {labels.shape} but must be [batch, time] ids")
             losses = sparse_softmax_cross_entropy(labels, logits)
         else:
             if labels.shape.rank is not None and labels.shape.rank != 3:
-                raise ValueError(f"float labels have shape {labels.shape} but must be [batch, time, vocab] "
+                raise UsageError(f"float labels have shape {labels.shape} but must be [batch, time, vocab] "
                                  f"distributions (pass integer ids for [batch, time])")
             losses = tf.nn.softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.float32), logits=logits)
         # losses: [batch, time]
@@ -179,3 +180,14 @@ def sequence_softmax_cross_entropy(labels: tf.Tensor,
         elif average_across_batch:
             losses = tf.reduce_mean(losses, axis=0)
         return losses
+
+
+def window_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """The training and evaluation loss of one window of ``labels`` [batch, time].
+
+    Cross-entropy summed over the window's time steps and averaged over its
+    rows: what every step of the trainer reports (divide by the window
+    length for the per-token loss whose exponential is the perplexity).
+    """
+    return sequence_softmax_cross_entropy(labels, logits, average_across_batch=True,
+                                          average_across_timesteps=False, sum_over_timesteps=True)

@@ -24,13 +24,13 @@ run_single() {
 }
 
 run_dist() {
-  echo "=== distributed tests: mpirun -np 2 pytest tests/distributed ==="
+  echo "=== distributed tests: mpirun -np 2 pytest tests/dist/mpi ==="
   # pytest-timeout bounds each test; `timeout` bounds the whole job, so a hang
   # anywhere becomes a failure. mpirun exits non-zero when any rank fails.
   timeout --signal=TERM --kill-after=30 900 \
     mpirun -np 2 --oversubscribe --tag-output \
       -x TF_CPP_MIN_LOG_LEVEL -x PYTHONDONTWRITEBYTECODE \
-      "$PY" -m pytest tests/distributed -q -p no:cacheprovider --color=no --timeout 240 -x
+      "$PY" -m pytest tests/dist/mpi -q -p no:cacheprovider --color=no --timeout 240 -x
   pytest_rc_ok $? || failed+=("distributed tests (mpirun -np 2)")
 }
 

@@ -74,5 +74,19 @@ def test_config_error_is_a_usage_error_and_json_round_trips():
     cfg = load_config("config_transformer")
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.replace(batch_size=64).batch_size == 64
-    with pytest.raises(ConfigError, match="hidden_size = 256 is not divisible by num_heads = 3"):
+    with pytest.raises(ConfigError, match="hidden_size 256 is not divisible by num_heads 3; use a multiple of 3"):
         cfg.replace(num_heads=3)
+
+
+def test_usage_errors_keep_their_type_through_tf_function():
+    import tensorflow as tf
+
+    from lmkit.checks import check_positive_int
+
+    @tf.function
+    def traced(x):
+        check_positive_int("num_layers", 0)
+        return x
+
+    with pytest.raises(UsageError, match="num_layers 0 must be a positive integer"):
+        traced(tf.constant(1))

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from lmkit.data.errors import DataError
 
-__all__ = ["bptt_arrays", "num_bptt_batches", "bptt_dataset", "check_shard"]
+__all__ = ["bptt_arrays", "num_bptt_batches", "bptt_dataset", "check_shard", "check_stream"]
 
 
 def check_shard(batch_size: int, rank: int, size: int) -> int:
@@ -40,6 +40,21 @@ def check_shard(batch_size: int, rank: int, size: int) -> int:
         raise DataError(f"batch_size {batch_size} is not divisible by {size} workers; "
                         f"use a multiple of {size}")
     return int(batch_size // size)
+
+
+def check_stream(ids: np.ndarray, num_steps: int) -> np.ndarray:
+    """Checks an id stream and a window length; returns the stream as a NumPy array.
+
+    Raises:
+      DataError: ``num_steps`` is not a positive integer, or ``ids`` is not a
+        1-D integer array.
+    """
+    if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
+        raise DataError(f"num_steps = {num_steps!r} must be a positive integer")
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+        raise DataError(f"ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+    return ids
 
 
 def num_bptt_batches(num_ids: int, batch_size: int, num_steps: int) -> int:
@@ -75,11 +90,7 @@ def bptt_arrays(ids: np.ndarray, batch_size: int, num_steps: int, rank: int = 0,
         ``size``, or too few ids for one batch (naming the sizes).
     """
     per_rank = check_shard(batch_size, rank, size)
-    if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
-        raise DataError(f"num_steps = {num_steps!r} must be a positive integer")
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
-        raise DataError(f"ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+    ids = check_stream(ids, num_steps)
     row_len = ids.size // batch_size
     num_batches = num_bptt_batches(ids.size, batch_size, num_steps)
     if num_batches < 1:
@@ -98,8 +109,9 @@ def bptt_arrays(ids: np.ndarray, batch_size: int, num_steps: int, rank: int = 0,
 def bptt_dataset(inputs: np.ndarray, targets: np.ndarray, prefetch: int = 2) -> tf.data.Dataset:
     """A ``tf.data`` pipeline over :func:`bptt_arrays` output, in order.
 
-    The batches are never shuffled: a recurrent state carries from batch
-    ``i`` to batch ``i + 1``.
+    The batches are never shuffled here: a recurrent state carries from batch
+    ``i`` to batch ``i + 1``. The output of
+    :func:`lmkit.data.windows.window_arrays` (already shuffled) fits too.
 
     Args:
       inputs: int32 ``[num_batches, batch, num_steps]``.
@@ -115,7 +127,8 @@ def bptt_dataset(inputs: np.ndarray, targets: np.ndarray, prefetch: int = 2) -> 
     inputs, targets = np.asarray(inputs), np.asarray(targets)
     if inputs.shape != targets.shape or inputs.ndim != 3:
         raise DataError(f"inputs {inputs.shape} and targets {targets.shape} must both be "
-                        "[num_batches, batch, num_steps]; pass the output of bptt_arrays")
+                        "[num_batches, batch, num_steps]; pass the output of bptt_arrays or "
+                        "window_arrays")
     dataset = tf.data.Dataset.from_tensor_slices((inputs.astype(np.int32, copy=False),
                                                   targets.astype(np.int32, copy=False)))
     return dataset.prefetch(prefetch)

@@ -7,10 +7,14 @@ with an HTTP ``Range`` request; a server that answers the range with a full
 ``200`` response makes the download start over. A wrong address (404,
 connection refused, unknown host, missing file) fails at once with one
 :class:`~lmkit.data.errors.DataError` and leaves nothing behind.
+
+:func:`git_blob_sha1` and :func:`file_blob_sha1` give the id git gives a
+file, to check a download against a file of a public repository.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import os
 import re
@@ -24,7 +28,7 @@ from typing import Optional, TextIO
 
 from lmkit.data.errors import DataError
 
-__all__ = ["download", "SUPPORTED_SCHEMES"]
+__all__ = ["download", "SUPPORTED_SCHEMES", "blob_hasher", "git_blob_sha1", "file_blob_sha1"]
 
 SUPPORTED_SCHEMES = ("http", "https", "file")
 _CHUNK = 1 << 16
@@ -92,6 +96,31 @@ class _Progress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def blob_hasher(size: int) -> "hashlib._Hash":
+    """A SHA-1 primed with git's blob header for ``size`` bytes; feed it the bytes.
+
+    ``hexdigest()`` is then the id ``git hash-object`` gives the file, so a
+    file can be checked against the blob id of a public repository.
+    """
+    return hashlib.sha1(b"blob %d\0" % size)
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """Git's blob id of ``data``: ``sha1(b"blob %d\\0" % len(data) + data)``."""
+    digest = blob_hasher(len(data))
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def file_blob_sha1(path: str) -> str:
+    """Git's blob id of the file at ``path``, read in chunks."""
+    digest = blob_hasher(os.path.getsize(path))
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _mb(n: float) -> str:
@@ -194,7 +223,8 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
 
 
 def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
-             timeout: float = 60.0, backoff: float = 1.0, hint: str = "") -> str:
+             timeout: float = 60.0, backoff: float = 1.0, hint: str = "",
+             label: Optional[str] = None) -> str:
     """Downloads ``url`` to ``dest``.
 
     Args:
@@ -208,20 +238,21 @@ def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
       timeout: seconds to wait for the connection or the next bytes.
       backoff: seconds before the first retry, doubled for each next one.
       hint: text appended to error messages (how to get the file by hand).
+      label: the name progress lines show; default the file name of ``dest``.
 
     Returns:
       ``dest``.
 
     Raises:
-      ValueError: a negative ``retries``, or a ``timeout``/``backoff`` < 0.
-      DataError: an unsupported scheme, a wrong address (HTTP 4xx,
-        connection refused, unknown host, missing file), a local write error,
-        or every attempt failed. The ``.part`` file is removed first.
+      DataError: a negative ``retries``, a ``timeout``/``backoff`` < 0, an
+        unsupported scheme, a wrong address (HTTP 4xx, connection refused,
+        unknown host, missing file), a local write error, or every attempt
+        failed. The ``.part`` file is removed first.
     """
     if retries < 0:
-        raise ValueError(f"retries = {retries} must be >= 0")
+        raise DataError(f"retries = {retries} must be >= 0")
     if timeout <= 0 or backoff < 0:
-        raise ValueError(f"timeout = {timeout} must be > 0 and backoff = {backoff} >= 0")
+        raise DataError(f"timeout = {timeout} must be > 0 and backoff = {backoff} >= 0")
     hint = f". {hint}" if hint else ""
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme not in SUPPORTED_SCHEMES:
@@ -236,7 +267,7 @@ def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
     part = dest + ".part"
     # A .part left by a killed run may come from another address: never trust it.
     _remove(part)
-    reporter = _Progress(os.path.basename(dest), progress)
+    reporter = _Progress(label or os.path.basename(dest), progress)
     last_error: Optional[BaseException] = None
     for attempt in range(retries + 1):
         if attempt:

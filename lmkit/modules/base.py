@@ -9,9 +9,10 @@
   created eagerly in ``__init__`` so the trainer can broadcast them before the
   first step.
 * :func:`dropout`: dropout that is a no-op unless ``training``.
-* :class:`Linear`: ``x @ kernel + bias`` over the last axis of any rank.
-* ``check_*``: argument checks whose ``ValueError`` names the argument, the
-  bad value and the fix.
+* :class:`Linear` and :func:`matmul_last_axis`: ``x @ kernel + bias`` over
+  the last axis of any rank.
+* ``check_*``: re-exported from :mod:`lmkit.checks` (their
+  :class:`~lmkit.errors.UsageError` names the argument, the bad value and the fix).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
+
+from lmkit.checks import (check_float, check_non_negative_float, check_positive_float, check_positive_int,
+                          check_rate)
 
 Initializer = Callable[[Sequence[int], tf.dtypes.DType], tf.Tensor]
 Training = Union[bool, tf.Tensor]
@@ -37,6 +41,7 @@ __all__ = [
     "check_rate",
     "dropout",
     "leading_shape",
+    "matmul_last_axis",
     "ones_initializer",
     "uniform_initializer",
     "zeros_initializer",
@@ -145,43 +150,34 @@ def leading_shape(x: tf.Tensor) -> list:
     return dims
 
 
-# --- argument checks ------------------------------------------------------------
+def matmul_last_axis(inputs: tf.Tensor, kernel: tf.Tensor, bias: Optional[tf.Tensor] = None,
+                     transpose_kernel: bool = False) -> tf.Tensor:
+    """``inputs @ kernel (+ bias)`` over the last axis of an input of any rank.
 
+    Inputs of rank > 2 are flattened to one 2-D matmul and reshaped back: on
+    CPU that is faster than a broadcasting batch matmul.
 
-def check_positive_int(name: str, value: Any) -> int:
-    """Returns ``value`` when it is an int >= 1; raises ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} {value!r} must be a positive integer; pass e.g. {name}=1")
-    return int(value)
+    Args:
+      inputs: [..., n] float.
+      kernel: [n, m] (or [m, n] with ``transpose_kernel``, e.g. a tied
+        embedding table, without materialising its transpose).
+      bias: [m] or None.
+      transpose_kernel: multiply by ``kernel^T``.
 
-
-def check_float(name: str, value: Any) -> float:
-    """Returns ``value`` as float when it is a finite real number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
-        raise ValueError(f"{name} {value!r} must be a finite number")
-    return float(value)
-
-
-def check_positive_float(name: str, value: Any) -> float:
-    """Returns ``value`` as float when it is a number > 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-        raise ValueError(f"{name} {value!r} must be a number > 0")
-    return float(value)
-
-
-def check_non_negative_float(name: str, value: Any) -> float:
-    """Returns ``value`` as float when it is a number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
-        raise ValueError(f"{name} {value!r} must be a number >= 0")
-    return float(value)
-
-
-def check_rate(name: str, value: Any) -> float:
-    """Returns a dropout rate in [0, 1) as float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} {value!r} must be in [0, 1) (it is 1 - keep_prob); "
-                         f"use 0.0 to turn dropout off")
-    return float(value)
+    Returns:
+      [..., m].
+    """
+    inputs = tf.convert_to_tensor(inputs)
+    rank = inputs.shape.rank
+    width_in = kernel.shape[1] if transpose_kernel else kernel.shape[0]
+    flat = inputs if rank == 2 else tf.reshape(inputs, [-1, width_in])  # [rows, n]
+    outputs = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [rows, m]
+    if bias is not None:
+        outputs = tf.nn.bias_add(outputs, bias)
+    if rank == 2:
+        return outputs
+    width = kernel.shape[0] if transpose_kernel else kernel.shape[1]
+    return tf.reshape(outputs, leading_shape(inputs) + [width])
 
 
 # --- linear layer -----------------------------------------------------------------
@@ -239,17 +235,7 @@ class Linear(Module):
         Returns:
           [..., output_size] float32.
         """
-        inputs = tf.convert_to_tensor(inputs)
-        if inputs.shape.rank == 2:
-            outputs = tf.matmul(inputs, self.kernel)
-        else:
-            # One 2-D matmul is faster on CPU than a broadcasting batch matmul.
-            flat = tf.reshape(inputs, [-1, self.input_size])  # [n, in]
-            outputs = tf.matmul(flat, self.kernel)  # [n, out]
-            outputs = tf.reshape(outputs, leading_shape(inputs) + [self.output_size])
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, self.bias)
-        return outputs
+        return matmul_last_axis(inputs, self.kernel, self.bias if self.use_bias else None)
 
     def get_config(self) -> Dict[str, Any]:
         return {"input_size": self.input_size, "output_size": self.output_size,

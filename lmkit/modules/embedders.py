@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional, Union
 import numpy as np
 import tensorflow as tf
 
+from lmkit.errors import UsageError
 from lmkit.modules.base import (Initializer, Module, Seed, Training, check_positive_float,
                                 check_positive_int, check_rate, dropout, uniform_initializer)
 
@@ -82,9 +83,9 @@ def _positions(positions: Union[int, tf.Tensor], limit: Optional[int]) -> tf.Ten
     """A Python int length becomes ``range(length)``; tensors pass through."""
     if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
         if positions < 0:
-            raise ValueError(f"length {positions} must be >= 0")
+            raise UsageError(f"length {positions} must be >= 0")
         if limit is not None and positions > limit:
-            raise ValueError(f"length {positions} exceeds max_positions {limit}; "
+            raise UsageError(f"length {positions} exceeds max_positions {limit}; "
                              f"build the embedder with max_positions >= {positions}")
         return tf.range(positions, dtype=tf.int32)
     return tf.convert_to_tensor(positions)
@@ -169,7 +170,7 @@ class SinusoidsPositionEmbedder(Module):
         super().__init__(name=name)
         self.dim = check_positive_int("dim", dim)
         if dim % 2 or dim < 2:
-            raise ValueError(f"dim {dim} must be even and >= 2 (half sines, half cosines); "
+            raise UsageError(f"dim {dim} must be even and >= 2 (half sines, half cosines); "
                              f"use dim={dim + 1 if dim % 2 else 2}")
         self.min_timescale = check_positive_float("min_timescale", min_timescale)
         self.max_timescale = check_positive_float("max_timescale", max_timescale)

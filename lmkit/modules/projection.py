@@ -12,7 +12,8 @@ from typing import Any, Dict, Optional
 
 import tensorflow as tf
 
-from lmkit.modules.base import (Initializer, Module, check_positive_float, check_positive_int, leading_shape,
+from lmkit.errors import UsageError
+from lmkit.modules.base import (Initializer, Module, check_positive_float, check_positive_int, matmul_last_axis,
                                 uniform_initializer, zeros_initializer)
 from lmkit.modules.embedders import WordEmbedder
 
@@ -61,9 +62,9 @@ class OutputProjection(Module):
         self.init_scale = check_positive_float("init_scale", init_scale)
         if tied_embedder is not None:
             if not isinstance(tied_embedder, WordEmbedder):
-                raise ValueError(f"tied_embedder {tied_embedder!r} must be a WordEmbedder")
+                raise UsageError(f"tied_embedder {tied_embedder!r} must be a WordEmbedder")
             if (tied_embedder.vocab_size, tied_embedder.dim) != (vocab_size, dim):
-                raise ValueError(
+                raise UsageError(
                     f"tied_embedder has shape [{tied_embedder.vocab_size}, {tied_embedder.dim}] but the "
                     f"projection needs [vocab_size, dim] = [{vocab_size}, {dim}]; build the embedder "
                     f"with dim={dim} or do not tie")
@@ -89,17 +90,9 @@ class OutputProjection(Module):
         Returns:
           [..., vocab_size] float32 logits.
         """
-        inputs = tf.convert_to_tensor(inputs)
-        flat = tf.reshape(inputs, [-1, self.dim]) if inputs.shape.rank != 2 else inputs  # [n, dim]
-        if self.tied:
-            # [n, dim] x [vocab, dim]^T; transpose_b avoids materialising E^T.
-            logits = tf.matmul(flat, self.tied_embedder.embeddings, transpose_b=True)
-        else:
-            logits = tf.matmul(flat, self.kernel)  # [n, vocab]
-        logits = tf.nn.bias_add(logits, self.bias)
-        if inputs.shape.rank != 2:
-            logits = tf.reshape(logits, leading_shape(inputs) + [self.vocab_size])
-        return logits
+        if self.tied:  # [..., dim] x [vocab, dim]^T, without materialising E^T
+            return matmul_last_axis(inputs, self.tied_embedder.embeddings, self.bias, transpose_kernel=True)
+        return matmul_last_axis(inputs, self.kernel, self.bias)  # [..., vocab]
 
     def get_config(self) -> Dict[str, Any]:
         return {"dim": self.dim, "vocab_size": self.vocab_size, "init_scale": self.init_scale, "name": self.name}

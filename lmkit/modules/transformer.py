@@ -18,6 +18,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import tensorflow as tf
 
+from lmkit.checks import check_heads
+from lmkit.errors import UsageError
 from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
                                 check_rate, dropout, ones_initializer, zeros_initializer)
 
@@ -93,13 +95,6 @@ class LayerNorm(Module):
         return {"dim": self.dim, "epsilon": self.epsilon, "name": self.name}
 
 
-def _check_heads(dim: int, num_heads: int) -> None:
-    check_positive_int("num_heads", num_heads)
-    if dim % num_heads:
-        raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}; "
-                         f"use a multiple of {num_heads}")
-
-
 class MultiHeadAttention(Module):
     """Causal multi-head self-attention.
 
@@ -129,7 +124,7 @@ class MultiHeadAttention(Module):
         """
         super().__init__(name=name)
         self.dim = check_positive_int("dim", dim)
-        _check_heads(dim, num_heads)
+        check_heads("dim", dim, num_heads)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.dropout = check_rate("dropout", dropout)
@@ -181,7 +176,7 @@ class MultiHeadAttention(Module):
             mask = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)[tf.newaxis, tf.newaxis]
         else:
             if positions is None:
-                raise ValueError("positions is None but a cache was given; pass the [batch] int32 positions")
+                raise UsageError("positions is None but a cache was given; pass the [batch] int32 positions")
             positions = tf.cast(positions, tf.int32)
             query_positions = positions[:, tf.newaxis] + tf.range(length)[tf.newaxis, :]  # [batch, time]
             index_shape = [batch, self.num_heads, length]
@@ -251,14 +246,14 @@ class TransformerLayer(Module):
         """
         super().__init__(name=name)
         self.dim = check_positive_int("dim", dim)
-        _check_heads(dim, num_heads)
+        check_heads("dim", dim, num_heads)
         self.num_heads = num_heads
         self.ffn_dim = check_positive_int("ffn_dim", ffn_dim)
         self.dropout = check_rate("dropout", dropout)
         self.attention_dropout = check_rate(
             "attention_dropout", dropout if attention_dropout is None else attention_dropout)
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
+            raise UsageError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
         self.activation = activation
         self.pre_layer_norm = bool(pre_layer_norm)
         self.init_scale = check_positive_float("init_scale", init_scale)
@@ -347,10 +342,10 @@ class TransformerDecoder(Module):
         super().__init__(name=name)
         self.num_layers = check_positive_int("num_layers", num_layers)
         self.dim = check_positive_int("dim", dim)
-        _check_heads(dim, num_heads)
+        check_heads("dim", dim, num_heads)
         self.num_heads = num_heads
         if isinstance(ffn_dim, bool) or not isinstance(ffn_dim, int) or ffn_dim < 0:
-            raise ValueError(f"ffn_dim {ffn_dim!r} must be an integer >= 0 (0 means 4 * dim = {4 * dim})")
+            raise UsageError(f"ffn_dim {ffn_dim!r} must be an integer >= 0 (0 means 4 * dim = {4 * dim})")
         self.ffn_dim = ffn_dim or 4 * dim
         self.max_positions = check_positive_int("max_positions", max_positions)
         self.pre_layer_norm = bool(pre_layer_norm)
@@ -383,7 +378,7 @@ class TransformerDecoder(Module):
             max_length = self.max_positions
         check_positive_int("max_length", max_length)
         if max_length > self.max_positions:
-            raise ValueError(f"max_length {max_length} exceeds max_positions {self.max_positions}; "
+            raise UsageError(f"max_length {max_length} exceeds max_positions {self.max_positions}; "
                              f"use max_length <= {self.max_positions} or build with a larger max_positions")
         return TransformerState(
             positions=tf.zeros([batch_size], tf.int32),
@@ -412,7 +407,7 @@ class TransformerDecoder(Module):
                 x, _ = layer(x, training)
         else:
             if len(state.caches) != len(self.layers):
-                raise ValueError(f"state has {len(state.caches)} layer caches but the decoder has "
+                raise UsageError(f"state has {len(state.caches)} layer caches but the decoder has "
                                  f"{len(self.layers)} layers; use this decoder's initial_state")
             caches: List[AttentionCache] = []
             for layer, cache in zip(self.layers, state.caches):

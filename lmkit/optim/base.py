@@ -23,6 +23,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import tensorflow as tf
 
+from lmkit.checks import check_number
 from lmkit.errors import UsageError
 
 __all__ = [
@@ -37,39 +38,6 @@ GradientOrNone = Union[tf.Tensor, tf.IndexedSlices, None]
 # Which variables weight decay skips: a callable ``var -> True to exclude`` or
 # regular expressions searched in the variable name (e.g. ["bias", "layer_norm"]).
 WeightDecayFilter = Union[None, Callable[[tf.Variable], bool], Sequence[str]]
-
-
-def check_number(name: str, value: object, *, low: Optional[float] = None,
-                 high: Optional[float] = None, low_open: bool = False,
-                 high_open: bool = False, fix: str = "") -> float:
-    """Returns ``value`` as a float after checking its type and range.
-
-    Args:
-      name: argument name used in the error message.
-      value: the value to check (int or float; bool is rejected).
-      low: lower bound, or None.
-      high: upper bound, or None.
-      low_open: True when ``low`` itself is not allowed.
-      high_open: True when ``high`` itself is not allowed.
-      fix: advice appended to the error message.
-
-    Returns:
-      ``float(value)``.
-
-    Raises:
-      UsageError: (a ValueError) the value is not a number or out of range.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageError(f"{name} = {value!r} must be a number{'; ' + fix if fix else ''}")
-    v = float(value)
-    bad = ((low is not None and (v < low or (low_open and v == low)))
-           or (high is not None and (v > high or (high_open and v == high))))
-    if bad or v != v:  # v != v catches NaN
-        lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
-        hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
-        rng = f"in {lo or '(-inf'}, {hi or 'inf)'}"
-        raise UsageError(f"{name} = {value!r} must be {rng}{'; ' + fix if fix else ''}")
-    return v
 
 
 @dataclasses.dataclass(frozen=True)

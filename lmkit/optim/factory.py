@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from typing import Any, Dict, Mapping, Optional, Type
 
+from lmkit.checks import did_you_mean
 from lmkit.errors import UsageError
 from lmkit.optim.adam import Adam, AdamW
 from lmkit.optim.base import Optimizer
@@ -47,10 +47,8 @@ def optimizer_params(name: str) -> Dict[str, Any]:
 
 def _lookup(name: str) -> Type[Optimizer]:
     if name not in OPTIMIZERS:
-        close = difflib.get_close_matches(str(name), list(OPTIMIZERS), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UsageError(f"optimizer = {name!r} is unknown; {hint}"
-                         f"choose one of {', '.join(OPTIMIZERS)}")
+        raise UsageError(f"optimizer = {name!r} is unknown; "
+                         f"{did_you_mean(name, OPTIMIZERS, listing='choose one of')}")
     return OPTIMIZERS[name]
 
 
@@ -78,10 +76,8 @@ def create_optimizer(name: str, *, learning_rate: float,
     known = optimizer_params(name)
     for key in params:
         if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
             raise UsageError(f"optimizer_params: unknown key {key!r} for optimizer {name!r}; "
-                             f"{hint}known keys: {', '.join(known)}")
+                             f"{did_you_mean(key, known, listing='known keys')}")
     kwargs = {**_PRESETS.get(name, {}), **params}
     optimizer = cls(learning_rate=learning_rate, **kwargs)
     if larc_params is not None:

@@ -22,11 +22,11 @@ sparse.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
+from lmkit.checks import did_you_mean
 from lmkit.errors import UsageError
 from lmkit.optim.base import GradientOrNone, Optimizer, check_number
 from lmkit.optim.clipping import gradient_norm, scale_gradient
@@ -127,10 +127,8 @@ class LARC(Optimizer):
                              f"{{'larc_eta': 0.002, 'larc_mode': 'clip'}}")
         for key in larc_params:
             if key not in LARC_PARAMS:
-                close = difflib.get_close_matches(str(key), list(LARC_PARAMS), n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise UsageError(f"larc_params: unknown key {key!r}; {hint}"
-                                 f"known keys: {', '.join(LARC_PARAMS)}")
+                raise UsageError(f"larc_params: unknown key {key!r}; "
+                                 f"{did_you_mean(key, LARC_PARAMS, listing='known keys')}")
         if "larc_eta" not in larc_params:
             raise UsageError("larc_params: missing required key 'larc_eta'; add e.g. "
                              "'larc_eta': 0.002")

@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.errors import UsageError
+from lmkit.checks import check_bool
 from lmkit.optim.adam import check_betas
 from lmkit.optim.base import Optimizer, StepContext, WeightDecayFilter
 
@@ -65,9 +65,7 @@ class NovoGrad(Optimizer):
         super().__init__(learning_rate=learning_rate, weight_decay=weight_decay,
                          exclude_from_weight_decay=exclude_from_weight_decay, name=name)
         self.beta1, self.beta2, self.epsilon = check_betas(beta1, beta2, epsilon)
-        if not isinstance(grad_averaging, bool):
-            raise UsageError(f"grad_averaging = {grad_averaging!r} must be True or False")
-        self.grad_averaging = grad_averaging
+        self.grad_averaging = check_bool("grad_averaging", grad_averaging)
 
     def _slot_shapes(self, var: tf.Variable) -> List[Tuple[str, tf.TensorShape]]:
         return [("m", var.shape), ("v", tf.TensorShape([]))]

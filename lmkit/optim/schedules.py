@@ -41,12 +41,12 @@ either way (all arithmetic is float64 TensorFlow ops, cast at the end).
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Dict, Optional, Sequence, Union
 
 import tensorflow as tf
 
+from lmkit.checks import did_you_mean
 from lmkit.errors import UsageError
 from lmkit.optim.base import check_number
 
@@ -322,10 +322,8 @@ def make_schedule(name: str, *, steps_per_epoch: int, warmup_steps: int = 0,
     known = _SCHEDULE_PARAMS[name]
     for key in params:
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
             raise UsageError(f"schedule_params: unknown key {key!r} for schedule {name!r}; "
-                             f"{hint}known keys: {', '.join(known) or 'none'}")
+                             f"{did_you_mean(key, known, listing='known keys')}")
     args = {k: params.get(k, default) for k, default in known.items()}
     for key, value in args.items():
         if value is None:

@@ -1,16 +1,6 @@
 """Atomic, rotating checkpoints of a training run, and loading for inference.
 
-Layout of a model directory::
-
-    model_dir/
-      config.json              TrainConfig of the run (rebuilds the model)
-      vocab.txt                the vocabulary, one token a line
-      checkpoints/
-        ckpt-000001200/        one complete checkpoint (renamed into place)
-          ckpt.index, ckpt.data-00000-of-00001, meta.json
-      results.json, tensorboard/
-
-A checkpoint is written into ``ckpt-<step>.tmp-<pid>/`` and renamed to
+The layout of a model directory is in :mod:`lmkit.layout`. A checkpoint is written into ``ckpt-<step>.tmp-<pid>/`` and renamed to
 ``ckpt-<step>/`` only when complete, so a job killed during a save leaves
 the previous checkpoint intact; stray temporary folders are ignored and
 removed by the next save.
@@ -20,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -28,34 +17,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from lmkit.errors import CheckpointError, UsageError
+from lmkit.fileio import atomic_write_text, fsync_dir
+from lmkit.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE, VOCAB_FILE,
+                          checkpoint_folder_name, complete_checkpoints)
 
-_CKPT_RE = re.compile(r"^ckpt-(\d+)$")
-CONFIG_FILE = "config.json"
-VOCAB_FILE = "vocab.txt"
-CHECKPOINT_DIR = "checkpoints"
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    """Writes ``text`` to ``path`` via a temporary file and a rename."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class CheckpointManager:
@@ -69,22 +34,14 @@ class CheckpointManager:
 
     def __init__(self, directory: str, checkpoint: tf.train.Checkpoint, keep: int = 3) -> None:
         if keep < 1:
-            raise ValueError(f"keep = {keep} must be >= 1")
+            raise UsageError(f"keep = {keep} must be >= 1")
         self.directory = directory
         self.checkpoint = checkpoint
         self.keep = keep
 
     def all(self) -> List[Tuple[int, str]]:
         """Complete checkpoints as ``(step, path)``, oldest first."""
-        if not os.path.isdir(self.directory):
-            return []
-        found = []
-        for name in os.listdir(self.directory):
-            m = _CKPT_RE.match(name)
-            path = os.path.join(self.directory, name)
-            if m and os.path.isfile(os.path.join(path, "meta.json")):
-                found.append((int(m.group(1)), path))
-        return sorted(found)
+        return complete_checkpoints(self.directory)
 
     def latest(self) -> Optional[str]:
         """Path of the newest complete checkpoint folder, or None."""
@@ -94,14 +51,14 @@ class CheckpointManager:
     def save(self, step: int, meta: Optional[Dict[str, Any]] = None) -> str:
         """Writes a checkpoint for ``step`` atomically and prunes old ones."""
         os.makedirs(self.directory, exist_ok=True)
-        final = os.path.join(self.directory, f"ckpt-{step:09d}")
+        final = os.path.join(self.directory, checkpoint_folder_name(step))
         tmp = f"{final}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
-        self.checkpoint.write(os.path.join(tmp, "ckpt"))
+        self.checkpoint.write(os.path.join(tmp, CHECKPOINT_PREFIX))
         info = {"step": int(step), "time": time.time(), **(meta or {})}
-        write_text_atomic(os.path.join(tmp, "meta.json"), json.dumps(info, indent=2, sort_keys=True))
-        _fsync_dir(tmp)
+        atomic_write_text(os.path.join(tmp, META_FILE), json.dumps(info, indent=2, sort_keys=True))
+        fsync_dir(tmp)
         if os.path.exists(final):  # a re-save of the same step replaces it
             old = f"{final}.old-{os.getpid()}"
             os.replace(final, old)
@@ -109,7 +66,7 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._prune()
         return final
 
@@ -123,14 +80,14 @@ class CheckpointManager:
     def restore(self, path: str) -> Dict[str, Any]:
         """Restores ``path`` into the checkpoint's objects; returns its meta data."""
         try:
-            status = self.checkpoint.read(os.path.join(path, "ckpt"))
+            status = self.checkpoint.read(os.path.join(path, CHECKPOINT_PREFIX))
             status.assert_existing_objects_matched()
         except (tf.errors.OpError, AssertionError, ValueError) as exc:
             raise CheckpointError(
                 f"checkpoint {path} does not match the model or optimizer of this config "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); use another "
                 "--model_dir or the config the checkpoint was trained with") from exc
-        with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+        with open(os.path.join(path, META_FILE), encoding="utf-8") as f:
             return json.load(f)
 
 
@@ -172,5 +129,5 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None):
     if path is None:
         raise UsageError(f"{model_dir}/{CHECKPOINT_DIR} holds no complete checkpoint; "
                          "train first or pass another --model_dir")
-    ckpt.read(os.path.join(path, "ckpt")).expect_partial().assert_existing_objects_matched()
+    ckpt.read(os.path.join(path, CHECKPOINT_PREFIX)).expect_partial().assert_existing_objects_matched()
     return model, vocab, config

@@ -22,16 +22,8 @@ import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from lmkit.dist.env import launcher_rank
 from lmkit.errors import LmkitError, UsageError
-
-
-def launcher_rank() -> int:
-    """This process's rank as the launcher set it (before any initialisation)."""
-    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK"):
-        value = os.environ.get(key)
-        if value is not None and value.isdigit():
-            return int(value)
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,6 +65,9 @@ def ptb_arg_parser(prog: str, description: str, distributed: bool) -> argparse.A
     p.add_argument("--data_url", default=None,
                    help="mirror of simple-examples.tgz (http(s):// or file://); "
                         "default $LMKIT_PTB_URL or the canonical address")
+    p.add_argument("--no_verify_data", action="store_true",
+                   help="accept PTB files from --data_url without checking their SHA-1 (for a mirror "
+                        "serving other data)")
     p.add_argument("--model_dir", default=None,
                    help="checkpoints, config, vocabulary, TensorBoard logs and results.json "
                         "(default runs/<config>)")
@@ -189,14 +184,15 @@ def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
     return result
 
 
-def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optional[int]) -> str:
+def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
+                verify: bool = True) -> str:
     """``ensure_ptb`` whose failure names the missing folder or files and leaves no empty folder."""
     from lmkit.data import ptb
     from lmkit.data.errors import DataError
 
     existed = os.path.isdir(data_path)
     try:
-        return ptb.ensure_ptb(data_path, url=url, expected_vocab_size=expected_vocab_size)
+        return ptb.ensure_ptb(data_path, url=url, expected_vocab_size=expected_vocab_size, verify=verify)
     except DataError as exc:
         if not existed:
             if os.path.isdir(data_path) and not os.listdir(data_path):
@@ -211,7 +207,8 @@ def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optiona
         raise
 
 
-def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int]):
+def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
+                        verify: bool = True):
     """Rank 0 finds or downloads PTB; every rank then gets the same data.
 
     Returns:
@@ -220,7 +217,7 @@ def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size:
     from lmkit import dist
     from lmkit.data import ptb
 
-    data_dir = dist.run_on_chief(lambda: _ensure_ptb(data_path, url, expected_vocab_size))
+    data_dir = dist.run_on_chief(lambda: _ensure_ptb(data_path, url, expected_vocab_size, verify))
     # Hosts without a shared file system get the data from rank 0.
     local = ptb.find_ptb(data_path)
     everyone_has_it = all(dist.allgather_object(local is not None))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Optional, TextIO
+from typing import Dict, Optional, TextIO
 
 
 def perplexity(mean_loss_per_word: float) -> float:
@@ -53,3 +53,42 @@ class ProgressBar:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def scalar_summary(name: str, value: float) -> None:
+    """What ``tf.summary.scalar`` writes, without needing TensorBoard installed.
+
+    ``tf.summary.scalar`` lives in the TensorBoard package, which TensorFlow
+    2.20+ no longer installs; ``tf.summary.write`` is TensorFlow's own, and the
+    "scalars" plugin tag makes TensorBoard show the value as a scalar.
+    """
+    import tensorflow as tf
+    from tensorflow.core.framework import summary_pb2
+
+    metadata = summary_pb2.SummaryMetadata()
+    metadata.plugin_data.plugin_name = "scalars"
+    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
+
+
+class Summaries:
+    """TensorBoard scalars of a run in ``<folder>`` (rank 0 only; a no-op elsewhere).
+
+    Args:
+      folder: where the event files go; None writes nothing.
+    """
+
+    def __init__(self, folder: Optional[str]) -> None:
+        self._writer = None
+        if folder is not None:
+            import tensorflow as tf
+            self._writer = tf.summary.create_file_writer(folder)
+
+    def write(self, step: int, values: Dict[str, Optional[float]]) -> None:
+        """Writes every value that is not None at ``step`` and flushes."""
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=step):
+            for name, value in values.items():
+                if value is not None:
+                    scalar_summary(name, value)
+        self._writer.flush()

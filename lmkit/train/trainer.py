@@ -21,23 +21,24 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from lmkit import dist
+from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
-from lmkit.errors import CheckpointError, NonFiniteError, UsageError
-from lmkit.losses import sequence_softmax_cross_entropy
-from lmkit.train.checkpoint import (CHECKPOINT_DIR, CONFIG_FILE, VOCAB_FILE, CheckpointManager,
-                                    read_config_dict, write_text_atomic)
-from lmkit.train.metrics import ProgressBar, perplexity
+from lmkit.errors import NonFiniteError
+from lmkit.fileio import atomic_write_text
+from lmkit.losses import window_loss
+from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
+from lmkit.train.checkpoint import CHECKPOINT_DIR, CheckpointManager
+from lmkit.train.metrics import ProgressBar, Summaries, perplexity
+from lmkit.train.startup import check_agreement, prepare_model_dir
+from lmkit.train.watchdog import Watchdog
 
 
 @dataclass
@@ -85,123 +86,27 @@ class _Progress(tf.Module):
         self.rng = tf.random.Generator.from_seed(seed, alg="philox")
 
 
-def window_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """The training and evaluation loss of one window of ``labels`` [batch, time].
+@dataclass
+class _EpochRun:
+    """What :meth:`Trainer._run_epoch` measured."""
 
-    Cross-entropy summed over the window's time steps and averaged over its
-    rows: what every step of the trainer reports (divide by the window
-    length for the per-word loss whose exponential is the perplexity).
-    """
-    return sequence_softmax_cross_entropy(labels, logits, average_across_batch=True,
-                                          average_across_timesteps=False, sum_over_timesteps=True)
-
-
-def _scalar_summary(name: str, value: float) -> None:
-    """What ``tf.summary.scalar`` writes, without needing TensorBoard installed.
-
-    ``tf.summary.scalar`` lives in the TensorBoard package, which TensorFlow
-    2.20+ no longer installs; ``tf.summary.write`` is TensorFlow's own, and the
-    "scalars" plugin tag makes TensorBoard show the value as a scalar.
-    """
-    from tensorflow.core.framework import summary_pb2
-    metadata = summary_pb2.SummaryMetadata()
-    metadata.plugin_data.plugin_name = "scalars"
-    tf.summary.write(name, tf.constant(value, tf.float32), metadata=metadata)
-
-
-COLLECTIVE_TIMEOUT_ENV = "LMKIT_COLLECTIVE_TIMEOUT"
-DEFAULT_COLLECTIVE_TIMEOUT = 300.0  # seconds without progress before a rank ends the job
-
-
-class _Watchdog:
-    """Ends this process when training makes no progress for ``limit`` seconds.
-
-    A rank stuck outside the collectives (a deadlock, a hung file system)
-    leaves the others waiting in the next collective forever: launchers end a
-    job only when a process exits, and Horovod's stall check only warns.
-    Training steps, evaluation batches and checkpoint saves report progress
-    (:meth:`beat`); after ``limit`` seconds without any, this rank prints
-    where it is stuck and exits with status 1, so the launcher stops the job.
-
-    The first beat arms it (compiling the first step may take long);
-    :meth:`pause` disarms it until the next beat (a rank waiting while rank
-    0 alone evaluates and saves: rank 0's own watchdog covers that time). A
-    rank waiting inside TensorFlow or Horovod (in a collective) gives the
-    stuck rank a head start of ``max(5, limit / 5)`` seconds, so that the
-    stuck rank is the one that reports.
-
-    Args:
-      rank: this process's rank, for the message.
-      limit: seconds without progress; 0 turns the watchdog off.
-    """
-
-    def __init__(self, rank: int, limit: float) -> None:
-        self.rank = rank
-        self.limit = limit
-        self._last: Optional[float] = None  # time of the last beat; None = not armed
-        self._after: Any = "start-up"
-        self._stop = threading.Event()
-        if limit > 0:
-            threading.Thread(target=self._watch, name="lmkit-watchdog", daemon=True).start()
-
-    @classmethod
-    def from_env(cls, rank: int, processes: int) -> "_Watchdog":
-        """Reads ``LMKIT_COLLECTIVE_TIMEOUT``; off in a single process (no peer to wait for)."""
-        raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
-        try:
-            limit = float(raw) if raw else DEFAULT_COLLECTIVE_TIMEOUT
-        except ValueError:
-            raise UsageError(f"{COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a number of seconds; "
-                             "set it to e.g. 600, or 0 to turn the watchdog off") from None
-        return cls(rank, limit if processes > 1 else 0.0)
-
-    def beat(self, after: Any) -> None:
-        """Records progress: ``after`` is the global step just finished, or what just happened."""
-        self._after = after
-        self._last = time.monotonic()
-
-    def pause(self) -> None:
-        self._last = None
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _watch(self) -> None:
-        head_start = max(5.0, self.limit / 5)
-        while not self._stop.wait(min(2.0, self.limit / 10)):
-            last = self._last
-            if last is None:
-                continue
-            idle = time.monotonic() - last
-            if idle < self.limit or self._stop.is_set():
-                continue
-            # Where is the main thread? Inside a library means waiting in a collective.
-            frame = sys._current_frames().get(threading.main_thread().ident)
-            stack = traceback.extract_stack(frame) if frame is not None else []
-            own = [f for f in stack if "site-packages" not in f.filename
-                   and "dist-packages" not in f.filename]
-            waiting = bool(own) and stack[-1] is not own[-1]
-            if waiting and idle < self.limit + head_start:
-                continue
-            after = (f"training step {self._after} finished" if isinstance(self._after, int)
-                     else self._after)
-            where = (f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name} ({own[-1].line})"
-                     if own else "an unknown place")
-            why = ("waiting inside TensorFlow/Horovod (a collective operation waits for every "
-                   "rank): another rank is stuck or gone" if waiting else
-                   "the other ranks wait for this one in the next collective operation")
-            sys.stderr.write(
-                f"rank {self.rank} failed: no progress for {idle:.0f} s since {after}; it is at "
-                f"{where}, {why}. Ending this rank so that the launcher stops the job "
-                f"({COLLECTIVE_TIMEOUT_ENV}={self.limit:g} s; raise it if a step, an evaluation "
-                "or a checkpoint save may take longer, 0 turns this check off)\n")
-            sys.stderr.flush()
-            sys.stdout.flush()
-            os._exit(1)
+    loss_sum: float = 0.0  # summed window losses (rank-averaged)
+    steps: int = 0
+    timed_from: int = 0  # steps before this one were compiling, not training
+    seconds: float = 0.0
+    stopped: bool = False  # max_steps reached inside the epoch
 
 
 class Trainer:
     """Trains a language model (any object following docs/design.md) on id streams.
+
+    The loop is a thin layer over public pieces: the loss
+    (:func:`lmkit.losses.window_loss`), gradient averaging (:mod:`lmkit.dist`),
+    clipping (:func:`lmkit.optim.clip_gradients`), the learning-rate policy
+    (:class:`lmkit.optim.LearningRatePolicy`), checkpoints
+    (:class:`~lmkit.train.checkpoint.CheckpointManager`), start-up checks
+    (:mod:`lmkit.train.startup`), the watchdog (:mod:`lmkit.train.watchdog`)
+    and summaries (:mod:`lmkit.train.metrics`).
 
     Args:
       model: an ``lmkit.models`` language model or a user model with the same protocol.
@@ -217,6 +122,9 @@ class Trainer:
       lr_world_size: the number of workers the learning-rate scaling and
         warmup assume (default: the real number); lets one process reproduce
         the policy of N workers with the same global batch.
+
+    Raises:
+      UsageError: ``batch_size`` not divisible by the number of replicas.
     """
 
     def __init__(self, model: tf.Module, config: TrainConfig, model_dir: Optional[str] = None,
@@ -224,8 +132,6 @@ class Trainer:
                  log: Optional[Callable[[str], None]] = None,
                  record_step_losses: bool = False, resume: bool = True,
                  lr_world_size: Optional[int] = None) -> None:
-        from lmkit.optim import build_optimizer
-
         self.model = model
         self.config = config
         self.model_dir = model_dir
@@ -237,99 +143,42 @@ class Trainer:
         self.record_step_losses = record_step_losses
         self.lr_world_size = lr_world_size or self.world
         self.resume = resume
-        if config.batch_size % self.world:
-            raise UsageError(
-                f"batch_size {config.batch_size} is not divisible by {self.world} workers; "
-                f"use a multiple of {self.world}")
-        self.local_batch = config.batch_size // self.world
+        self.local_batch = check_divisible("batch_size", config.batch_size, self.world, "workers")
         with dist.scope():  # the native backend keeps one copy per replica
             self.optimizer = optimizer if optimizer is not None else build_optimizer(config)
-        # Dropout of lmkit modules draws from the global generator: make it a
-        # checkpointed one, different on every rank (each rank sees other rows).
-        with dist.scope():
+            # Dropout of lmkit modules draws from the global generator: make it a
+            # checkpointed one, different on every rank (each rank sees other rows).
             self.progress = _Progress(config.seed * 1009 + self.rank)
         tf.random.set_global_generator(self.progress.rng)
-        self._train_step = None
-        self._eval_step = None
+        self._compiled_train_step: Optional[Callable[..., Any]] = None
+        self._compiled_eval_step: Optional[Callable[..., Any]] = None
         self._compiled = False
         self.compile_time = 0.0
-        self.policy = None
-        self._watchdog = _Watchdog(self.rank, 0.0)  # armed by fit() when there are peers
+        self.policy: Optional[LearningRatePolicy] = None
+        self._watchdog = Watchdog(self.rank, 0.0)  # armed by fit() when there are peers
 
-    # ------------------------------------------------------------------ logging
     def log(self, text: str) -> None:
+        """Prints ``text`` on rank 0."""
         if self.chief:
             self._log(text)
 
-    # ------------------------------------------------------------ start-up checks
-    def _check_agreement(self, steps_per_epoch: int, train_len: int) -> None:
-        """All ranks must load the same config, vocabulary and data sizes."""
-        vocab_fp = self.vocab.fingerprint() if hasattr(self.vocab, "fingerprint") else None
-        mine = {"config": self.config.to_dict(), "vocab": vocab_fp,
-                "train_ids": int(train_len), "steps_per_epoch": int(steps_per_epoch)}
-        everyone = dist.allgather_object(mine)  # same call on every rank
-        first = everyone[0]
-        for r, theirs in enumerate(everyone):
-            if theirs != first:
-                # Name every value that differs; configs are compared key by key.
-                keys = sorted(set(first["config"]) | set(theirs["config"]))
-                diffs = [f"config key {k} (rank 0: {first['config'].get(k)!r}, rank {r}: "
-                         f"{theirs['config'].get(k)!r})"
-                         for k in keys if first["config"].get(k) != theirs["config"].get(k)]
-                diffs += [f"{k} (rank 0: {first[k]!r}, rank {r}: {theirs[k]!r})"
-                          for k in mine if k != "config" and theirs[k] != first[k]]
-                raise UsageError(f"ranks disagree at start-up: rank {r} differs from rank 0 in "
-                                 f"{'; '.join(diffs)}; make every rank read the same config and data files")
-
-    def _prepare_model_dir(self) -> None:
-        """Rank 0 checks the folder and the stored config/vocabulary; all ranks learn the outcome."""
-        if self.model_dir is None:
-            return
-
-        def check() -> None:
-            md = self.model_dir
-            try:
-                os.makedirs(md, exist_ok=True)
-                probe = os.path.join(md, f".write-test-{os.getpid()}")
-                with open(probe, "w") as f:
-                    f.write("ok")
-                os.remove(probe)
-            except OSError as exc:
-                raise UsageError(f"model directory {md} is not writable ({exc.strerror}); "
-                                 "pass a --model_dir you can write to") from None
-            cfg_path = os.path.join(md, CONFIG_FILE)
-            if os.path.exists(cfg_path):
-                stored = read_config_dict(md)
-                mine = self.config.model_config()
-                diff = {k: (stored.get(k), v) for k, v in mine.items() if stored.get(k) != v}
-                if diff:
-                    k, (old, new) = sorted(diff.items())[0]
-                    raise CheckpointError(
-                        f"{md} holds a model trained with {k} = {old!r}, but the config says {new!r}; "
-                        "use the same config to resume, or another --model_dir")
-            vocab_path = os.path.join(md, VOCAB_FILE)
-            if self.vocab is not None and os.path.exists(vocab_path):
-                from lmkit.data.vocab import Vocab
-                stored_vocab = Vocab.load(vocab_path)
-                if stored_vocab.fingerprint() != self.vocab.fingerprint():
-                    raise CheckpointError(
-                        f"{vocab_path} ({len(stored_vocab)} tokens) differs from the vocabulary of the "
-                        f"data ({len(self.vocab)} tokens); resume with the same data, or use another --model_dir")
-            write_text_atomic(cfg_path, self.config.to_json())
-            if self.vocab is not None:
-                self.vocab.save(vocab_path)
-
-        dist.run_on_chief(check)
-
     # -------------------------------------------------------------- compiled steps
-    def _trainable(self) -> List[tf.Variable]:
-        return list(self.model.trainable_variables)
+    def build(self, steps_per_epoch: int) -> None:
+        """Creates the optimizer slots and the learning-rate policy, and compiles the steps.
+
+        :meth:`fit` calls it; call it yourself only to drive :meth:`train_step`
+        without ``fit`` (benchmarks).
+        """
+        self.policy = LearningRatePolicy.from_config(self.config, world_size=self.lr_world_size,
+                                                     steps_per_epoch=steps_per_epoch)
+        with dist.scope():
+            self.optimizer.build(list(self.model.trainable_variables))
+        self._build_steps()
 
     def _build_steps(self) -> None:
         cfg = self.config
         model, opt, progress, policy = self.model, self.optimizer, self.progress, self.policy
-        variables = self._trainable()
-        from lmkit.optim import clip_by_global_norm, clip_by_layer_norm
+        variables = list(model.trainable_variables)
 
         def train_step(x, y, state):
             with tf.GradientTape() as tape:
@@ -340,12 +189,8 @@ class Trainer:
                                                 compression=cfg.compression)
             grads = tape.gradient(loss, variables)
             # Clipping after the averaging: every rank applies the same update.
-            if cfg.max_grad_norm_per_layer > 0:
-                grads = clip_by_layer_norm(grads, cfg.max_grad_norm_per_layer)
-            if cfg.max_grad_norm > 0:
-                grads, norm = clip_by_global_norm(grads, cfg.max_grad_norm)
-            else:
-                norm = tf.linalg.global_norm([tf.convert_to_tensor(g) for g in grads if g is not None])
+            # IndexedSlices stay sparse, also for the norm when clipping is off.
+            grads, norm = clip_gradients(grads, cfg.max_grad_norm, cfg.max_grad_norm_per_layer)
             mean_loss = dist.allreduce(loss, op="average", name="lmkit.train_loss")
             finite = tf.math.logical_and(tf.math.is_finite(mean_loss), tf.math.is_finite(norm))
             opt.learning_rate.assign(policy(progress.global_step))
@@ -363,34 +208,65 @@ class Trainer:
             logits, new_state = model(x, state, training=False)
             return window_loss(y, logits), new_state
 
-        self._compiled = False
         def replicated_step(x, y, state):
             # Each local replica trains on its rows; the loss agrees on all of them.
             loss, new_state, finite = dist.run(train_step, (x, y, state))
             return dist.first(loss), new_state, dist.first(finite)
 
-        self._train_step = tf.function(replicated_step, jit_compile=cfg.jit_compile and self.world == 1)
-        self._eval_step = tf.function(eval_step)
+        self._compiled = False
+        self._compiled_train_step = tf.function(replicated_step,
+                                                jit_compile=cfg.jit_compile and self.world == 1)
+        self._compiled_eval_step = tf.function(eval_step)
 
-    # ----------------------------------------------------------------- training
-    def _initial_state(self, batch: int):
+    def train_step(self, inputs: Any, targets: Any, state: Any) -> Tuple[tf.Tensor, Any, tf.Tensor]:
+        """One compiled, averaged, clipped optimizer step on this process's rows.
+
+        Args:
+          inputs: int32 [local_batch, num_steps] (this process's rows).
+          targets: int32, the same shape.
+          state: the carried model state from :meth:`initial_state` or the
+            previous step.
+
+        Returns:
+          ``(loss averaged over the ranks, new state, finite)``; an update
+          whose loss or gradient is not finite is not applied.
+
+        Raises:
+          RuntimeError: before :meth:`build` (or :meth:`fit`).
+        """
+        if self._compiled_train_step is None:
+            raise RuntimeError("call fit() or build() before train_step()")
+        return self._compiled_train_step(inputs, targets, state)
+
+    def initial_state(self, batch: Optional[int] = None) -> Any:
+        """The state an epoch starts from, one per local replica (None for stateless models).
+
+        Args:
+          batch: rows per replica; default ``local_batch`` (training).
+        """
+        rows = batch or self.local_batch
+        return dist.per_replica(lambda: self._model_state(rows))
+
+    def _model_state(self, batch: int) -> Any:
         return self.model.initial_state(batch) if getattr(self.model, "stateful", False) else None
 
+    # ----------------------------------------------------------------- evaluation
     def evaluate(self, ids: np.ndarray, batch_size: Optional[int] = None) -> float:
         """Perplexity of ``ids`` on this process alone (no collective: rank 0 only)."""
         from lmkit.data.batching import bptt_arrays
         batch = batch_size or self.config.eval_batch_size or self.config.batch_size
         inputs, targets = bptt_arrays(ids, batch, self.config.num_steps)
-        if self._eval_step is None:
+        if self._compiled_eval_step is None:
             raise RuntimeError("call fit() first")
-        state = self._initial_state(batch)
+        state = self._model_state(batch)
         total = 0.0
         for i in range(inputs.shape[0]):
-            loss, state = self._eval_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
+            loss, state = self._compiled_eval_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
             total += float(loss)
             self._watchdog.beat("an evaluation batch finished")
         return perplexity(total / (inputs.shape[0] * self.config.num_steps))
 
+    # ----------------------------------------------------------------- training
     def fit(self, train_ids: np.ndarray, valid_ids: Optional[np.ndarray] = None,
             test_ids: Optional[np.ndarray] = None, max_steps: Optional[int] = None,
             num_epochs: Optional[int] = None) -> TrainResult:
@@ -415,7 +291,7 @@ class Trainer:
         """
         # With peers, a watchdog ends this process when training stops making
         # progress (LMKIT_COLLECTIVE_TIMEOUT), instead of waiting forever.
-        self._watchdog = _Watchdog.from_env(self.rank, dist.size())
+        self._watchdog = Watchdog.from_env(self.rank, dist.size())
         try:
             return self._fit(train_ids, valid_ids, test_ids, max_steps, num_epochs)
         finally:
@@ -425,134 +301,33 @@ class Trainer:
              test_ids: Optional[np.ndarray], max_steps: Optional[int],
              num_epochs: Optional[int]) -> TrainResult:
         from lmkit.data.batching import bptt_arrays
-        from lmkit.optim import LearningRatePolicy
 
         cfg = self.config
         epochs = num_epochs or cfg.num_epochs
         inputs, targets = bptt_arrays(train_ids, cfg.batch_size, cfg.num_steps,
                                       rank=self.rank, size=dist.size())  # this process's rows
         steps_per_epoch = int(inputs.shape[0])
-        self._check_agreement(steps_per_epoch, len(train_ids))
-        self._prepare_model_dir()
-        self.policy = LearningRatePolicy.from_config(cfg, world_size=self.lr_world_size,
-                                                     steps_per_epoch=steps_per_epoch)
-        with dist.scope():
-            self.optimizer.build(self._trainable())
-
+        check_agreement(cfg, self.vocab, {"train_ids": int(len(train_ids)),
+                                          "steps_per_epoch": steps_per_epoch})
+        prepare_model_dir(self.model_dir, cfg, self.vocab)
+        self.build(steps_per_epoch)
         result = TrainResult()
-        manager = None
-        ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, progress=self.progress)
-        if self.model_dir is not None:
-            manager = CheckpointManager(os.path.join(self.model_dir, CHECKPOINT_DIR), ckpt,
-                                        keep=cfg.keep_checkpoints)
-        if manager is not None and self.resume:
-            def restore() -> Optional[str]:
-                latest = manager.latest()
-                if latest is not None:
-                    manager.restore(latest)
-                return latest
-            result.resumed_from = dist.run_on_chief(restore)
-        # Rank 0's variables (fresh or restored) go to every rank.
-        dist.broadcast_variables(list(self.model.variables) + list(self.optimizer.variables)
-                                 + [self.progress.epoch, self.progress.global_step])
-        if self.rank > 0:  # other ranks continue a distinct random stream
-            self.progress.rng.reset_from_seed(
-                int(self.progress.global_step.numpy()) * 7919 + cfg.seed * 1009 + self.rank)
-        if result.resumed_from:
-            self.log(f"resumed from {result.resumed_from} (epoch {int(self.progress.epoch.numpy())}, "
-                     f"step {int(self.progress.global_step.numpy())}) on {self.world} worker(s)")
-        self._build_steps()
-        writer = None
-        if self.chief and self.model_dir is not None:
-            writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "tensorboard"))
-
-        words_per_step = cfg.batch_size * cfg.num_steps
+        manager = self._checkpoint_manager()
+        result.resumed_from = self._restore_and_broadcast(manager)
+        summaries = Summaries(os.path.join(self.model_dir, "tensorboard")
+                              if self.chief and self.model_dir is not None else None)
         start_epoch = int(self.progress.epoch.numpy())
-        cumulative = 0.0
         self.log(f"training {type(self.model).__name__} on {self.world} worker(s): global batch "
                  f"{cfg.batch_size} ({self.local_batch} per worker) x {cfg.num_steps} steps, "
                  f"{steps_per_epoch} steps/epoch, epochs {start_epoch + 1}..{epochs}")
-        stop = False
-        step_count = int(self.progress.global_step.numpy())
+        cumulative = 0.0
         for epoch in range(start_epoch, epochs):
-            state = dist.per_replica(lambda: self._initial_state(self.local_batch))  # reset each epoch
-            bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief,
-                              every=cfg.log_every_steps)
-            loss_sum = 0.0
-            pending: List[Any] = []  # (loss, finite) tensors not yet read back
-            steps_done = 0
-            timed_from = 0  # steps before this one are not in the epoch's words/sec
-            t0 = time.perf_counter()
-            for i in range(steps_per_epoch):
-                if max_steps is not None and step_count >= max_steps:
-                    stop = True
-                    break
-                if i == 0 and not self.chief:  # waits for rank 0's evaluation and save (watched there)
-                    self._watchdog.pause()
-                loss, state, finite = self._train_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
-                self._watchdog.beat(step_count + 1)
-                pending.append((loss, finite))
-                steps_done += 1
-                step_count += 1
-                if not self._compiled:  # the first call traces and compiles: not training speed
-                    values = self._drain(pending, epoch, i)
-                    if self.record_step_losses:
-                        result.step_losses.extend(values)
-                    loss_sum += sum(values)
-                    self.compile_time = time.perf_counter() - t0
-                    self._compiled = True
-                    self.log(f"compiled the training step in {self.compile_time:.1f} s")
-                    t0 = time.perf_counter()
-                    timed_from = steps_done
-                # Reading values back costs a host sync: only every few steps.
-                if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
-                    values = self._drain(pending, epoch, i)
-                    if self.record_step_losses:
-                        result.step_losses.extend(values)
-                    loss_sum += sum(values)
-                    elapsed = time.perf_counter() - t0
-                    bar.update(i + 1, f"ppl {perplexity(loss_sum / ((i + 1) * cfg.num_steps)):.2f} "
-                               f"{words_per_step * (steps_done - timed_from) / max(elapsed, 1e-9):.0f} wps")
-            if pending:
-                loss_sum += sum(self._drain(pending, epoch, steps_done - 1))
-            bar.close()
-            epoch_time = time.perf_counter() - t0
-            cumulative += epoch_time
-            if steps_done == 0:
+            run = self._run_epoch(epoch, epochs, inputs, targets, max_steps, result)
+            cumulative += run.seconds
+            if run.steps == 0:
                 break
-            lr = float(self.optimizer.learning_rate.numpy())
-            train_ppl = perplexity(loss_sum / (steps_done * cfg.num_steps))
-            completed = not stop
-            if completed:
-                self.progress.epoch.assign(epoch + 1)
-            valid_ppl = None
-            if self.chief and valid_ids is not None:  # rank 0 only: no collective here
-                valid_ppl = self.evaluate(valid_ids)
-            stats = EpochStats(epoch=epoch + 1, train_perplexity=train_ppl, valid_perplexity=valid_ppl,
-                               learning_rate=lr,
-                               words_per_sec=words_per_step * (steps_done - timed_from) / max(epoch_time, 1e-9),
-                               epoch_time=epoch_time, cumulative_time=cumulative, steps=steps_done)
-            result.epochs.append(stats)
-            self.log(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {train_ppl:.2f} | valid ppl "
-                     f"{'-' if valid_ppl is None else f'{valid_ppl:.2f}'} | {stats.words_per_sec:.0f} words/sec "
-                     f"({self.world} worker(s)) | epoch time {epoch_time:.1f} s | "
-                     f"cumulative training time {cumulative:.1f} s")
-            if writer is not None:
-                with writer.as_default(step=int(self.progress.global_step.numpy())):
-                    _scalar_summary("train/perplexity", train_ppl)
-                    _scalar_summary("train/learning_rate", lr)
-                    _scalar_summary("train/words_per_sec", stats.words_per_sec)
-                    if valid_ppl is not None:
-                        _scalar_summary("valid/perplexity", valid_ppl)
-                writer.flush()
-            if (self.chief and manager is not None and completed
-                    and ((epoch + 1) % cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs)):
-                self._watchdog.beat("a checkpoint save began")
-                path = manager.save(int(self.progress.global_step.numpy()),
-                                    meta={"epoch": epoch + 1, "world_size": self.world,
-                                          "train_perplexity": train_ppl, "valid_perplexity": valid_ppl})
-                self.log(f"saved checkpoint {path}")
-            if stop:
+            self._end_epoch(epoch, epochs, run, cumulative, valid_ids, manager, summaries, result)
+            if run.stopped:
                 break
         result.global_step = int(self.progress.global_step.numpy())
         if self.chief and test_ids is not None:
@@ -560,9 +335,124 @@ class Trainer:
             self.log(f"Test perplexity: {result.test_perplexity:.2f}")
         if self.chief and self.model_dir is not None:
             summary = {"config": cfg.to_dict(), "world_size": self.world, **result.to_dict()}
-            write_text_atomic(os.path.join(self.model_dir, "results.json"),
+            atomic_write_text(os.path.join(self.model_dir, "results.json"),
                               json.dumps(summary, indent=2, sort_keys=True))
         return result
+
+    def _checkpoint_manager(self) -> Optional[CheckpointManager]:
+        if self.model_dir is None:
+            return None
+        ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, progress=self.progress)
+        return CheckpointManager(os.path.join(self.model_dir, CHECKPOINT_DIR), ckpt,
+                                 keep=self.config.keep_checkpoints)
+
+    def _restore_and_broadcast(self, manager: Optional[CheckpointManager]) -> Optional[str]:
+        """Rank 0 restores the latest checkpoint (if any); its variables then go to every rank.
+
+        Returns:
+          The restored checkpoint's path, or None.
+        """
+        resumed_from = None
+        if manager is not None and self.resume:
+            def restore() -> Optional[str]:
+                latest = manager.latest()
+                if latest is not None:
+                    manager.restore(latest)
+                return latest
+            resumed_from = dist.run_on_chief(restore)
+        # Rank 0's variables (fresh or restored) go to every rank.
+        dist.broadcast_variables(list(self.model.variables) + list(self.optimizer.variables)
+                                 + [self.progress.epoch, self.progress.global_step])
+        if self.rank > 0:  # other ranks continue a distinct random stream
+            self.progress.rng.reset_from_seed(
+                int(self.progress.global_step.numpy()) * 7919 + self.config.seed * 1009 + self.rank)
+        if resumed_from:
+            self.log(f"resumed from {resumed_from} (epoch {int(self.progress.epoch.numpy())}, "
+                     f"step {int(self.progress.global_step.numpy())}) on {self.world} worker(s)")
+        return resumed_from
+
+    def _run_epoch(self, epoch: int, epochs: int, inputs: np.ndarray, targets: np.ndarray,
+                   max_steps: Optional[int], result: TrainResult) -> _EpochRun:
+        """Trains on one epoch's windows (or until ``max_steps``); logs progress on rank 0."""
+        cfg = self.config
+        steps_per_epoch = int(inputs.shape[0])
+        words_per_step = cfg.batch_size * cfg.num_steps
+        state = self.initial_state()  # reset each epoch
+        bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief,
+                          every=cfg.log_every_steps)
+        run = _EpochRun()
+        pending: List[Any] = []  # (loss, finite) tensors not yet read back
+        step_count = int(self.progress.global_step.numpy())
+
+        def drain(index: int) -> None:
+            values = self._drain(pending, epoch, index)
+            if self.record_step_losses:
+                result.step_losses.extend(values)
+            run.loss_sum += sum(values)
+
+        t0 = time.perf_counter()
+        for i in range(steps_per_epoch):
+            if max_steps is not None and step_count >= max_steps:
+                run.stopped = True
+                break
+            if i == 0 and not self.chief:  # waits for rank 0's evaluation and save (watched there)
+                self._watchdog.pause()
+            loss, state, finite = self.train_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
+            self._watchdog.beat(step_count + 1)
+            pending.append((loss, finite))
+            run.steps += 1
+            step_count += 1
+            if not self._compiled:  # the first call traces and compiles: not training speed
+                drain(i)
+                self.compile_time = time.perf_counter() - t0
+                self._compiled = True
+                self.log(f"compiled the training step in {self.compile_time:.1f} s")
+                t0 = time.perf_counter()
+                run.timed_from = run.steps
+            # Reading values back costs a host sync: only every few steps.
+            if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
+                drain(i)
+                elapsed = time.perf_counter() - t0
+                bar.update(i + 1, f"ppl {perplexity(run.loss_sum / ((i + 1) * cfg.num_steps)):.2f} "
+                           f"{words_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} wps")
+        if pending:
+            drain(run.steps - 1)
+        bar.close()
+        run.seconds = time.perf_counter() - t0
+        return run
+
+    def _end_epoch(self, epoch: int, epochs: int, run: _EpochRun, cumulative: float,
+                   valid_ids: Optional[np.ndarray], manager: Optional[CheckpointManager],
+                   summaries: Summaries, result: TrainResult) -> None:
+        """Rank 0 evaluates, logs, writes summaries and (after a whole epoch) a checkpoint."""
+        cfg = self.config
+        lr = float(self.optimizer.learning_rate.numpy())
+        train_ppl = perplexity(run.loss_sum / (run.steps * cfg.num_steps))
+        completed = not run.stopped
+        if completed:
+            self.progress.epoch.assign(epoch + 1)
+        valid_ppl = None
+        if self.chief and valid_ids is not None:  # rank 0 only: no collective here
+            valid_ppl = self.evaluate(valid_ids)
+        words = cfg.batch_size * cfg.num_steps * (run.steps - run.timed_from)
+        stats = EpochStats(epoch=epoch + 1, train_perplexity=train_ppl, valid_perplexity=valid_ppl,
+                           learning_rate=lr, words_per_sec=words / max(run.seconds, 1e-9),
+                           epoch_time=run.seconds, cumulative_time=cumulative, steps=run.steps)
+        result.epochs.append(stats)
+        self.log(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {train_ppl:.2f} | valid ppl "
+                 f"{'-' if valid_ppl is None else f'{valid_ppl:.2f}'} | {stats.words_per_sec:.0f} words/sec "
+                 f"({self.world} worker(s)) | epoch time {run.seconds:.1f} s | "
+                 f"cumulative training time {cumulative:.1f} s")
+        summaries.write(int(self.progress.global_step.numpy()),
+                        {"train/perplexity": train_ppl, "train/learning_rate": lr,
+                         "train/words_per_sec": stats.words_per_sec, "valid/perplexity": valid_ppl})
+        if (self.chief and manager is not None and completed
+                and ((epoch + 1) % cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs)):
+            self._watchdog.beat("a checkpoint save began")
+            path = manager.save(int(self.progress.global_step.numpy()),
+                                meta={"epoch": epoch + 1, "world_size": self.world,
+                                      "train_perplexity": train_ppl, "valid_perplexity": valid_ppl})
+            self.log(f"saved checkpoint {path}")
 
     @staticmethod
     def _drain(pending: List[Any], epoch: int, last_index: int) -> List[float]:

@@ -151,6 +151,16 @@ def http_server():
         thread.join(timeout=5)
 
 
+@pytest.fixture(autouse=True)
+def _no_internet(monkeypatch):
+    """No test reaches the real PTB hosts: both default addresses point at a closed local port."""
+    from lmkit.data import ptb
+
+    monkeypatch.setattr(ptb, "DEFAULT_URL", "http://127.0.0.1:9/simple-examples.tgz")
+    monkeypatch.setenv(ptb.FALLBACK_ENV, "http://127.0.0.1:9/ptb")
+    monkeypatch.delenv(ptb.URL_ENV, raising=False)
+
+
 @pytest.fixture
 def kit():
     """The archive and corpus helpers above (conftest modules are not importable by name)."""

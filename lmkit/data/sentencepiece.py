@@ -1,0 +1,231 @@
+"""SentencePiece subwords (unigram or BPE), trained into the model folder.
+
+:class:`SentencePieceTokenizer` is the ``sentencepiece`` kind of the
+tokenizer registry (:mod:`lmkit.data.tokenizers`); :func:`train_sentencepiece`
+trains a model with the special pieces ``<unk> <s> </s> <pad>`` at ids 0-3.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from lmkit.checks import check_choice
+from lmkit.data.errors import DataError
+from lmkit.data.tokenizers import Tokenizer, _check_size, _short_hash
+from lmkit.fileio import PathLike, atomic_write_bytes, atomic_write_text
+
+__all__ = ["MODEL_TYPES", "SentencePieceTokenizer", "train_sentencepiece"]
+
+MODEL_TYPES = ("unigram", "bpe")
+# Ids given to the special pieces of SentencePiece models trained here.
+SPM_UNK_ID, SPM_BOS_ID, SPM_EOS_ID, SPM_PAD_ID = 0, 1, 2, 3
+
+
+def _import_sentencepiece():
+    try:
+        import sentencepiece
+    except ImportError as exc:
+        raise ImportError("subword tokenization needs the sentencepiece package: "
+                          "pip install 'sentencepiece>=0.1.99'") from exc
+    return sentencepiece
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A trained SentencePiece model (``.model`` file), unigram or BPE."""
+
+    name = "sentencepiece"
+    OPTIONS = {"vocab_size": None, "model_type": "unigram"}
+    MODEL_FILE = "spm.model"
+    VOCAB_FILE = "spm.vocab"
+
+    def __init__(self, model_file: PathLike, *, model_type: Optional[str] = None) -> None:
+        """Args:
+          model_file: the ``.model`` file written by SentencePiece training.
+          model_type: ``"unigram"`` or ``"bpe"``, as trained (None: not known).
+
+        Raises:
+          DataError: the file is missing or not a SentencePiece model.
+        """
+        spm = _import_sentencepiece()
+        model_file = os.fspath(model_file)
+        if not os.path.isfile(model_file):
+            raise DataError(f"SentencePiece model {model_file!r} does not exist; train one with "
+                            "train_tokenizer('sentencepiece', ...) or train_sentencepiece")
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=model_file)
+        except (RuntimeError, OSError) as exc:
+            raise DataError(f"{model_file!r} is not a SentencePiece model ({exc}); "
+                            "delete it and train again") from None
+        self.model_file = model_file
+        self.model_type = model_type
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._sp.get_piece_size())
+
+    def _special_id(self, role: str) -> Optional[int]:
+        value = getattr(self._sp, f"{role}_id")()
+        return None if value < 0 else int(value)  # SentencePiece says -1 for "disabled"
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "model_type": self.model_type}
+
+    def _encode_line(self, line: str) -> List[int]:
+        return list(self._sp.encode(line, out_type=int))
+
+    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        """Piece ids of many texts at once (faster than one by one)."""
+        if any("\n" in t for t in texts):
+            return super().encode_batch(texts)
+        return [list(ids) for ids in self._sp.encode(list(texts), out_type=int)]
+
+    def _decode_line(self, ids: List[int]) -> str:
+        # Pieces joined back into text; <unk> shows as " \u2047 ".
+        return self._sp.decode(ids)
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._sp.id_to_piece(int(token_id))
+
+    def piece_to_id(self, piece: str) -> int:
+        return int(self._sp.piece_to_id(piece))
+
+    def fingerprint(self) -> str:
+        """A short hash of the pieces, their scores and kinds (which also tell BPE from unigram).
+
+        Not of the model file, which also records the paths it was trained
+        from and to.
+        """
+        sp = self._sp
+        kinds = (sp.is_unknown, sp.is_control, sp.is_unused, sp.is_byte)
+        table = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i)!r}\t"
+                        f"{''.join('1' if kind(i) else '0' for kind in kinds)}\n"
+                        for i in range(self.vocab_size))
+        return _short_hash(table.encode("utf-8"))
+
+    def _write_files(self, folder: str) -> None:
+        # The .vocab file is for people (piece and score a line); the .model is what loads.
+        pieces = "".join(f"{self._sp.id_to_piece(i)}\t{self._sp.get_score(i):g}\n"
+                         for i in range(self.vocab_size))
+        atomic_write_text(os.path.join(folder, self.VOCAB_FILE), pieces)
+        atomic_write_bytes(os.path.join(folder, self.MODEL_FILE), self._sp.serialized_model_proto())
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> Dict[str, Any]:
+        options = super().check_options(options)
+        if options["vocab_size"] is None:
+            raise DataError("the sentencepiece tokenizer needs a vocab_size; give one "
+                            "(--vocab_size), e.g. 8000 for a few MB of text")
+        _check_size("vocab_size", options["vocab_size"],
+                    "give the number of pieces (--vocab_size), e.g. 8000")
+        check_choice("sentencepiece model_type", options["model_type"], MODEL_TYPES, DataError)
+        return options
+
+    @classmethod
+    def train(cls, train_file: str, folder: str, **options: Any) -> "SentencePieceTokenizer":
+        """Trains ``folder/spm.model`` on ``train_file`` (one thread: reproducible)."""
+        options = cls.check_options(options)
+        model = train_sentencepiece(train_file, options["vocab_size"],
+                                    os.path.join(folder, "spm"), options["model_type"], reuse=False)
+        return cls(model, model_type=options["model_type"])
+
+    @classmethod
+    def load(cls, folder: str, options: Mapping[str, Any]) -> "SentencePieceTokenizer":
+        options = cls.check_options(options)
+        return cls(os.path.join(folder, cls.MODEL_FILE), model_type=options["model_type"])
+
+
+def train_sentencepiece(train_file: PathLike, vocab_size: int, model_prefix: PathLike,
+                        model_type: str = "unigram", *, character_coverage: float = 1.0,
+                        num_threads: int = 1, input_sentence_size: int = 0,
+                        progress: bool = False, reuse: bool = True) -> str:
+    """Trains a SentencePiece model on ``train_file``, or reuses the one at ``model_prefix``.
+
+    With ``reuse``, the model is reused when ``<model_prefix>.model`` exists,
+    is not older than ``train_file`` and has ``vocab_size`` pieces. Training
+    writes to temporary names renamed into place, so a killed run leaves no
+    broken model. The pieces ``<unk>``, ``<s>``, ``</s>``, ``<pad>`` get ids
+    0-3. In a distributed job train on the chief only. Most callers want
+    :func:`train_tokenizer`, which trains into the model folder.
+
+    Args:
+      train_file: UTF-8 text, one sentence or paragraph a line.
+      vocab_size: number of pieces (specials included).
+      model_prefix: where to write ``<prefix>.model`` and ``<prefix>.vocab``
+        (a path in the model folder; there is no default beside the data).
+      model_type: ``"unigram"`` or ``"bpe"``.
+      character_coverage: share of characters the model must cover (1.0
+        for small alphabets, 0.9995 for CJK).
+      num_threads: training threads (1 gives a reproducible model).
+      input_sentence_size: train on at most this many lines (0 = all).
+      progress: let SentencePiece log its training on stderr.
+      reuse: reuse an up-to-date model at ``model_prefix`` instead of training.
+
+    Returns:
+      The path of the ``.model`` file.
+
+    Raises:
+      DataError: a bad ``vocab_size`` or ``model_type``, a missing training
+        file, or failed training; a corpus too small for ``vocab_size`` names
+        the largest size that works.
+    """
+    _check_size("vocab_size", vocab_size, "give the number of pieces (--vocab_size)")
+    check_choice("sentencepiece model_type", model_type, MODEL_TYPES, DataError)
+    train_file = os.fspath(train_file)
+    if not os.path.isfile(train_file):
+        raise DataError(f"training file {train_file!r} does not exist; check the path")
+    prefix = os.fspath(model_prefix)
+    model_file = prefix + ".model"
+    if reuse and _model_is_fresh(model_file, train_file, vocab_size):
+        return model_file
+    spm = _import_sentencepiece()
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    temp_prefix = f"{prefix}.tmp{os.getpid()}"
+    try:
+        spm.SentencePieceTrainer.train(
+            input=train_file, model_prefix=temp_prefix, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            unk_id=SPM_UNK_ID, bos_id=SPM_BOS_ID, eos_id=SPM_EOS_ID, pad_id=SPM_PAD_ID,
+            num_threads=num_threads, input_sentence_size=input_sentence_size,
+            shuffle_input_sentence=input_sentence_size > 0, minloglevel=0 if progress else 2)
+        # The .model file is what a reuse looks for, so it is put in place last.
+        os.replace(temp_prefix + ".vocab", prefix + ".vocab")
+        os.replace(temp_prefix + ".model", model_file)
+    except RuntimeError as exc:
+        raise DataError(_training_failure(train_file, vocab_size, str(exc))) from None
+    finally:
+        for suffix in (".model", ".vocab"):
+            if os.path.exists(temp_prefix + suffix):
+                os.remove(temp_prefix + suffix)
+    return model_file
+
+
+def _training_failure(train_file: str, vocab_size: int, message: str) -> str:
+    """The DataError text for a failed SentencePiece training, with the size that works."""
+    head = f"SentencePiece training on {train_file!r} with vocab_size {vocab_size} failed"
+    # "Vocabulary size too high (5000). Please set it to a value <= 327."
+    limit = re.search(r"value\s*<=\s*(\d+)", message)
+    if limit:
+        return (f"{head}: Vocabulary size too high for this text; the largest vocab_size that "
+                f"works is {limit.group(1)}: set vocab_size (--vocab_size) to at most "
+                f"{limit.group(1)}, or train on more text")
+    # "Vocabulary size is smaller than required_chars. 6 vs 15." (characters + special pieces)
+    chars = re.search(r"smaller than required_chars\.\s*\d+\s*vs\s*(\d+)", message)
+    if chars:
+        return (f"{head}: Vocabulary size too small for this text; every distinct character and "
+                f"the special pieces need {chars.group(1)}: set vocab_size (--vocab_size) to at "
+                f"least {chars.group(1)}")
+    return f"{head}: {message.strip().splitlines()[-1] if message.strip() else 'no reason given'}"
+
+
+def _model_is_fresh(model_file: str, train_file: str, vocab_size: int) -> bool:
+    if not os.path.isfile(model_file):
+        return False
+    if os.stat(model_file).st_mtime_ns < os.stat(train_file).st_mtime_ns:
+        return False  # the data changed after the model was trained
+    try:
+        return SentencePieceTokenizer(model_file).vocab_size == vocab_size
+    except DataError:
+        return False

@@ -1,0 +1,541 @@
+"""Tokenizers: text <-> ids, four kinds in one registry, saved in the model folder.
+
+Every tokenizer is a :class:`Tokenizer`: ``encode(text) -> ids``,
+``decode(ids) -> text``, ``vocab_size``, the special ids (``unk_id``,
+``eos_id``, ``bos_id``, ``pad_id``, each None when absent), ``fingerprint()``
+and ``save(folder)``. The kinds, by registry name (:data:`TOKENIZERS`):
+
+* ``word``: whitespace-separated words through a :class:`Vocab`
+  (options ``max_vocab``, ``min_count``), file ``vocab.txt``;
+* ``sentencepiece`` (:mod:`lmkit.data.sentencepiece`): a SentencePiece
+  model, ``model_type`` unigram or BPE, ``vocab_size`` pieces, files
+  ``spm.model`` and ``spm.vocab``;
+* ``char``: the Unicode characters of the training text, file ``chars.txt``;
+* ``byte``: the 256 byte values of UTF-8, no training and no file.
+
+All four have the special symbols unknown, end and start of sentence, and
+padding (``<unk> <eos> <bos> <pad>``; SentencePiece calls the middle two
+``</s>`` and ``<s>``). A line break in the text is the end-of-sentence id,
+both ways: ``encode`` turns ``"\\n"`` into ``eos_id``, ``decode`` turns
+``eos_id`` back into ``"\\n"`` and drops ``bos_id`` and ``pad_id``, so
+``decode(encode(text))`` gives readable text.
+
+:func:`train_tokenizer` trains one into a folder (the model folder, never
+next to the user's data) or reuses the one saved there;
+:func:`load_tokenizer` reads it back. ``folder/tokenizer.json`` names the
+kind, its options, its size and its fingerprint, and is written last: a
+folder without it holds no tokenizer, whatever else a killed save left.
+
+Adding a kind is one :class:`Tokenizer` subclass plus one line in
+:data:`TOKENIZERS`.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import hashlib
+import json
+import os
+from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Type
+
+from lmkit.checks import check_choice, check_known_keys
+from lmkit.data.errors import DataError
+from lmkit.data.textfile import check_text_file
+from lmkit.data.vocab import DEFAULT_SPECIALS, Vocab, read_lines
+from lmkit.fileio import PathLike, atomic_write_text, fsync_dir
+from lmkit.registry import import_object
+
+__all__ = [
+    "Tokenizer", "WordTokenizer", "CharTokenizer", "ByteTokenizer", "TOKENIZERS", "TOKENIZER_FILE",
+    "tokenizer_class", "train_tokenizer", "load_tokenizer",
+]
+
+TOKENIZER_FILE = "tokenizer.json"
+# The special symbols' roles, in the order of DEFAULT_SPECIALS.
+_ROLES = ("unk", "eos", "bos", "pad")
+# The smallest vocabulary worth having: the four specials and one symbol.
+_MIN_VOCAB = len(DEFAULT_SPECIALS) + 1
+
+
+def _short_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _check_size(name: str, value: Any, fix: str) -> int:
+    """``value`` as an int >= 5 (the four specials and one more symbol)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < _MIN_VOCAB:
+        raise DataError(f"{name} = {value!r} must be an integer >= {_MIN_VOCAB} (the 4 special "
+                        f"tokens plus at least one more); {fix}")
+    return value
+
+
+class Tokenizer(abc.ABC):
+    """Text <-> ids; the one interface every tokenizer kind follows.
+
+    Subclasses implement the per-line mapping (:meth:`_encode_line`,
+    :meth:`_decode_line`), the special ids (:meth:`_special_id`),
+    :meth:`fingerprint`, their ``options``, their files (:meth:`_write_files`)
+    and the class methods :meth:`train` and :meth:`load`. Line breaks, the id
+    range check and the ``tokenizer.json`` bookkeeping live here, once.
+    """
+
+    #: The registry key (``tokenizer.json`` stores it).
+    name: ClassVar[str] = ""
+    #: The training options of this kind and their defaults.
+    OPTIONS: ClassVar[Mapping[str, Any]] = {}
+    #: Whether :meth:`train` reads the training text (checked before training).
+    READS_TEXT: ClassVar[bool] = True
+
+    # -- the vocabulary ---------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids (the model's output size)."""
+
+    @abc.abstractmethod
+    def _special_id(self, role: str) -> Optional[int]:
+        """The id of the special symbol ``role`` (``unk``, ``eos``, ``bos``, ``pad``), or None."""
+
+    @property
+    def unk_id(self) -> Optional[int]:
+        """Id of the unknown symbol, or None."""
+        return self._special_id("unk")
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        """Id of the end of a sentence (a line break), or None."""
+        return self._special_id("eos")
+
+    @property
+    def bos_id(self) -> Optional[int]:
+        """Id of the start of a sentence, or None."""
+        return self._special_id("bos")
+
+    @property
+    def pad_id(self) -> Optional[int]:
+        """Id of the padding symbol, or None."""
+        return self._special_id("pad")
+
+    @property
+    @abc.abstractmethod
+    def options(self) -> Dict[str, Any]:
+        """The training options this tokenizer was made with (keys of ``OPTIONS``)."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """A short hash of everything that decides the ids, to check that ranks and runs agree."""
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, options={self.options})"
+
+    # -- text <-> ids -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _encode_line(self, line: str) -> List[int]:
+        """Ids of one line of text (no line break in it)."""
+
+    @abc.abstractmethod
+    def _decode_line(self, ids: List[int]) -> str:
+        """Text of the ids of one line (no eos, bos or pad among them)."""
+
+    def encode(self, text: str) -> List[int]:
+        """Ids of ``text``; a line break (``\\n`` or ``\\r\\n``) becomes ``eos_id``.
+
+        No eos is added at the end and no bos at the start.
+
+        Raises:
+          DataError: ``text`` is not a string.
+        """
+        if not isinstance(text, str):
+            raise DataError(f"encode takes a str, got {type(text).__name__}; "
+                            "decode bytes with .decode('utf-8') first")
+        eos = self.eos_id
+        if eos is None:
+            return self._encode_line(text)
+        ids: List[int] = []
+        for k, line in enumerate(text.split("\n")):
+            if k:
+                ids.append(eos)
+            ids.extend(self._encode_line(line[:-1] if line.endswith("\r") else line))
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        """``[encode(t) for t in texts]`` (a kind may do it faster)."""
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Readable text of ``ids``: ``eos_id`` is a line break, ``bos_id`` and ``pad_id`` vanish.
+
+        Raises:
+          DataError: an id outside ``[0, vocab_size)``.
+        """
+        ids = [int(i) for i in ids]
+        size = self.vocab_size
+        bad = next((i for i in ids if not 0 <= i < size), None)
+        if bad is not None:
+            raise DataError(f"id {bad} is out of range for the {self.name} tokenizer of "
+                            f"{size} ids (valid ids are 0..{size - 1}); the ids come from "
+                            "another tokenizer or model")
+        eos = self.eos_id
+        dropped = {self.bos_id, self.pad_id} - {None}
+        lines: List[List[int]] = [[]]
+        for i in ids:
+            if i == eos:
+                lines.append([])
+            elif i not in dropped:
+                lines[-1].append(i)
+        return "\n".join(self._decode_line(line) for line in lines)
+
+    # -- files ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _write_files(self, folder: str) -> None:
+        """Writes this kind's own files into ``folder``, each atomically."""
+
+    def save(self, folder: PathLike) -> None:
+        """Writes this tokenizer into ``folder`` (created when missing).
+
+        An old ``tokenizer.json`` is removed first and the new one written
+        last, each file atomically, so a save that is killed half-way leaves
+        a folder without a tokenizer, never a ``tokenizer.json`` that
+        describes other files.
+
+        Args:
+          folder: the model folder.
+        """
+        folder = os.fspath(folder)
+        os.makedirs(folder, exist_ok=True)
+        meta = os.path.join(folder, TOKENIZER_FILE)
+        if os.path.exists(meta):
+            os.remove(meta)
+            fsync_dir(folder)
+        self._write_files(folder)
+        record = {"name": self.name, "options": self.options, "vocab_size": self.vocab_size,
+                  "fingerprint": self.fingerprint()}
+        atomic_write_text(meta, json.dumps(record, indent=2, sort_keys=True) + "\n")
+        fsync_dir(folder)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> Dict[str, Any]:
+        """Returns the options of this kind, defaults filled in, after checking them.
+
+        Options a kind does not take are ignored, so one call can pass every
+        flag to any kind.
+
+        Raises:
+          DataError: a bad option value (naming it and the fix).
+        """
+        return {key: options.get(key, default) for key, default in cls.OPTIONS.items()}
+
+    @classmethod
+    @abc.abstractmethod
+    def train(cls, train_file: str, folder: str, **options: Any) -> "Tokenizer":
+        """Trains on ``train_file`` (checked beforehand); may write into ``folder``, never elsewhere."""
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, folder: str, options: Mapping[str, Any]) -> "Tokenizer":
+        """Reads the files :meth:`_write_files` wrote (``options`` from ``tokenizer.json``).
+
+        Raises:
+          DataError: a file is missing or broken.
+        """
+
+
+# -- vocabulary-backed kinds: word, char -----------------------------------------------------------
+class _VocabTokenizer(Tokenizer):
+    """A tokenizer whose symbols are the entries of a :class:`Vocab`, saved as one file."""
+
+    #: The vocabulary file in the folder.
+    FILE: ClassVar[str] = ""
+
+    def __init__(self, vocab: Vocab) -> None:
+        if not isinstance(vocab, Vocab):
+            raise DataError(f"vocab must be a Vocab, got {type(vocab).__name__}; "
+                            "build one with Vocab.build or Vocab.load")
+        self.vocab = vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def _special_id(self, role: str) -> Optional[int]:
+        return getattr(self.vocab, f"{role}_id")
+
+    def fingerprint(self) -> str:
+        return self.vocab.fingerprint()
+
+    def _write_files(self, folder: str) -> None:
+        self.vocab.save(os.path.join(folder, self.FILE))
+
+    @classmethod
+    def _read_vocab(cls, folder: str) -> Vocab:
+        return Vocab.load(os.path.join(folder, cls.FILE))
+
+
+class WordTokenizer(_VocabTokenizer):
+    """Whitespace-separated words mapped through a :class:`Vocab`; unknown words become ``<unk>``."""
+
+    name = "word"
+    OPTIONS = {"max_vocab": None, "min_count": 1}
+    FILE = "vocab.txt"
+
+    def __init__(self, vocab: Vocab, *, max_vocab: Optional[int] = None, min_count: int = 1) -> None:
+        """Args:
+          vocab: the vocabulary; unknown words map to its ``unk_id``.
+          max_vocab: the size limit ``vocab`` was built with (None: none).
+          min_count: the minimum count ``vocab`` was built with.
+
+        Raises:
+          DataError: ``vocab`` is not a :class:`Vocab`.
+        """
+        super().__init__(vocab)
+        self._options = {"max_vocab": max_vocab, "min_count": min_count}
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        return dict(self._options)
+
+    def _encode_line(self, line: str) -> List[int]:
+        return self.vocab.encode(line.split())
+
+    def _decode_line(self, ids: List[int]) -> str:
+        return " ".join(self.vocab.decode(ids))
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> Dict[str, Any]:
+        options = super().check_options(options)
+        if options["max_vocab"] is not None:
+            _check_size("max_vocab", options["max_vocab"],
+                        "give the largest word vocabulary (specials included), or None for all words")
+        min_count = options["min_count"]
+        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+            raise DataError(f"min_count = {min_count!r} must be an integer >= 1 "
+                            "(1 keeps every word)")
+        return options
+
+    @classmethod
+    def train(cls, train_file: str, folder: str, **options: Any) -> "WordTokenizer":
+        """The words of ``train_file`` by decreasing count (``folder`` is not used)."""
+        options = cls.check_options(options)
+        vocab = Vocab.build(train_file, max_size=options["max_vocab"],
+                            min_count=options["min_count"])
+        return cls(vocab, **options)
+
+    @classmethod
+    def load(cls, folder: str, options: Mapping[str, Any]) -> "WordTokenizer":
+        return cls(cls._read_vocab(folder), **cls.check_options(options))
+
+
+class CharTokenizer(_VocabTokenizer):
+    """The Unicode characters of the training text; unseen characters become ``<unk>``.
+
+    A carriage return is never a symbol (``chars.txt`` holds one character a
+    line), and a line break is ``eos_id``.
+    """
+
+    name = "char"
+    FILE = "chars.txt"
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        return {}
+
+    def _encode_line(self, line: str) -> List[int]:
+        return self.vocab.encode(line)
+
+    def _decode_line(self, ids: List[int]) -> str:
+        return "".join(self.vocab.decode(ids))
+
+    @classmethod
+    def train(cls, train_file: str, folder: str, **options: Any) -> "CharTokenizer":
+        """The characters of ``train_file`` by decreasing count (``folder`` is not used)."""
+        counts: collections.Counter = collections.Counter()
+        for line in read_lines(train_file):
+            counts.update(line)
+        counts.pop("\r", None)
+        return cls(Vocab.from_counts(counts))
+
+    @classmethod
+    def load(cls, folder: str, options: Mapping[str, Any]) -> "CharTokenizer":
+        return cls(cls._read_vocab(folder))
+
+
+# -- byte ------------------------------------------------------------------------------------------
+class ByteTokenizer(Tokenizer):
+    """The UTF-8 bytes of the text: ids 0-3 are ``<unk> <eos> <bos> <pad>``, byte ``b`` is ``b + 4``.
+
+    Every text is covered, so it needs no training and writes no file; bytes
+    that do not form valid UTF-8 decode to U+FFFD.
+    """
+
+    name = "byte"
+    READS_TEXT = False
+    _OFFSET = len(DEFAULT_SPECIALS)
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 + self._OFFSET
+
+    def _special_id(self, role: str) -> Optional[int]:
+        return _ROLES.index(role)  # in the order of DEFAULT_SPECIALS
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        return {}
+
+    def fingerprint(self) -> str:
+        return _short_hash(f"byte:{','.join(DEFAULT_SPECIALS)}:utf-8".encode())
+
+    def _encode_line(self, line: str) -> List[int]:
+        return [b + self._OFFSET for b in line.encode("utf-8")]
+
+    def _decode_line(self, ids: List[int]) -> str:
+        # <unk> (never made by encode) shows as the replacement character.
+        data = bytes(i - self._OFFSET if i >= self._OFFSET else 0xFF for i in ids)
+        return data.decode("utf-8", errors="replace")
+
+    def _write_files(self, folder: str) -> None:
+        pass
+
+    @classmethod
+    def train(cls, train_file: str, folder: str, **options: Any) -> "ByteTokenizer":
+        """The byte table is fixed: the text is not read."""
+        return cls()
+
+    @classmethod
+    def load(cls, folder: str, options: Mapping[str, Any]) -> "ByteTokenizer":
+        return cls()
+
+
+#: name -> "module:Class" (imported on use); adding a kind is one class and one line here.
+TOKENIZERS: Dict[str, str] = {
+    "word": "lmkit.data.tokenizers:WordTokenizer",
+    "sentencepiece": "lmkit.data.sentencepiece:SentencePieceTokenizer",
+    "char": "lmkit.data.tokenizers:CharTokenizer",
+    "byte": "lmkit.data.tokenizers:ByteTokenizer",
+}
+
+
+def tokenizer_class(name: str) -> Type[Tokenizer]:
+    """The class registered as ``name``.
+
+    Raises:
+      DataError: ``unknown tokenizer 'wrod'; did you mean 'word'?``.
+    """
+    check_choice("tokenizer", name, TOKENIZERS, DataError)
+    return import_object(TOKENIZERS[name], "tokenizer")
+
+
+def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
+                    vocab_size: Optional[int] = None, max_vocab: Optional[int] = None,
+                    min_count: int = 1, model_type: str = "unigram") -> Tokenizer:
+    """Trains a tokenizer into ``folder``, or reuses the one saved there.
+
+    When ``folder/tokenizer.json`` exists with the same kind and options it
+    is loaded (nothing is trained); otherwise the tokenizer is trained on
+    ``train_file`` and saved into ``folder``. In a distributed job run it on
+    the chief, then :func:`load_tokenizer` on the other ranks.
+
+    Args:
+      name: a key of :data:`TOKENIZERS`: ``word``, ``sentencepiece``,
+        ``char`` or ``byte``.
+      train_file: UTF-8 text, one sentence or paragraph a line (checked with
+        :func:`check_text_file`; not read by ``byte``).
+      folder: the model folder; every file goes here, none beside the data.
+      vocab_size: number of pieces (``sentencepiece``; required there).
+      max_vocab: largest word vocabulary, specials included (``word``).
+      min_count: drop words seen fewer times (``word``).
+      model_type: ``"unigram"`` or ``"bpe"`` (``sentencepiece``).
+
+    Options a kind does not take are ignored.
+
+    Returns:
+      The tokenizer, saved in ``folder``.
+
+    Raises:
+      DataError: an unknown ``name``, a bad option, a bad training file, a
+        corpus too small for ``vocab_size`` (naming the largest that works),
+        or a tokenizer already in ``folder`` that differs from the one asked
+        for (naming both).
+    """
+    kind = tokenizer_class(name)
+    options = kind.check_options({"vocab_size": vocab_size, "max_vocab": max_vocab,
+                                  "min_count": min_count, "model_type": model_type})
+    folder = os.fspath(folder)
+    if os.path.isfile(os.path.join(folder, TOKENIZER_FILE)):
+        saved = load_tokenizer(folder)
+        if saved.name == kind.name and saved.options == options:
+            return saved
+        raise DataError(f"{os.path.join(folder, TOKENIZER_FILE)} holds a {saved.name} tokenizer "
+                        f"with options {saved.options}, but a {kind.name} tokenizer with options "
+                        f"{options} was asked for; ask for the saved one (the settings of the run "
+                        "that wrote this folder) or use another folder")
+    if kind.READS_TEXT:
+        check_text_file(train_file, "train_file")
+    tokenizer = kind.train(os.fspath(train_file), folder, **options)
+    tokenizer.save(folder)
+    return tokenizer
+
+
+def load_tokenizer(folder: PathLike) -> Tokenizer:
+    """Reads the tokenizer that :meth:`Tokenizer.save` wrote into ``folder``.
+
+    Args:
+      folder: the model folder.
+
+    Returns:
+      The tokenizer, checked against the size and fingerprint in
+      ``tokenizer.json``.
+
+    Raises:
+      DataError: ``folder`` holds no ``tokenizer.json``, or it or the files
+        it names are broken (naming the file and the fix).
+    """
+    folder = os.fspath(folder)
+    meta = os.path.join(folder, TOKENIZER_FILE)
+    if not os.path.isfile(meta):
+        raise DataError(f"{folder!r} holds no tokenizer ({TOKENIZER_FILE} is missing); give the "
+                        "model folder of a run trained on text, or train one there with "
+                        "train_tokenizer(name, train_file, folder)")
+    fix = f"delete {meta} and train the tokenizer again"
+    try:
+        with open(meta, "r", encoding="utf-8") as f:
+            record = json.load(f)
+    except (ValueError, OSError) as exc:
+        raise DataError(f"{meta} is not readable JSON ({exc}); {fix}") from None
+    if not isinstance(record, dict) or not {"name", "options", "vocab_size",
+                                            "fingerprint"} <= set(record):
+        raise DataError(f"{meta} lacks some of the keys name, options, vocab_size, fingerprint; "
+                        f"{fix}")
+    kind = _kind_named_in(meta, record["name"], fix)
+    options = record["options"]
+    if not isinstance(options, dict):
+        raise DataError(f"{meta}: options must be a JSON object, got {options!r}; {fix}")
+    try:
+        check_known_keys(meta, options, kind.OPTIONS, DataError)
+    except DataError as exc:
+        raise DataError(f"{exc} for a {kind.name} tokenizer; {fix}") from None
+    try:
+        tokenizer = kind.load(folder, options)
+    except DataError as exc:
+        raise DataError(f"{meta} names a {kind.name} tokenizer that cannot be read: {exc}; "
+                        f"{fix}") from None
+    found = (tokenizer.vocab_size, tokenizer.fingerprint())
+    expected = (record["vocab_size"], record["fingerprint"])
+    if found != expected:
+        raise DataError(f"{meta} describes a {kind.name} tokenizer of {expected[0]} ids with "
+                        f"fingerprint {expected[1]}, but the files in {folder!r} give "
+                        f"{found[0]} ids with fingerprint {found[1]} (changed after saving); "
+                        f"{fix}")
+    return tokenizer
+
+
+def _kind_named_in(meta: str, name: Any, fix: str) -> Type[Tokenizer]:
+    """The class named in ``tokenizer.json``; an unknown name is a broken file."""
+    try:
+        return tokenizer_class(name)
+    except DataError as exc:
+        raise DataError(f"{meta}: {exc}; {fix}") from None

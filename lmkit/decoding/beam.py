@@ -1,0 +1,270 @@
+"""Beam search: a sampler that overrides the decode loop.
+
+:class:`BeamSampler` is a :class:`~lmkit.decoding.sampler.Sampler` whose
+:meth:`~BeamSampler.generate` runs its own loop over ``beam_width`` hypotheses
+per sequence (not one token per row), so ``decode(model, n, BeamSampler(...))``
+and ``get_sampler("beam", ...)`` work like every other strategy.
+
+Each sequence keeps two sets of ``beam_width`` hypotheses: the *alive* ones,
+still growing, and the *finished* ones, ended by ``eos_id`` or by reaching
+``max_length``. Each step extends every alive hypothesis by every token, takes
+the ``2 * beam_width`` best extensions by log-probability (at most
+``beam_width`` of them end in ``eos_id``, so enough stay alive), moves the
+ended ones into the finished set when their score beats its worst, and keeps
+the best ``beam_width`` others alive. The model state follows the surviving
+hypotheses through ``model.reorder_state``.
+
+A hypothesis is ranked by the GNMT score (Wu et al., 2016)::
+
+    score = log_prob / ((5 + length) / 6) ** length_penalty
+
+where ``log_prob`` sums the log-probabilities of the generated tokens (not the
+prompt) and ``length`` counts them, ``eos_id`` included. A sequence stops
+early once no alive hypothesis can still beat its worst finished one, which
+never changes the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from lmkit.decoding.prompts import NO_EOS, DecodeResult, prepare_prompts
+from lmkit.decoding.sampler import Sampler
+from lmkit.errors import UsageError
+
+__all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty"]
+_NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BeamSearchResult(DecodeResult):
+    """Output of :func:`beam_search` (NumPy arrays).
+
+    The :class:`DecodeResult` fields (``ids``, ``lengths``, ``prompt_lengths``,
+    ``log_probs``) describe the best hypothesis of each sequence; ``seed`` is None.
+
+    Attributes:
+      scores: float32 `[batch]`, length-penalised score of the best hypothesis.
+      beam_ids: int32 `[batch, beam_width, max_length]`, the finished
+        hypotheses, best first (rows with score ``-inf`` are unused slots).
+      beam_lengths: int32 `[batch, beam_width]`.
+      beam_scores: float32 `[batch, beam_width]`, descending.
+      beam_log_probs: float32 `[batch, beam_width]`.
+    """
+
+    scores: np.ndarray = None  # type: ignore[assignment]
+    beam_ids: np.ndarray = None  # type: ignore[assignment]
+    beam_lengths: np.ndarray = None  # type: ignore[assignment]
+    beam_scores: np.ndarray = None  # type: ignore[assignment]
+    beam_log_probs: np.ndarray = None  # type: ignore[assignment]
+
+
+def gnmt_length_penalty(length, alpha: float):
+    """``((5 + length) / 6) ** alpha``: the GNMT length normaliser (NumPy or TF)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+class BeamSampler(Sampler):
+    """Beam search settings; :meth:`generate` runs the search.
+
+    Args:
+      beam_width: hypotheses kept per sequence, >= 1.
+      length_penalty: GNMT alpha; scores are ``log_prob / ((5 + len) / 6) ** alpha``.
+    """
+
+    def __init__(self, beam_width: int = 4, length_penalty: float = 0.0) -> None:
+        if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
+            raise UsageError(f"beam_width = {beam_width!r} must be an integer >= 1")
+        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
+            raise UsageError(f"length_penalty = {length_penalty!r} must be a number "
+                             f"(0 = none, 0.6-1.0 favours longer outputs)")
+        self.beam_width = int(beam_width)
+        self.length_penalty = float(length_penalty)
+
+    def get_config(self) -> Dict[str, Any]:
+        return {"beam_width": self.beam_width, "length_penalty": self.length_penalty}
+
+    def get_next_token(self, logits: tf.Tensor, step: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        raise NotImplementedError("beam search keeps several hypotheses per row; it runs its "
+                                  "own loop in BeamSampler.generate")
+
+    def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
+                 max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int] = None,
+                 use_cache: bool = True, compiled: bool = True) -> "BeamSearchResult":
+        """Finds high-scoring continuations of the prompts (arguments as in ``Sampler.generate``).
+
+        The model state is built for ``batch * beam_width`` rows.
+
+        Raises:
+          UsageError: a ``seed`` or ``use_cache=False`` (beam search is
+            deterministic and always uses the cache).
+        """
+        del pad_id  # unused slots are marked by score -inf, not padding
+        if seed is not None or not use_cache:
+            raise UsageError("beam search is deterministic and always uses the cache; "
+                             "drop seed and use_cache when sampler is a BeamSampler")
+        search = _beam_search_compiled if compiled else _beam_search
+        ids, lengths, scores, log_probs = search(
+            model, tf.constant(prompt_ids), tf.constant(prompt_lengths), beam_width=self.beam_width,
+            max_length=max_length, alpha=self.length_penalty,
+            eos_id=NO_EOS if eos_id is None else eos_id)
+        ids, lengths, scores, log_probs = ids.numpy(), lengths.numpy(), scores.numpy(), log_probs.numpy()
+        return BeamSearchResult(ids=ids[:, 0], lengths=lengths[:, 0], prompt_lengths=prompt_lengths,
+                                log_probs=log_probs[:, 0], seed=None, scores=scores[:, 0],
+                                beam_ids=ids, beam_lengths=lengths, beam_scores=scores,
+                                beam_log_probs=log_probs)
+
+
+def beam_search(model: Any,
+                max_length: int,
+                beam_width: int = 4,
+                *,
+                length_penalty: float = 0.0,
+                batch_size: Optional[int] = None,
+                prompts: Optional[Sequence[Sequence[int]]] = None,
+                eos_id: Optional[int] = None,
+                start_id: Optional[int] = None,
+                pad_id: Optional[int] = None,
+                compiled: bool = True) -> BeamSearchResult:
+    """``decode(model, max_length, BeamSampler(beam_width, length_penalty), ...)``.
+
+    Args:
+      model: a language model following the protocol of ``docs/design.md``.
+      max_length: length of every output row, prompt included.
+      beam_width: hypotheses kept per sequence, >= 1.
+      length_penalty: GNMT alpha; 0 ranks by log-probability, larger values
+        favour longer outputs (0.6-1.0 is usual).
+      batch_size, prompts, eos_id, start_id, pad_id: as in
+        :func:`lmkit.decoding.decode`.
+      compiled: run inside ``tf.function``; False runs eagerly, for debugging.
+
+    Returns:
+      A :class:`BeamSearchResult`.
+
+    Raises:
+      UsageError: inconsistent or out-of-range arguments, named in the message.
+    """
+    sampler = BeamSampler(beam_width, length_penalty)
+    prompt_ids, prompt_lengths, pad_id = prepare_prompts(
+        model, max_length, batch_size=batch_size, prompts=prompts, eos_id=eos_id,
+        start_id=start_id, pad_id=pad_id)
+    return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
+                            pad_id=pad_id, compiled=compiled)
+
+
+def _beam_search(model: Any,
+                 prompt_ids: tf.Tensor,
+                 prompt_lengths: tf.Tensor,
+                 *,
+                 beam_width: int,
+                 max_length: int,
+                 alpha: float,
+                 eos_id: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The search itself; returns the finished set ``(ids, lengths, scores, log_probs)``."""
+    batch_size = prompt_ids.shape[0]
+    width = beam_width
+    vocab_size = int(model.vocab_size)
+    # 2 * width candidates hold at most width <eos> endings, so width stay alive.
+    num_candidates = min(2 * width, width * vocab_size)
+    positions = tf.range(max_length, dtype=tf.int32)  # [max_length]
+    neg_inf = tf.constant(_NEG_INF, tf.float32)
+
+    def penalised(log_prob, generated_length):
+        return log_prob / gnmt_length_penalty(tf.cast(generated_length, tf.float32), alpha)
+
+    def gather_beams(values, beams):
+        return tf.gather(values, beams, batch_dims=1)  # [batch, n, ...] from [batch, width, ...]
+
+    def not_done(t, alive_ids, alive_log_probs, state, fin_ids, fin_lengths, fin_scores, fin_log_probs):
+        del alive_ids, state, fin_ids, fin_lengths, fin_log_probs
+        # An alive hypothesis can only lose log-probability, and its score is
+        # monotone in its final length, so the better of the two length
+        # extremes bounds what it can still reach.
+        # Generated tokens of a hypothesis ending at the next step (>= 0 inside prompts).
+        next_length = tf.maximum(t + 2 - prompt_lengths, 0)  # [batch]
+        final_length = max_length - prompt_lengths  # [batch]
+        best_alive = tf.reduce_max(alive_log_probs, axis=1)  # [batch]
+        reachable = tf.maximum(penalised(best_alive, next_length), penalised(best_alive, final_length))
+        worst_finished = fin_scores[:, -1]  # [batch], the set is kept sorted
+        done = tf.logical_and(worst_finished > neg_inf, reachable < worst_finished)  # [batch]
+        return tf.logical_and(t < max_length - 1, tf.logical_not(tf.reduce_all(done)))
+
+    def body(t, alive_ids, alive_log_probs, state, fin_ids, fin_lengths, fin_scores, fin_log_probs):
+        inputs = tf.reshape(alive_ids[:, :, t], [batch_size * width])  # [batch * width]
+        logits, state = model.step(inputs, state)  # [batch * width, vocab]
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
+        log_probs = tf.reshape(log_probs, [batch_size, width, vocab_size])  # [batch, width, vocab]
+        pos = t + 1  # the position being chosen
+
+        # Inside a prompt the only continuation is the prompt token, at no cost:
+        # the prompt's own probability does not count in the score.
+        in_prompt = pos < prompt_lengths  # [batch]
+        forced = tf.one_hot(prompt_ids[:, pos], vocab_size,
+                            on_value=0.0, off_value=_NEG_INF)  # [batch, vocab]
+        log_probs = tf.where(in_prompt[:, tf.newaxis, tf.newaxis], forced[:, tf.newaxis, :], log_probs)
+
+        totals = alive_log_probs[:, :, tf.newaxis] + log_probs  # [batch, width, vocab]
+        cand_log_probs, flat = tf.math.top_k(
+            tf.reshape(totals, [batch_size, width * vocab_size]), k=num_candidates)  # [batch, cand]
+        cand_beams = flat // vocab_size  # [batch, cand]
+        cand_tokens = flat % vocab_size  # [batch, cand]
+        write = tf.equal(positions, pos)[tf.newaxis, tf.newaxis, :]  # [1, 1, max_length]
+        cand_ids = tf.where(write, cand_tokens[:, :, tf.newaxis],
+                            gather_beams(alive_ids, cand_beams))  # [batch, cand, max_length]
+
+        # Ended hypotheses: an <eos> outside the prompt, or anything at the last position.
+        ends = tf.logical_or(
+            tf.logical_and(tf.equal(cand_tokens, eos_id), tf.logical_not(in_prompt)[:, tf.newaxis]),
+            tf.equal(pos, max_length - 1))  # [batch, cand]
+        generated_length = tf.maximum(pos + 1 - prompt_lengths, 0)  # [batch]
+        cand_scores = tf.where(ends, penalised(cand_log_probs, generated_length[:, tf.newaxis]), neg_inf)
+
+        # Merge the ended candidates into the finished set; top_k keeps it sorted.
+        all_scores = tf.concat([fin_scores, cand_scores], axis=1)  # [batch, width + cand]
+        fin_scores, keep = tf.math.top_k(all_scores, k=width)  # [batch, width]
+        cand_lengths = tf.broadcast_to(pos + 1, tf.shape(cand_tokens))  # [batch, cand]
+        fin_ids = gather_beams(tf.concat([fin_ids, cand_ids], axis=1), keep)
+        fin_lengths = gather_beams(tf.concat([fin_lengths, cand_lengths], axis=1), keep)
+        fin_log_probs = gather_beams(tf.concat([fin_log_probs, cand_log_probs], axis=1), keep)
+
+        # The best width candidates that did not end stay alive.
+        alive_scores = tf.where(ends, neg_inf, cand_log_probs)  # [batch, cand]
+        alive_log_probs, survivors = tf.math.top_k(alive_scores, k=width)  # [batch, width]
+        alive_ids = gather_beams(cand_ids, survivors)  # [batch, width, max_length]
+        parents = gather_beams(cand_beams, survivors)  # [batch, width]
+        rows = tf.range(batch_size, dtype=tf.int32)[:, tf.newaxis] * width + parents
+        state = model.reorder_state(state, tf.reshape(rows, [batch_size * width]))
+        return t + 1, alive_ids, alive_log_probs, state, fin_ids, fin_lengths, fin_scores, fin_log_probs
+
+    alive_ids = tf.tile(prompt_ids[:, tf.newaxis, :], [1, width, 1])  # [batch, width, max_length]
+    # Only beam 0 is live at the start, so the identical copies do not fill the beam.
+    first_beam = tf.one_hot(tf.zeros([batch_size], tf.int32), width, on_value=0.0, off_value=_NEG_INF)
+    loop_vars = (
+        tf.constant(0, tf.int32),
+        alive_ids,
+        first_beam,  # [batch, width]
+        model.initial_state(batch_size * width, max_length),
+        alive_ids,  # finished ids: any content, their scores are -inf
+        tf.zeros([batch_size, width], tf.int32),
+        tf.fill([batch_size, width], neg_inf),
+        tf.fill([batch_size, width], neg_inf),
+    )
+    _, alive_ids, alive_log_probs, _, fin_ids, fin_lengths, fin_scores, fin_log_probs = tf.while_loop(
+        not_done, body, loop_vars)
+
+    # Only when the loop never ran (the prompts fill max_length) is the
+    # finished set empty; the prompts are then the answer.
+    empty = tf.reduce_all(tf.equal(fin_scores, neg_inf), axis=1)  # [batch]
+    prompt_only = tf.broadcast_to(prompt_lengths[:, tf.newaxis], [batch_size, width])
+    fin_ids = tf.where(empty[:, tf.newaxis, tf.newaxis], alive_ids, fin_ids)
+    fin_lengths = tf.where(empty[:, tf.newaxis], prompt_only, fin_lengths)
+    fin_scores = tf.where(empty[:, tf.newaxis], alive_log_probs, fin_scores)
+    fin_log_probs = tf.where(empty[:, tf.newaxis], alive_log_probs, fin_log_probs)
+    return fin_ids, fin_lengths, fin_scores, fin_log_probs
+
+
+_beam_search_compiled = tf.function(_beam_search)

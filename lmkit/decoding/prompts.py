@@ -1,0 +1,131 @@
+"""Prompts in, results out: the arguments and the output every sampler shares.
+
+:func:`prepare_prompts` checks the decoding arguments and pads the prompts
+into one array; :class:`DecodeResult` is what a decode returns. NumPy only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from lmkit.errors import UsageError
+
+__all__ = ["DecodeResult", "NO_EOS", "check_seed", "prepare_prompts"]
+
+NO_EOS = -1  # stands in for eos_id = None: no token id is negative
+
+
+# eq=False: the fields are arrays, which have no single truth value.
+@dataclasses.dataclass(frozen=True, eq=False)
+class DecodeResult:
+    """Output of :func:`decode` (NumPy arrays).
+
+    Attributes:
+      ids: int32 `[batch, max_length]`, prompt then generated tokens, then
+        ``pad_id`` after ``<eos>``.
+      lengths: int32 `[batch]`, tokens before the padding (prompt and the
+        ``<eos>`` included).
+      prompt_lengths: int32 `[batch]`, tokens of ``ids`` that came from the prompt.
+      log_probs: float32 `[batch]`, the model's log-probability of the generated
+        tokens (not the prompt), from the untempered softmax.
+      seed: the seed used (drawn at random when none was given), so a sampled
+        output can be reproduced; None for beam search.
+    """
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    prompt_lengths: np.ndarray
+    log_probs: np.ndarray
+    seed: Optional[int]
+
+    def sequences(self, include_prompt: bool = True) -> List[List[int]]:
+        """The unpadded sequences as lists of ids."""
+        out = []
+        for row, length, start in zip(self.ids, self.lengths, self.prompt_lengths):
+            out.append(row[0 if include_prompt else start:length].tolist())
+        return out
+
+
+def check_seed(seed: Optional[int]) -> int:
+    """``seed``, or one drawn at random when None.
+
+    Raises:
+      UsageError: not an integer in [0, 2**63).
+    """
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise UsageError(f"seed = {seed!r} must be an integer in [0, 2**63)")
+    return int(seed)
+
+
+def prepare_prompts(model: Any,
+                    max_length: int,
+                    *,
+                    batch_size: Optional[int],
+                    prompts: Optional[Sequence[Sequence[int]]],
+                    eos_id: Optional[int],
+                    start_id: Optional[int],
+                    pad_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray, int]:
+    """Checks the decoding arguments and pads the prompts into one array.
+
+    Returns:
+      ``(prompt_ids, prompt_lengths, pad_id)``: int32 `[batch, max_length]`
+      prompts padded with ``pad_id``, int32 `[batch]` their lengths, and the
+      resolved ``pad_id``.
+
+    Raises:
+      UsageError: naming the bad argument.
+    """
+    vocab_size = int(model.vocab_size)
+
+    def check_id(name: str, value: Optional[int]) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < vocab_size:
+            raise UsageError(f"{name} = {value!r} is not a token id of the model "
+                             f"(vocab_size {vocab_size}); use an id in [0, {vocab_size})")
+
+    check_id("eos_id", eos_id)
+    check_id("start_id", start_id)
+    check_id("pad_id", pad_id)
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
+        raise UsageError(f"max_length = {max_length!r} must be an integer >= 1")
+    if pad_id is None:
+        pad_id = 0 if eos_id is None else eos_id
+
+    if prompts is None:
+        if batch_size is None:
+            raise UsageError("give batch_size or prompts")
+        first = eos_id if start_id is None else start_id
+        if first is None:
+            raise UsageError("without prompts every sequence needs a first token; "
+                             "pass start_id (or eos_id, which is then used as the start)")
+        rows = [[first]] * int(batch_size)
+    else:
+        if isinstance(prompts, (str, bytes)) or any(isinstance(p, (int, np.integer)) for p in prompts):
+            raise UsageError("prompts must be a list of token-id lists, one per sequence; "
+                             "wrap a single prompt: prompts=[[...]]")
+        rows = [([] if start_id is None else [start_id]) + [int(i) for i in p] for p in prompts]
+        if batch_size is not None and batch_size != len(rows):
+            raise UsageError(f"batch_size = {batch_size} but {len(rows)} prompts were given; "
+                             f"drop batch_size or pass one prompt per sequence")
+        for b, row in enumerate(rows):
+            if not row:
+                raise UsageError(f"prompt {b} is empty; give it a first token or pass start_id")
+            if len(row) > max_length:
+                raise UsageError(f"prompt {b} has {len(row)} tokens (start_id included), more than "
+                                 f"max_length = {max_length}; raise max_length")
+            for i in row:
+                check_id(f"prompt {b} token", i)
+    if not rows:
+        raise UsageError(f"batch_size = {len(rows)} must be >= 1")
+    prompt_ids = np.full((len(rows), max_length), pad_id, dtype=np.int32)
+    for b, row in enumerate(rows):
+        prompt_ids[b, :len(row)] = row
+    prompt_lengths = np.array([len(r) for r in rows], dtype=np.int32)
+    return prompt_ids, prompt_lengths, int(pad_id)

@@ -1,0 +1,414 @@
+"""The native backend: TensorFlow's own distribution, any TensorFlow version.
+
+On one host, ``tf.distribute.MirroredStrategy`` runs ``num_gpus``
+data-parallel replicas in one process (on a CPU-only host, over that many
+logical CPU devices); across hosts, ``tf.distribute.MultiWorkerMirroredStrategy``
+runs one process per worker, configured by ``TF_CONFIG`` (``python -m
+lmkit.launch`` writes it). Every line specific to TensorFlow's distribution
+carries a ``# NATIVE`` comment.
+
+Why the strategies' own replica model (``strategy.run``) serves both cases
+rather than raw collective ops per process: one code path serves one host
+and many; the multi-worker strategy sets up the cluster, health checks and
+collective keys that raw ops would make us re-implement; and on a CPU-only
+host the same path is testable with logical devices. Variables are created
+under :meth:`NativeBackend.scope` and keep the default
+``VariableAggregation.NONE``: in replica context each replica then updates
+its own copy, and since gradients are all-reduced before the update every
+replica applies the same update -- Horovod's model, with no ``merge_call``
+(which would be illegal inside the trainer's ``tf.cond``). A checkpoint
+holds one copy of each variable under the same name as with Horovod, so a
+run started with one backend resumes with the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from lmkit.checks import check_choice, check_divisible
+from lmkit.errors import UsageError
+from lmkit.dist.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
+from lmkit.dist.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, launched_by_mpi_or_horovodrun,
+                            thread_settings)
+
+__all__ = ["NativeBackend", "tf_config_cluster"]
+
+_REPLICA_REDUCE = {"average": tf.distribute.ReduceOp.MEAN, "sum": tf.distribute.ReduceOp.SUM}  # NATIVE
+_COLLECTIVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def _reduce_stacked(stacked: tf.Tensor, op: str) -> tf.Tensor:
+    """Reduces ``stacked`` [participants, ...] over its first axis."""
+    if op == "sum":
+        return tf.reduce_sum(stacked, axis=0)
+    if op == "average":
+        return tf.reduce_mean(stacked, axis=0)
+    if op == "min":
+        return tf.reduce_min(stacked, axis=0)
+    if op == "max":
+        return tf.reduce_max(stacked, axis=0)
+    raise AssertionError(op)  # checked by the caller
+
+
+class _AveragingTape:
+    """A gradient tape whose ``gradient()`` averages over the replicas (native backend)."""
+
+    def __init__(self, tape: tf.GradientTape, backend: "NativeBackend", sparse_as_dense: bool,
+                 compression: str) -> None:
+        self._tape = tape
+        self._backend = backend
+        self._sparse_as_dense = sparse_as_dense
+        self._compression = compression
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
+                                    unconnected_gradients=unconnected_gradients)
+        flat = tf.nest.flatten(grads)
+        averaged = self._backend.average_gradients(flat, self._sparse_as_dense, self._compression)
+        return tf.nest.pack_sequence_as(grads, averaged)
+
+    def __getattr__(self, name: str) -> Any:  # watch(), stop_recording(), ...
+        return getattr(self._tape, name)
+
+
+class NativeBackend(Backend):
+    """TensorFlow's own distribution: a MirroredStrategy or MultiWorkerMirroredStrategy.
+
+    Collectives inside :meth:`run` (replica context) go through the replica
+    context; collectives outside it (start-up, objects, barriers) are process
+    level and go through ``strategy.gather``, which every process of a
+    multi-worker job must call in the same order -- the same rule as Horovod's.
+    """
+
+    name = "native"
+
+    def __init__(self, strategy: tf.distribute.Strategy, rank: int, size: int,
+                 local_rank: int, local_size: int) -> None:
+        self.strategy = strategy
+        self._rank = rank
+        self._size = size
+        self._local_rank = local_rank
+        self._local_size = local_size
+        self._local = len(strategy.extended.worker_devices)  # NATIVE
+        self._gather_fn: Optional[Callable[..., Any]] = None
+
+    @classmethod
+    def create(cls, *, intra_op_threads: Optional[int] = None, inter_op_threads: Optional[int] = None,
+               num_gpus: int = 0) -> "NativeBackend":
+        """Configures the devices, then builds the strategy (which starts TensorFlow's runtime).
+
+        Raises:
+          UsageError: a bad ``num_gpus`` for this host.
+          DistributedError: started by mpirun/horovodrun, a bad ``TF_CONFIG``,
+            or TensorFlow's runtime started before with too few devices.
+        """
+        if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:
+            raise UsageError(f"num_gpus = {num_gpus!r} must be an integer >= 0 "
+                             "(0 = every GPU of the host, or one CPU replica)")
+        cluster = tf_config_cluster()
+        if cluster is None and launched_by_mpi_or_horovodrun():
+            raise DistributedError(
+                "use_horovod=False (the native backend) was started by mpirun/horovodrun, which would "
+                "run independent copies; start it with `python` on one host or with "
+                "`python -m lmkit.launch` on several, or set use_horovod=True")
+        local_rank = int(os.environ.get(LOCAL_RANK_ENV, "0") or 0)
+        local_size = int(os.environ.get(LOCAL_SIZE_ENV, "1") or 1)
+        threads = thread_settings(local_size, intra_op_threads, inter_op_threads, min_inter_op=2)
+        gpus = tf.config.list_physical_devices("GPU")
+        if cluster is not None and not gpus and num_gpus > 1:
+            raise UsageError(f"num_gpus = {num_gpus}, but on a host without GPUs each worker of a "
+                             "multi-worker job is one replica; start more workers instead "
+                             "(python -m lmkit.launch --num_workers N)")
+        try:
+            if gpus:
+                # Workers that share a host share out its GPUs by local rank.
+                per = num_gpus or max(1, len(gpus) // local_size)
+                mine = gpus[local_rank * per:(local_rank + 1) * per]
+                if len(mine) < per:
+                    raise UsageError(f"num_gpus = {num_gpus} with {local_size} worker(s) on this host needs "
+                                     f"{per * local_size} GPUs, but it has {len(gpus)}; lower num_gpus")
+                for gpu in gpus:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+                tf.config.set_visible_devices(mine, "GPU")  # NATIVE
+            elif cluster is None and num_gpus > 1:
+                # A CPU-only host runs the replicas on logical CPU devices (tests, laptops).
+                cpu = tf.config.list_physical_devices("CPU")[0]
+                tf.config.set_logical_device_configuration(  # NATIVE
+                    cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_gpus)])
+            tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
+            tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
+        except RuntimeError:
+            pass  # the runtime already started; checked below
+        if cluster is None:
+            if gpus:
+                devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+            else:
+                devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+                want = max(1, num_gpus)
+                if len(devices) < want:
+                    raise DistributedError(
+                        f"num_gpus = {num_gpus} replicas need {want} logical CPU devices, but TensorFlow "
+                        f"already started with {len(devices)}; call dist.init() before any TensorFlow op")
+                devices = devices[:want]
+            strategy = tf.distribute.MirroredStrategy(devices=devices)  # NATIVE
+            rank, size = 0, 1
+        else:
+            rank, size = cluster
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()  # NATIVE: reads TF_CONFIG
+        backend = cls(strategy, rank, size, local_rank, local_size)
+        backend.threads = threads
+        return backend
+
+    # ------------------------------------------------------------- identity
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    def local_size(self) -> int:
+        return self._local_size
+
+    def num_replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync  # NATIVE
+
+    def local_replicas(self) -> int:
+        return self._local
+
+    def scope(self) -> ContextManager[Any]:
+        return self.strategy.scope()  # NATIVE
+
+    def _in_replica_context(self) -> bool:
+        """True inside :meth:`run` (the strategy's replica context)."""
+        return (tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()  # NATIVE
+                and tf.distribute.get_strategy() is self.strategy)
+
+    # ------------------------------------------------------------- replicas
+    def run(self, fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+        args = tuple(args)
+        local = self._local
+        # Per-replica leaves (the carried RNN state) and Python values pass
+        # through; tensors hold this process's rows and each replica takes one
+        # contiguous block of them, as each Horovod rank takes its rows.
+        split = tf.nest.map_structure(
+            lambda a: ((tf.is_tensor(a) or isinstance(a, np.ndarray)) and len(a.shape) > 0
+                       and not isinstance(a, tf.distribute.DistributedValues)), args)
+
+        def replica_fn(*replica_args):
+            ctx = tf.distribute.get_replica_context()  # NATIVE
+            index = ctx.replica_id_in_sync_group % local  # this process's replicas are consecutive
+            static_index = tf.get_static_value(index)
+
+            def cut(value, do_split):
+                if not do_split or local == 1:
+                    return value
+                value = tf.convert_to_tensor(value)
+                rows = value.shape[0]
+                if rows is not None:
+                    check_divisible("this process's batch of rows", rows, local, "replicas")
+                if rows is not None and static_index is not None:
+                    per = rows // local
+                    return value[static_index * per:(static_index + 1) * per]
+                per = tf.shape(value)[0] // local
+                return value[index * per:(index + 1) * per]
+
+            return fn(*tf.nest.map_structure(cut, replica_args, split))
+
+        return self.strategy.run(replica_fn, args=args)  # NATIVE
+
+    def per_replica(self, fn: Callable[[], Any]) -> Any:
+        devices = self.strategy.extended.worker_devices  # NATIVE
+
+        made: List[Any] = []
+
+        def value_fn(ctx):  # made on the replica's own device
+            with tf.device(devices[ctx.replica_id_in_sync_group % self._local]):
+                made.append(fn())
+            return made[-1]
+
+        values = self.strategy.experimental_distribute_values_from_function(value_fn)  # NATIVE
+        return None if all(m is None for m in made) else values
+
+    def first(self, value: Any) -> Any:
+        def pick(v):
+            if isinstance(v, tf.distribute.DistributedValues):
+                return self.strategy.experimental_local_results(v)[0]  # NATIVE
+            return v
+        return tf.nest.map_structure(pick, value)
+
+    # --------------------------------------------------- process collectives
+    def _gather_many(self, tensors: Sequence[Any]) -> List[tf.Tensor]:
+        """Stacks tensors that have the same shape on every process: each [size, ...].
+
+        One batched all-gather in one compiled function (eager collectives of
+        the strategy would trace a new function per call).
+        """
+        ts = [tf.convert_to_tensor(t) for t in tensors]
+        dtypes = [t.dtype for t in ts]
+        # Collectives move only a few types; others travel cast (and come back exact).
+        ts = [t if t.dtype in _COLLECTIVE_DTYPES else
+              tf.cast(t, tf.float32 if t.dtype.is_floating else tf.int64) for t in ts]
+        if self._gather_fn is None:
+            strategy = self.strategy
+
+            def replica_gather(values):
+                ctx = tf.distribute.get_replica_context()  # NATIVE
+                return ctx.all_gather([v[tf.newaxis] for v in values], axis=0)  # each [replicas, ...]
+
+            def gather(values):
+                out = strategy.run(replica_gather, args=(values,))  # NATIVE
+                return [strategy.experimental_local_results(v)[0] for v in out]  # NATIVE
+
+            self._gather_fn = tf.function(gather, reduce_retracing=True)
+        gathered = self._gather_fn(ts)
+        return [tf.cast(g[::self._local], d) for g, d in zip(gathered, dtypes)]  # one row per process
+
+    def _gather_equal(self, tensor) -> tf.Tensor:
+        """Stacks a tensor of the same shape on every process: [size, ...]."""
+        return self._gather_many([tensor])[0]
+
+    def _gather_ragged(self, tensor) -> List[tf.Tensor]:
+        """Every process's tensor (first dimensions may differ), in rank order."""
+        t = tf.convert_to_tensor(tensor)
+        sizes = [int(n) for n in self._gather_equal(tf.shape(t, out_type=tf.int64)[:1]).numpy()[:, 0]]
+        longest = max(sizes)
+        padding = [[0, longest - sizes[self._rank]]] + [[0, 0]] * (t.shape.rank - 1)
+        gathered = self._gather_equal(tf.pad(t, padding))  # [size, longest, ...]
+        return [gathered[p, :n] for p, n in enumerate(sizes)]
+
+    def barrier(self) -> None:
+        if self._size > 1:
+            self._gather_equal(tf.zeros([1])).numpy()
+
+    def allreduce(self, tensor, op: str, name: Optional[str]):
+        check_choice("allreduce op", op, REDUCE_OPS)
+        if self._in_replica_context():  # over all replicas
+            ctx = tf.distribute.get_replica_context()  # NATIVE
+            if op in _REPLICA_REDUCE:
+                return ctx.all_reduce(_REPLICA_REDUCE[op], tensor)  # NATIVE
+            stacked = ctx.all_gather(tf.convert_to_tensor(tensor)[tf.newaxis], axis=0)  # NATIVE
+            return _reduce_stacked(stacked, op)
+        t = tf.convert_to_tensor(tensor)  # over processes
+        if self._size == 1:
+            return tf.identity(t)
+        return _reduce_stacked(self._gather_equal(t), op)
+
+    def allgather(self, tensor, name: Optional[str]):
+        if self._in_replica_context():
+            return tf.distribute.get_replica_context().all_gather(tensor, axis=0)  # NATIVE
+        if self._size == 1:
+            return tf.identity(tf.convert_to_tensor(tensor))
+        return tf.concat(self._gather_ragged(tensor), axis=0)
+
+    def broadcast(self, tensor, root: int, name: Optional[str]):
+        if self._in_replica_context():
+            t = tf.convert_to_tensor(tensor)
+            stacked = tf.distribute.get_replica_context().all_gather(t[tf.newaxis], axis=0)  # NATIVE
+            return stacked[root * self._local]  # the first replica of process `root`
+        if self._size == 1:
+            return tf.identity(tf.convert_to_tensor(tensor))
+        return self._gather_equal(tensor)[root]
+
+    def _gather_bytes(self, payload: bytes) -> List[bytes]:
+        # Collectives carry no uint8: send int32 words, with the length up front.
+        framed = len(payload).to_bytes(8, "little") + payload
+        framed += b"\0" * (-len(framed) % 4)
+        out = []
+        for words in self._gather_ragged(np.frombuffer(framed, dtype=np.int32)):
+            raw = words.numpy().tobytes()
+            out.append(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        return out
+
+    def broadcast_object(self, obj: Any, root: int) -> Any:
+        if self._size == 1:
+            return obj
+        payload = pickle.dumps(obj) if self._rank == root else b""
+        return pickle.loads(self._gather_bytes(payload)[root])
+
+    def allgather_object(self, obj: Any) -> List[Any]:
+        if self._size == 1:
+            return [obj]
+        return [pickle.loads(p) for p in self._gather_bytes(pickle.dumps(obj))]
+
+    def broadcast_variables(self, variables: Sequence[tf.Variable], root: int) -> None:
+        outside = [v.name for v in variables if not isinstance(v, tf.distribute.DistributedValues)]
+        if outside:
+            raise DistributedError(
+                f"{len(outside)} variable(s) (first: {outside[0]!r}) were created outside "
+                "dist.scope(); with the native backend (use_horovod=False) create the model, and "
+                "any optimizer you pass to the Trainer, under `with dist.scope():`")
+        # Reading in cross-replica context gives the first copy; assigning
+        # writes every copy of this process.
+        values = [v.read_value() for v in variables]
+        if self._size > 1 and values:
+            values = [stacked[root] for stacked in self._gather_many(values)]
+        for v, value in zip(variables, values):
+            v.assign(value)
+
+    # ------------------------------------------------------------ gradients
+    def gradient_tape(self, tape, sparse_as_dense: bool, compression: str):
+        return _AveragingTape(tape, self, sparse_as_dense, compression)
+
+    def average_gradients(self, grads, sparse_as_dense: bool, compression: str):
+        check_choice("compression", compression, COMPRESSIONS)
+        grads = list(grads)
+        todo, casts = [], []
+        for g in grads:
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices) and sparse_as_dense:
+                g = tf.convert_to_tensor(g)
+            cast_back = None
+            if compression == "fp16" and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating \
+                    and g.dtype != tf.float16:
+                cast_back, g = g.dtype, tf.cast(g, tf.float16)  # fp16 on the wire, as with Horovod
+            todo.append(g)
+            casts.append(cast_back)
+        if self._in_replica_context():
+            # One batched call; IndexedSlices are all-gathered (rows of every replica, values / n).
+            reduced = tf.distribute.get_replica_context().all_reduce(  # NATIVE
+                tf.distribute.ReduceOp.MEAN, todo) if todo else []
+        else:
+            reduced = [self.allreduce(tf.convert_to_tensor(g), "average", None) for g in todo]
+        reduced = [r if c is None else tf.cast(r, c) for r, c in zip(reduced, casts)]
+        it = iter(reduced)
+        return [None if g is None else next(it) for g in grads]
+
+
+def tf_config_cluster() -> Optional[Tuple[int, int]]:
+    """(rank, size) of this worker from ``TF_CONFIG``; None without a multi-worker cluster.
+
+    Raises:
+      DistributedError: ``TF_CONFIG`` is not JSON or names another task type.
+    """
+    raw = os.environ.get("TF_CONFIG", "").strip()
+    if not raw:
+        return None
+    try:
+        cfg = json.loads(raw)
+        cluster = cfg.get("cluster", {})
+        chiefs = len(cluster.get("chief", []))
+        size = chiefs + len(cluster.get("worker", []))
+        task = cfg.get("task", {})
+        task_type, index = task.get("type"), int(task.get("index", 0))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise DistributedError(f"TF_CONFIG is not valid ({exc}): {raw[:200]!r}; "
+                               "let `python -m lmkit.launch` write it") from None
+    if size <= 1:
+        return None
+    if task_type == "chief":
+        return index, size
+    if task_type == "worker":
+        return chiefs + index, size
+    raise DistributedError(f"TF_CONFIG task type {task_type!r} is not 'chief' or 'worker'; the "
+                           "native backend runs every task as a training worker")

@@ -1,0 +1,74 @@
+"""The files of a model directory (no TensorFlow import)::
+
+    model_dir/
+      config.json              TrainConfig of the run (rebuilds the model)
+      vocab.txt                the vocabulary, one token a line (word-level data)
+      checkpoints/
+        ckpt-000001200/        one complete checkpoint (renamed into place)
+          ckpt.index, ckpt.data-00000-of-00001, meta.json
+      results.json, tensorboard/
+
+Training writes it (:mod:`lmkit.train`), generation and resume read it; the
+names live here so that tools can check a folder before TensorFlow loads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, Optional, Tuple
+
+from lmkit.errors import UsageError
+
+__all__ = [
+    "CONFIG_FILE", "VOCAB_FILE", "CHECKPOINT_DIR", "RESULTS_FILE", "TENSORBOARD_DIR",
+    "CHECKPOINT_PREFIX", "META_FILE", "checkpoint_folder_name", "complete_checkpoints",
+    "resolve_checkpoint",
+]
+
+CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.txt"
+CHECKPOINT_DIR = "checkpoints"
+RESULTS_FILE = "results.json"
+TENSORBOARD_DIR = "tensorboard"
+CHECKPOINT_PREFIX = "ckpt"  # inside a checkpoint folder: ckpt.index, ckpt.data-*
+META_FILE = "meta.json"  # written last: its presence marks a complete checkpoint
+
+_CKPT_RE = re.compile(r"^ckpt-(\d+)$")
+
+
+def checkpoint_folder_name(step: int) -> str:
+    """``ckpt-000001200`` for step 1200."""
+    return f"ckpt-{step:09d}"
+
+
+def complete_checkpoints(directory: str) -> List[Tuple[int, str]]:
+    """The complete checkpoints in ``directory`` as ``(step, path)``, oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        m = _CKPT_RE.match(name)
+        path = os.path.join(directory, name)
+        if m and os.path.isfile(os.path.join(path, META_FILE)):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def resolve_checkpoint(model_dir: str, checkpoint: Optional[str]) -> Optional[str]:
+    """The folder of ``checkpoint`` (a path, or a name inside ``<model_dir>/checkpoints``).
+
+    Returns None when ``checkpoint`` is None (the latest is meant).
+
+    Raises:
+      UsageError: no checkpoint folder by that name, listing those that exist.
+    """
+    if checkpoint is None:
+        return None
+    ckpt_dir = os.path.join(model_dir, CHECKPOINT_DIR)
+    for path in (checkpoint, os.path.join(ckpt_dir, checkpoint)):
+        if os.path.isfile(os.path.join(path, CHECKPOINT_PREFIX + ".index")):
+            return path
+    names = [os.path.basename(p) for _, p in complete_checkpoints(ckpt_dir)]
+    raise UsageError(f"--checkpoint {checkpoint} is not a checkpoint folder (no "
+                     f"{CHECKPOINT_PREFIX}.index); those in {ckpt_dir}: {', '.join(names) or 'none'}")

@@ -1,0 +1,108 @@
+"""Collectives of lmkit.dist, run at size 1 by pytest and at size 2 by mpirun.
+
+Every assertion is written in terms of ``dist.size()``, so the same test
+checks the single-process path and the distributed one
+(``mpirun -np 2 python -m pytest tests/dist/mpi``).
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lmkit import dist
+
+pytestmark = pytest.mark.horovod
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _init():
+    dist.init(backend="horovod")
+
+
+def test_rank_and_size_are_consistent():
+    assert 0 <= dist.rank() < dist.size()
+    assert 0 <= dist.local_rank() < dist.local_size() <= dist.size()
+    assert dist.is_chief() == (dist.rank() == 0)
+    assert dist.backend_name() == "horovod"
+
+
+def test_allreduce_of_rank():
+    n = dist.size()
+    r = tf.constant(float(dist.rank()))
+    assert float(dist.allreduce(r, op="sum")) == n * (n - 1) / 2
+    assert float(dist.allreduce(r, op="average")) == pytest.approx((n - 1) / 2)
+    assert float(dist.allreduce(r, op="max")) == n - 1
+    assert float(dist.allreduce(r, op="min")) == 0
+    assert dist.allreduce_scalar(dist.rank() + 1, op="sum") == n * (n + 1) / 2
+
+
+def test_allreduce_inside_tf_function():
+    @tf.function
+    def reduce(x):
+        return dist.allreduce(x, op="sum", name="test.fn_sum")
+
+    out = reduce(tf.fill([3], float(dist.rank() + 1)))
+    np.testing.assert_allclose(out.numpy(), [dist.size() * (dist.size() + 1) / 2] * 3)
+
+
+def test_broadcast_variables_from_rank_zero():
+    a = tf.Variable(tf.fill([2, 3], float(dist.rank() + 10)))
+    b = tf.Variable(dist.rank() * 7, dtype=tf.int64)
+    dist.broadcast_variables([a, b], root=0)
+    np.testing.assert_array_equal(a.numpy(), np.full([2, 3], 10.0))
+    assert int(b.numpy()) == 0
+    assert dist.broadcast_scalar(dist.rank() + 0.5) == 0.5
+
+
+def test_objects():
+    assert dist.allgather_object({"rank": dist.rank()}) == [{"rank": r} for r in range(dist.size())]
+    assert dist.broadcast_object(("from", dist.rank())) == ("from", 0)
+    gathered = dist.allgather(tf.constant([dist.rank()], tf.int32)).numpy()
+    np.testing.assert_array_equal(gathered, np.arange(dist.size()))
+    dist.barrier()
+
+
+def test_run_on_chief_returns_chief_value_everywhere():
+    assert dist.run_on_chief(lambda: ("chief says", dist.rank())) == ("chief says", 0)
+
+
+def test_run_on_chief_raises_on_every_rank():
+    def fail():
+        raise ValueError("download failed at http://127.0.0.1:9/x")
+
+    with pytest.raises(ValueError, match="download failed"):
+        dist.run_on_chief(fail)
+
+
+def _dense_and_sparse_grads(sparse_as_dense: bool):
+    """Gradients whose per-rank value is known, so the average can be checked."""
+    r = dist.rank()
+    w = tf.Variable([1.0, 2.0, 3.0])
+    emb = tf.Variable(tf.ones([4, 2]))
+    ids = tf.constant([r % 4, 3])  # every rank touches row 3, rank r also row r
+    with tf.GradientTape() as tape:
+        loss = (r + 1.0) * tf.reduce_sum(w * w) + tf.reduce_sum(tf.gather(emb, ids)) * (r + 1.0)
+    tape = dist.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+    gw, gemb = tape.gradient(loss, [w, emb])
+    return gw, gemb
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_distributed_gradient_tape_averages_dense_and_sparse(sparse_as_dense):
+    n = dist.size()
+    gw, gemb = _dense_and_sparse_grads(sparse_as_dense)
+    mean_scale = np.mean([r + 1.0 for r in range(n)])
+    np.testing.assert_allclose(gw.numpy(), 2 * np.array([1.0, 2.0, 3.0]) * mean_scale, rtol=1e-6)
+    if not sparse_as_dense:
+        assert isinstance(gemb, tf.IndexedSlices)
+    expected = np.zeros([4, 2])
+    for r in range(n):
+        expected[r % 4] += (r + 1.0) / n
+        expected[3] += (r + 1.0) / n
+    np.testing.assert_allclose(tf.convert_to_tensor(gemb).numpy(), expected, rtol=1e-6)
+
+
+def test_average_gradients_matches_tape():
+    n = dist.size()
+    g = tf.constant([float(dist.rank())] * 2)
+    (avg,) = dist.average_gradients([g])
+    np.testing.assert_allclose(avg.numpy(), [(n - 1) / 2] * 2)

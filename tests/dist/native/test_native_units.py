@@ -1,0 +1,161 @@
+"""Fast checks of the native backend's pieces: the launcher's plan, errors, gradient averaging.
+
+Nothing here starts a job; the backend object is built directly on one CPU
+device, so the process-wide ``lmkit.dist`` state of other tests is untouched.
+"""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lmkit import dist, launch
+from lmkit.dist import horovod as hvd_backend
+from lmkit.dist import native as native_backend
+
+
+# ------------------------------------------------------------------ launcher
+def test_plan_spreads_workers_over_hosts_in_rank_order():
+    workers = launch.plan("h1,h2", 4, port=5000)
+    assert [(w.rank, w.host, w.port, w.local_rank, w.local_size) for w in workers] == [
+        (0, "h1", 5000, 0, 2), (1, "h1", 5001, 1, 2), (2, "h2", 5000, 0, 2), (3, "h2", 5001, 1, 2)]
+    slots = launch.plan("h1:3,h2:1", 4, port=7000)
+    assert [(w.host, w.local_rank, w.local_size) for w in slots] == [
+        ("h1", 0, 3), ("h1", 1, 3), ("h1", 2, 3), ("h2", 0, 1)]
+
+
+def test_plan_on_this_host_picks_distinct_free_ports():
+    workers = launch.plan("127.0.0.1", 3)
+    ports = [w.port for w in workers]
+    assert len(set(ports)) == 3 and all(p > 0 for p in ports)
+    assert [w.local_rank for w in workers] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("hosts, n, match", [
+    ("h1,h2", 3, "cannot be spread evenly over 2 hosts"),
+    ("h1:2,h2", 3, "give slots for every host or for none"),
+    ("h1:2,h2:2", 3, "has 4 slots but --num_workers is 3"),
+    ("h1:x", 1, "slots must be a positive integer"),
+    ("", 1, "names no host"),
+    ("h1", 0, "must be >= 1"),
+])
+def test_plan_rejects_what_does_not_fit(hosts, n, match):
+    with pytest.raises(ValueError, match=match):
+        launch.plan(hosts, n, port=5000)
+
+
+def test_worker_env_is_a_tf_config_cluster():
+    workers = launch.plan("h1,h2", 2, port=2222)
+    env = launch.worker_env(workers[1], workers)
+    assert json.loads(env["TF_CONFIG"]) == {"cluster": {"worker": ["h1:2222", "h2:2222"]},
+                                            "task": {"type": "worker", "index": 1}}
+    assert (env["LMKIT_BACKEND"], env["RANK"], env["LMKIT_LOCAL_RANK"], env["LMKIT_LOCAL_SIZE"]) == (
+        "native", "1", "0", "1")
+    cmd = launch.remote_command(workers[1], workers, ["python", "train.py", "--x", "a b"], "/srv/lm")
+    assert cmd.startswith("cd /srv/lm && env TF_CONFIG=")
+    assert cmd.endswith("python train.py --x 'a b'")
+
+
+def test_dry_run_prints_one_command_per_worker(capsys):
+    assert launch.main(["--hosts", "h1,h2", "--num_workers", "2", "--port", "3000", "--dry_run",
+                        "--", "python", "x.py"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("env TF_CONFIG=") == 2 and "h2:3000" in out
+
+
+def test_launch_returns_the_failing_workers_status(tmp_path):
+    # Two local workers, one fails: the launcher stops the other and reports the failure.
+    script = tmp_path / "w.py"
+    script.write_text("import os, sys, time\n"
+                      "sys.exit(7) if os.environ['RANK'] == '1' else time.sleep(60)\n")
+    import sys
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--", sys.executable,
+                        str(script)]) == 7
+
+
+# ------------------------------------------------------------------- errors
+def test_horovod_backend_names_the_supported_tensorflow(monkeypatch):
+    monkeypatch.setattr(hvd_backend.tf, "__version__", "2.21.0")
+    with pytest.raises(dist.DistributedError, match=r"TensorFlow 2\.18\.x \(found TensorFlow 2\.21\.0\)"
+                                                    r".*use_horovod=False"):
+        hvd_backend.import_horovod()
+
+
+def test_tf_config_gives_rank_and_size(monkeypatch):
+    cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
+    assert native_backend.tf_config_cluster() == (2, 3)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
+    assert native_backend.tf_config_cluster() == (0, 3)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]}, "task": {}}))
+    assert native_backend.tf_config_cluster() is None  # one worker: a single-host job
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(dist.DistributedError, match="TF_CONFIG is not valid"):
+        native_backend.tf_config_cluster()
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))
+    with pytest.raises(dist.DistributedError, match="task type 'ps'"):
+        native_backend.tf_config_cluster()
+
+
+def test_native_refuses_mpirun_and_bad_num_gpus(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="num_gpus = -1 must be an integer >= 0"):
+        native_backend.NativeBackend.create(num_gpus=-1)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(dist.DistributedError, match="started by mpirun"):
+        native_backend.NativeBackend.create(num_gpus=0)
+
+
+# ---------------------------------------------------- backend on one device
+@pytest.fixture(scope="module")
+def native():
+    """A native backend object on one CPU replica (not installed as lmkit.dist's backend)."""
+    return native_backend.NativeBackend(tf.distribute.MirroredStrategy(["/cpu:0"]), rank=0, size=1,
+                               local_rank=0, local_size=1)
+
+
+def test_variables_made_outside_scope_are_refused(native):
+    with native.scope():
+        inside = tf.Variable(1.0)
+    outside = tf.Variable(2.0, name="stray")
+    native.broadcast_variables([inside], 0)
+    with pytest.raises(dist.DistributedError, match=r"'stray:0'.*dist.scope\(\)"):
+        native.broadcast_variables([inside, outside], 0)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_replica_step_with_averaging_tape_updates_like_plain_sgd(native, sparse_as_dense):
+    """One replica: the averaged gradient is the plain gradient, eagerly and compiled."""
+    with native.scope():
+        w = tf.Variable([1.0, 2.0, 3.0])
+        emb = tf.Variable(tf.ones([4, 2]))
+    ids = tf.constant([[1, 3], [3, 0]])
+
+    def replica_step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * w) + tf.reduce_sum(tf.gather(emb, ids))
+        gw, gemb = native.gradient_tape(tape, sparse_as_dense, "none").gradient(loss, [w, emb])
+        w.assign_sub(0.5 * gw)
+        emb.assign_sub(0.5 * tf.convert_to_tensor(gemb))
+        return native.allreduce(loss, "sum", None), isinstance(gemb, tf.IndexedSlices)
+
+    loss, was_sparse = native.first(native.run(replica_step, (ids,)))
+    assert was_sparse is not sparse_as_dense
+    assert float(loss) == pytest.approx(14.0 + 8.0)
+    np.testing.assert_allclose(w.numpy(), [0.0, 0.0, 0.0])
+    counts = np.bincount(ids.numpy().ravel(), minlength=4)[:, None]  # rows picked per id
+    np.testing.assert_allclose(emb.numpy(), 1.0 - 0.5 * np.repeat(counts, 2, axis=1))
+    # Compiled, as the trainer runs it: the next step starts from the updated variables.
+    compiled = tf.function(lambda ids: native.first(native.run(replica_step, (ids,)))[0])
+    emb_before = emb.numpy().copy()
+    assert float(compiled(ids)) == pytest.approx(float(np.sum(emb_before[ids.numpy()])))
+    np.testing.assert_allclose(emb.numpy(), emb_before - 0.5 * np.repeat(counts, 2, axis=1))
+
+
+def test_fp16_compression_rounds_like_float16(native):
+    grads = [tf.constant([1.0 + 2 ** -12, 3.0]), None]
+    out = native.average_gradients(grads, False, "fp16")
+    assert out[1] is None and out[0].dtype == tf.float32
+    np.testing.assert_array_equal(out[0].numpy(), np.float16([1.0 + 2 ** -12, 3.0]).astype(np.float32))
+    with pytest.raises(ValueError, match="compression 'zip'"):
+        native.average_gradients(grads, False, "zip")
