@@ -26,5 +26,5 @@ setup(
         # pinned so that the baseline stays the version the published figures used.
         "bench-torch": ["torch==2.13.0"],
     },
-    entry_points={"console_scripts": []},
+    entry_points={"console_scripts": ["lmkit = lmkit.cli:main"]},
 )

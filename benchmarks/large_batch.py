@@ -88,7 +88,7 @@ def main() -> None:
                      "overrides": overrides, "valid_perplexity": [e.valid_perplexity for e in result.epochs],
                      "train_perplexity": [e.train_perplexity for e in result.epochs],
                      "learning_rate": [e.learning_rate for e in result.epochs],
-                     "words_per_sec": [e.words_per_sec for e in result.epochs],
+                     "words_per_sec": [e.tokens_per_sec for e in result.epochs],
                      "seconds": time.perf_counter() - t0})
     out = {"command": " ".join([sys.executable.split("/")[-1]] + sys.argv), "machine": platform.platform(),
            "cpus": os.cpu_count(), "load_average": os.getloadavg(), "train_tokens": int(len(train)),

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lm_ptb_distributed import main as _main  # noqa: E402
 
-from lmkit.train.cli import run_main  # noqa: E402
+from lmkit.cli.common import run_main  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union, get_type_hints
 from lmkit.checks import check_heads, did_you_mean
 from lmkit.dist import BACKEND_CHOICES
 from lmkit.errors import UsageError
+from lmkit.data.sentencepiece import MODEL_TYPES as SPM_MODEL_TYPES
+from lmkit.data.tokenizers import TOKENIZERS
 from lmkit.models import MODELS, is_import_path
 
 
@@ -35,6 +37,7 @@ class ConfigError(UsageError):
     """A config that cannot be used; the message names the key and the fix."""
 
 
+DATA_KINDS = ("ptb", "text")
 # OpenSeq2Seq's spelling of the backend, still accepted: True -> "horovod"
 # (launch with mpirun/horovodrun), False -> "native".
 LEGACY_BACKEND_KEY = "use_horovod"
@@ -81,7 +84,7 @@ class TrainConfig:
     num_layers: int
     init_scale: float  # uniform(-init_scale, init_scale) initialiser
     keep_prob: float  # 1 - dropout
-    # --- data / schedule ---------------------------------------------------
+    # --- schedule ----------------------------------------------------------
     batch_size: int  # GLOBAL batch, split across workers
     num_steps: int  # BPTT window length
     num_epochs: int
@@ -107,6 +110,15 @@ class TrainConfig:
     max_positions: int = 512  # transformer
     pre_layer_norm: bool = True  # transformer
     model_params: Dict[str, Any] = field(default_factory=dict)  # more constructor arguments
+    # --- data ----------------------------------------------------------------
+    data: str = "ptb"  # ptb | text
+    train_file: str = ""  # data = "text": UTF-8 text, one sentence or paragraph a line
+    valid_file: str = ""  # optional; evaluated by rank 0 after every epoch
+    test_file: str = ""  # optional; evaluated by rank 0 at the end
+    tokenizer: str = "word"  # data = "text": word | sentencepiece | char | byte
+    max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
+    min_count: int = 1  # word tokenizer: drop words seen fewer times
+    spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: vocab_size)
     # --- distributed -------------------------------------------------------
     backend: str = "auto"  # auto | horovod | native | local (lmkit.dist.BACKENDS)
     num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)
@@ -153,6 +165,7 @@ class TrainConfig:
                 "'package.module:Class'")
         if self.backend not in BACKEND_CHOICES:
             bad("backend", f"is not one of {', '.join(BACKEND_CHOICES)}")
+        self._validate_data(bad)
         for key in ("vocab_size", "hidden_size", "num_layers", "batch_size", "num_steps", "num_epochs"):
             if getattr(self, key) < 1:
                 bad(key, "must be a positive integer")
@@ -181,6 +194,31 @@ class TrainConfig:
             bad("embedding_dim", f"must equal hidden_size = {self.hidden_size} when tie_weights = True")
         if self.keep_checkpoints < 1:
             bad("keep_checkpoints", "must be >= 1")
+
+    def _validate_data(self, bad) -> None:
+        if self.data not in DATA_KINDS:
+            bad("data", f"is not one of {', '.join(DATA_KINDS)}")
+        if self.tokenizer not in TOKENIZERS:
+            bad("tokenizer", f"is not one of {', '.join(TOKENIZERS)}")
+        if self.data == "text" and not self.train_file:
+            bad("train_file", "is empty but data = 'text' needs one; pass --train_file")
+        if self.data == "ptb":
+            for key in ("train_file", "valid_file", "test_file"):
+                if getattr(self, key):
+                    bad(key, "is set but data = 'ptb'; set data = 'text' (or pass --train_file)")
+            if self.tokenizer != "word":
+                bad("tokenizer", "applies to data = 'text' (PTB is word-level); pass --train_file")
+        if self.max_vocab < 0 or self.min_count < 1:
+            bad("max_vocab" if self.max_vocab < 0 else "min_count",
+                "must be >= 0 (0 = no limit)" if self.max_vocab < 0 else "must be >= 1")
+        if self.spm_model_type not in SPM_MODEL_TYPES:
+            bad("spm_model_type", f"is not one of {', '.join(SPM_MODEL_TYPES)}")
+
+    @property
+    def tokenizer_options(self) -> Dict[str, Any]:
+        """The options of ``lmkit.data.train_tokenizer`` this config asks for."""
+        return {"vocab_size": self.vocab_size, "max_vocab": self.max_vocab or None,
+                "min_count": self.min_count, "model_type": self.spm_model_type}
 
     def replace(self, **changes: Any) -> "TrainConfig":
         """A checked copy with some values changed (unknown keys are errors)."""

@@ -3,20 +3,17 @@
 Nothing here imports Horovod: sharding takes ``rank`` and ``size`` as plain
 arguments, and the trainer runs downloads and tokenizer training on the
 chief (``lmkit.dist.run_on_chief``). ``docs/data.md`` describes the layer.
+Importing the package loads no TensorFlow; each name loads its module on use.
 """
 
-from lmkit.data.batching import bptt_arrays, bptt_dataset, num_bptt_batches
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Eager, and TensorFlow-free: the function shares its name with its module,
+# so a lazy lookup would find the module once something imported it.
 from lmkit.data.download import download, git_blob_sha1
-from lmkit.data.errors import DataError
-from lmkit.data.ptb import (DEFAULT_URL, FALLBACK_URL, PTB_SHA1, PTBData, ensure_ptb, find_ptb,
-                            load_ptb)
-from lmkit.data.text import TextCorpus, TextData, load_text_data, sentence_dataset
-from lmkit.data.textfile import check_text_file, count_words
-from lmkit.data.sentencepiece import SentencePieceTokenizer, train_sentencepiece
-from lmkit.data.tokenizers import (TOKENIZERS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer,
-                                   load_tokenizer, tokenizer_class, train_tokenizer)
-from lmkit.data.vocab import Vocab
-from lmkit.data.windows import num_window_batches, window_arrays
 
 __all__ = [
     "DataError",
@@ -52,3 +49,46 @@ __all__ = [
     "load_text_data",
     "sentence_dataset",
 ]
+
+_HOMES = {
+    "bptt_arrays": "batching",
+    "bptt_dataset": "batching",
+    "num_bptt_batches": "batching",
+    "DataError": "errors",
+    "DEFAULT_URL": "ptb",
+    "FALLBACK_URL": "ptb",
+    "PTB_SHA1": "ptb",
+    "PTBData": "ptb",
+    "ensure_ptb": "ptb",
+    "find_ptb": "ptb",
+    "load_ptb": "ptb",
+    "TextCorpus": "text",
+    "TextData": "text",
+    "load_text_data": "text",
+    "sentence_dataset": "text",
+    "check_text_file": "textfile",
+    "count_words": "textfile",
+    "SentencePieceTokenizer": "sentencepiece",
+    "train_sentencepiece": "sentencepiece",
+    "TOKENIZERS": "tokenizers",
+    "ByteTokenizer": "tokenizers",
+    "CharTokenizer": "tokenizers",
+    "Tokenizer": "tokenizers",
+    "WordTokenizer": "tokenizers",
+    "load_tokenizer": "tokenizers",
+    "tokenizer_class": "tokenizers",
+    "train_tokenizer": "tokenizers",
+    "Vocab": "vocab",
+    "num_window_batches": "windows",
+    "window_arrays": "windows",
+}
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: names load their module (and TensorFlow) on use
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"lmkit.data.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'lmkit.data' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return __all__

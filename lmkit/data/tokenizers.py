@@ -37,6 +37,7 @@ import collections
 import hashlib
 import json
 import os
+import shutil
 from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Type
 
 from lmkit.checks import check_choice, check_known_keys
@@ -48,7 +49,7 @@ from lmkit.registry import import_object
 
 __all__ = [
     "Tokenizer", "WordTokenizer", "CharTokenizer", "ByteTokenizer", "TOKENIZERS", "TOKENIZER_FILE",
-    "tokenizer_class", "train_tokenizer", "load_tokenizer",
+    "tokenizer_class", "train_tokenizer", "load_tokenizer", "tokenizer_of_run",
 ]
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -475,8 +476,14 @@ def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
                         "that wrote this folder) or use another folder")
     if kind.READS_TEXT:
         check_text_file(train_file, "train_file")
-    tokenizer = kind.train(os.fspath(train_file), folder, **options)
-    tokenizer.save(folder)
+    made = not os.path.isdir(folder)
+    try:
+        tokenizer = kind.train(os.fspath(train_file), folder, **options)
+        tokenizer.save(folder)
+    except BaseException:
+        if made:  # everything in it is this call's: leave no half-made model folder
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return tokenizer
 
 
@@ -539,3 +546,24 @@ def _kind_named_in(meta: str, name: Any, fix: str) -> Type[Tokenizer]:
         return tokenizer_class(name)
     except DataError as exc:
         raise DataError(f"{meta}: {exc}; {fix}") from None
+
+
+def tokenizer_of_run(model_dir: PathLike) -> Tokenizer:
+    """The tokenizer a training run left in ``model_dir``.
+
+    A run on text data saved its tokenizer (``tokenizer.json``); a PTB run
+    saved its vocabulary (``vocab.txt``), read here as word tokens.
+
+    Raises:
+      DataError: the folder holds neither, or they are broken.
+    """
+    from lmkit.layout import VOCAB_FILE
+
+    model_dir = os.fspath(model_dir)
+    if os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE)):
+        return load_tokenizer(model_dir)
+    vocab_path = os.path.join(model_dir, VOCAB_FILE)
+    if os.path.isfile(vocab_path):
+        return WordTokenizer(Vocab.load(vocab_path))
+    raise DataError(f"{model_dir} holds no {TOKENIZER_FILE} or {VOCAB_FILE}, so no training run "
+                    "wrote it; pass the --model_dir of a training run")

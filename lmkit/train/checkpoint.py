@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from lmkit.errors import CheckpointError, UsageError
 from lmkit.fileio import atomic_write_text, fsync_dir
-from lmkit.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE, VOCAB_FILE,
+from lmkit.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE,
                           checkpoint_folder_name, complete_checkpoints)
 
 
@@ -101,7 +101,7 @@ def read_config_dict(model_dir: str) -> Dict[str, Any]:
 
 
 def load_model(model_dir: str, checkpoint: Optional[str] = None):
-    """Rebuilds a trained model from its model directory, for generation.
+    """Rebuilds a trained model from its model directory, for generation and evaluation.
 
     Args:
       model_dir: the ``--model_dir`` of a training run (single-process or
@@ -109,25 +109,30 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None):
       checkpoint: a specific ``ckpt-<step>`` folder; default the latest.
 
     Returns:
-      ``(model, vocab, config)``.
+      ``(model, tokenizer, config)``: the tokenizer the run saved (a PTB
+      run's vocabulary as a word tokenizer, ``lmkit.data.tokenizer_of_run``).
 
     Raises:
-      UsageError: no config, vocabulary or checkpoint in ``model_dir``.
+      UsageError: no config, tokenizer or checkpoint in ``model_dir``, or a
+        model class that cannot be imported.
+      CheckpointError: weights that do not fit the stored config.
     """
     from lmkit.config import TrainConfig
-    from lmkit.data.vocab import Vocab
+    from lmkit.data.tokenizers import tokenizer_of_run
     from lmkit.models import build_model
 
     config = TrainConfig.from_dict(read_config_dict(model_dir), source=f"{model_dir}/{CONFIG_FILE}")
-    vocab_path = os.path.join(model_dir, VOCAB_FILE)
-    if not os.path.isfile(vocab_path):
-        raise UsageError(f"{model_dir} holds no {VOCAB_FILE}; pass the --model_dir of a training run")
-    vocab = Vocab.load(vocab_path)
+    tokenizer = tokenizer_of_run(model_dir)
     model = build_model(config.model_config())
     ckpt = tf.train.Checkpoint(model=model)
     path = checkpoint or CheckpointManager(os.path.join(model_dir, CHECKPOINT_DIR), ckpt).latest()
     if path is None:
         raise UsageError(f"{model_dir}/{CHECKPOINT_DIR} holds no complete checkpoint; "
                          "train first or pass another --model_dir")
-    ckpt.read(os.path.join(path, CHECKPOINT_PREFIX)).expect_partial().assert_existing_objects_matched()
-    return model, vocab, config
+    try:
+        ckpt.read(os.path.join(path, CHECKPOINT_PREFIX)).expect_partial().assert_existing_objects_matched()
+    except (AssertionError, tf.errors.OpError) as exc:  # weights that do not fit config.json
+        raise CheckpointError(f"the checkpoint {path} does not match {model_dir}/{CONFIG_FILE} "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                              "pass the --model_dir of one training run, unchanged") from None
+    return model, tokenizer, config

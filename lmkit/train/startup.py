@@ -3,8 +3,10 @@
 * :func:`check_agreement`: all ranks loaded the same config, vocabulary and
   data sizes (one collective, on every rank);
 * :func:`prepare_model_dir`: rank 0 checks that the model folder is writable
-  and fits this run (config and vocabulary of an earlier run), then writes
-  them; every rank learns the outcome.
+  and fits this run (config and PTB vocabulary of an earlier run), then
+  writes them; every rank learns the outcome. (A tokenizer is saved, and
+  checked against the one asked for, when it is trained:
+  :func:`lmkit.data.train_tokenizer`.)
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import os
 from typing import Any, Dict, Optional
 
 from lmkit import dist
+from lmkit.data.vocab import Vocab
 from lmkit.errors import CheckpointError, UsageError
 from lmkit.fileio import atomic_write_text
-from lmkit.train.checkpoint import CONFIG_FILE, VOCAB_FILE, read_config_dict
+from lmkit.layout import CONFIG_FILE, VOCAB_FILE
+from lmkit.train.checkpoint import read_config_dict
 
 __all__ = ["check_agreement", "prepare_model_dir"]
 
@@ -72,8 +76,7 @@ def _check_stored(model_dir: str, config: Any, vocab: Any) -> None:
                 f"{model_dir} holds a model trained with {k} = {old!r}, but the config says {new!r}; "
                 "use the same config to resume, or another --model_dir")
     vocab_path = os.path.join(model_dir, VOCAB_FILE)
-    if vocab is not None and hasattr(vocab, "save") and os.path.exists(vocab_path):
-        from lmkit.data.vocab import Vocab
+    if isinstance(vocab, Vocab) and os.path.exists(vocab_path):
         stored_vocab = Vocab.load(vocab_path)
         if stored_vocab.fingerprint() != vocab.fingerprint():
             raise CheckpointError(
@@ -95,7 +98,7 @@ def prepare_model_dir(model_dir: Optional[str], config: Any, vocab: Any) -> None
         _check_writable(model_dir)
         _check_stored(model_dir, config, vocab)
         atomic_write_text(os.path.join(model_dir, CONFIG_FILE), config.to_json())
-        if vocab is not None and hasattr(vocab, "save"):
+        if isinstance(vocab, Vocab):  # a tokenizer saved itself when it was trained
             vocab.save(os.path.join(model_dir, VOCAB_FILE))
 
     dist.run_on_chief(check)

@@ -23,7 +23,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -31,11 +31,15 @@ import tensorflow as tf
 from lmkit import dist
 from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
-from lmkit.errors import NonFiniteError
+from lmkit.data.batching import bptt_arrays, num_bptt_batches
+from lmkit.data.windows import window_arrays
+from lmkit.errors import NonFiniteError, UsageError
 from lmkit.fileio import atomic_write_text
+from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
 from lmkit.losses import window_loss
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
-from lmkit.train.checkpoint import CHECKPOINT_DIR, CheckpointManager
+from lmkit.train.checkpoint import CheckpointManager
+from lmkit.train.evaluation import Evaluator
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
 from lmkit.train.startup import check_agreement, prepare_model_dir
 from lmkit.train.watchdog import Watchdog
@@ -43,16 +47,23 @@ from lmkit.train.watchdog import Watchdog
 
 @dataclass
 class EpochStats:
-    """What one epoch measured (rank 0's view; losses are averaged over ranks)."""
+    """What one epoch measured (rank 0's view; losses are averaged over ranks).
+
+    Perplexities are per token; the ``*_word_perplexity`` ones, per
+    whitespace-separated word of the same text (None unless the data gave
+    word counts: subword, char and byte tokenizers).
+    """
 
     epoch: int
     train_perplexity: float
     valid_perplexity: Optional[float]
     learning_rate: float
-    words_per_sec: float
+    tokens_per_sec: float
     epoch_time: float
     cumulative_time: float
     steps: int
+    train_word_perplexity: Optional[float] = None
+    valid_word_perplexity: Optional[float] = None
 
 
 @dataclass
@@ -61,18 +72,25 @@ class TrainResult:
 
     epochs: List[EpochStats] = field(default_factory=list)
     test_perplexity: Optional[float] = None
+    test_word_perplexity: Optional[float] = None
     step_losses: List[float] = field(default_factory=list)
     global_step: int = 0
     resumed_from: Optional[str] = None
+    checkpoint: Optional[str] = None  # the last checkpoint this run wrote
 
     def to_dict(self) -> Dict[str, Any]:
+        last = self.epochs[-1] if self.epochs else None
         return {
             "epochs": [vars(e) for e in self.epochs],
             "test_perplexity": self.test_perplexity,
+            "test_word_perplexity": self.test_word_perplexity,
             "global_step": self.global_step,
             "resumed_from": self.resumed_from,
-            "final_train_perplexity": self.epochs[-1].train_perplexity if self.epochs else None,
-            "final_valid_perplexity": self.epochs[-1].valid_perplexity if self.epochs else None,
+            "checkpoint": self.checkpoint,
+            "final_train_perplexity": last.train_perplexity if last else None,
+            "final_valid_perplexity": last.valid_perplexity if last else None,
+            "final_train_word_perplexity": last.train_word_perplexity if last else None,
+            "final_valid_word_perplexity": last.valid_word_perplexity if last else None,
         }
 
 
@@ -151,11 +169,13 @@ class Trainer:
             self.progress = _Progress(config.seed * 1009 + self.rank)
         tf.random.set_global_generator(self.progress.rng)
         self._compiled_train_step: Optional[Callable[..., Any]] = None
-        self._compiled_eval_step: Optional[Callable[..., Any]] = None
+        self._evaluator: Optional[Evaluator] = None
         self._compiled = False
         self.compile_time = 0.0
         self.policy: Optional[LearningRatePolicy] = None
         self._watchdog = Watchdog(self.rank, 0.0)  # armed by fit() when there are peers
+        self._bptt: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._tokens_per_word: Dict[str, float] = {}
 
     def log(self, text: str) -> None:
         """Prints ``text`` on rank 0."""
@@ -204,10 +224,6 @@ class Trainer:
             progress.global_step.assign_add(1)
             return mean_loss, new_state, finite
 
-        def eval_step(x, y, state):
-            logits, new_state = model(x, state, training=False)
-            return window_loss(y, logits), new_state
-
         def replicated_step(x, y, state):
             # Each local replica trains on its rows; the loss agrees on all of them.
             loss, new_state, finite = dist.run(train_step, (x, y, state))
@@ -216,7 +232,7 @@ class Trainer:
         self._compiled = False
         self._compiled_train_step = tf.function(replicated_step,
                                                 jit_compile=cfg.jit_compile and self.world == 1)
-        self._compiled_eval_step = tf.function(eval_step)
+        self._evaluator = Evaluator(model, cfg.num_steps, cfg.eval_batch_size or cfg.batch_size)
 
     def train_step(self, inputs: Any, targets: Any, state: Any) -> Tuple[tf.Tensor, Any, tf.Tensor]:
         """One compiled, averaged, clipped optimizer step on this process's rows.
@@ -251,34 +267,39 @@ class Trainer:
         return self.model.initial_state(batch) if getattr(self.model, "stateful", False) else None
 
     # ----------------------------------------------------------------- evaluation
-    def evaluate(self, ids: np.ndarray, batch_size: Optional[int] = None) -> float:
-        """Perplexity of ``ids`` on this process alone (no collective: rank 0 only)."""
-        from lmkit.data.batching import bptt_arrays
-        batch = batch_size or self.config.eval_batch_size or self.config.batch_size
-        inputs, targets = bptt_arrays(ids, batch, self.config.num_steps)
-        if self._compiled_eval_step is None:
-            raise RuntimeError("call fit() first")
-        state = self._model_state(batch)
-        total = 0.0
-        for i in range(inputs.shape[0]):
-            loss, state = self._compiled_eval_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
-            total += float(loss)
-            self._watchdog.beat("an evaluation batch finished")
-        return perplexity(total / (inputs.shape[0] * self.config.num_steps))
+    def evaluate_loss(self, ids: np.ndarray) -> float:
+        """Mean loss per token of ``ids`` on this process alone (no collective: rank 0 only)."""
+        if self._evaluator is None:
+            raise RuntimeError("call fit() or build() first")
+        return self._evaluator.mean_loss(ids, lambda: self._watchdog.beat("an evaluation batch finished"))
+
+    def evaluate(self, ids: np.ndarray) -> float:
+        """Perplexity per token of ``ids`` on this process alone (rank 0 only)."""
+        return perplexity(self.evaluate_loss(ids))
 
     # ----------------------------------------------------------------- training
     def fit(self, train_ids: np.ndarray, valid_ids: Optional[np.ndarray] = None,
             test_ids: Optional[np.ndarray] = None, max_steps: Optional[int] = None,
-            num_epochs: Optional[int] = None) -> TrainResult:
+            num_epochs: Optional[int] = None,
+            words: Optional[Mapping[str, int]] = None) -> TrainResult:
         """Trains for the config's epochs (or until ``max_steps``), evaluating on rank 0.
+
+        A stateful model (an RNN) reads the stream as BPTT rows, in order, its
+        state carried from window to window; a stateless one (a transformer)
+        reads fixed-length windows in a new order every epoch
+        (:func:`lmkit.data.window_arrays`, seeded by ``config.seed``).
 
         Args:
           train_ids: the training id stream (every rank passes the whole
             stream; each takes its rows).
           valid_ids: evaluated by rank 0 after every epoch.
           test_ids: evaluated by rank 0 at the end.
-          max_steps: stop after this many global steps (tests, benchmarks).
+          max_steps: stop after this many global steps; the state at the stop
+            is saved as a checkpoint.
           num_epochs: overrides ``config.num_epochs``.
+          words: whitespace-separated words of the ``"train"``, ``"valid"``
+            and ``"test"`` texts, for perplexity per word (subword, char and
+            byte data); None reports perplexity per token only.
 
         Returns:
           The per-epoch statistics (meaningful on rank 0) and, when asked
@@ -293,20 +314,39 @@ class Trainer:
         # progress (LMKIT_COLLECTIVE_TIMEOUT), instead of waiting forever.
         self._watchdog = Watchdog.from_env(self.rank, dist.size())
         try:
-            return self._fit(train_ids, valid_ids, test_ids, max_steps, num_epochs)
+            return self._fit(train_ids, valid_ids, test_ids, max_steps, num_epochs, dict(words or {}))
         finally:
             self._watchdog.stop()
 
+    def epoch_arrays(self, ids: np.ndarray, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
+        """This process's ``(inputs, targets)`` of ``epoch``, each [steps, local rows, num_steps]."""
+        cfg = self.config
+        if getattr(self.model, "stateful", False):
+            if self._bptt is None:  # the same rows every epoch
+                self._bptt = bptt_arrays(ids, cfg.batch_size, cfg.num_steps, rank=self.rank,
+                                         size=dist.size())
+            return self._bptt
+        return window_arrays(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=cfg.seed,
+                             rank=self.rank, size=dist.size())
+
+    def _check_eval_data(self, **streams: Optional[np.ndarray]) -> None:
+        """Evaluation data too small for one batch fails before training, on every rank."""
+        batch = self.config.eval_batch_size or self.config.batch_size
+        for name, ids in streams.items():
+            if ids is not None and num_bptt_batches(len(ids), batch, self.config.num_steps) < 1:
+                raise UsageError(
+                    f"the {name} data has {len(ids)} tokens, too few for one evaluation batch of "
+                    f"{batch} rows x {self.config.num_steps} steps (needs {batch * (self.config.num_steps + 1)}); "
+                    "give more text or set a smaller eval_batch_size")
+
     def _fit(self, train_ids: np.ndarray, valid_ids: Optional[np.ndarray],
              test_ids: Optional[np.ndarray], max_steps: Optional[int],
-             num_epochs: Optional[int]) -> TrainResult:
-        from lmkit.data.batching import bptt_arrays
-
+             num_epochs: Optional[int], words: Dict[str, int]) -> TrainResult:
         cfg = self.config
         epochs = num_epochs or cfg.num_epochs
-        inputs, targets = bptt_arrays(train_ids, cfg.batch_size, cfg.num_steps,
-                                      rank=self.rank, size=dist.size())  # this process's rows
-        steps_per_epoch = int(inputs.shape[0])
+        self._bptt = None
+        self._check_eval_data(valid=valid_ids, test=test_ids)
+        steps_per_epoch = int(self.epoch_arrays(train_ids, 0)[0].shape[0])
         check_agreement(cfg, self.vocab, {"train_ids": int(len(train_ids)),
                                           "steps_per_epoch": steps_per_epoch})
         prepare_model_dir(self.model_dir, cfg, self.vocab)
@@ -314,30 +354,52 @@ class Trainer:
         result = TrainResult()
         manager = self._checkpoint_manager()
         result.resumed_from = self._restore_and_broadcast(manager)
-        summaries = Summaries(os.path.join(self.model_dir, "tensorboard")
+        summaries = Summaries(os.path.join(self.model_dir, TENSORBOARD_DIR)
                               if self.chief and self.model_dir is not None else None)
         start_epoch = int(self.progress.epoch.numpy())
         self.log(f"training {type(self.model).__name__} on {self.world} worker(s): global batch "
                  f"{cfg.batch_size} ({self.local_batch} per worker) x {cfg.num_steps} steps, "
                  f"{steps_per_epoch} steps/epoch, epochs {start_epoch + 1}..{epochs}")
+        streams = {"train": train_ids, "valid": valid_ids, "test": test_ids}
+        self._tokens_per_word = {k: len(streams[k]) / n for k, n in words.items()
+                                 if streams.get(k) is not None and n}
         cumulative = 0.0
-        for epoch in range(start_epoch, epochs):
-            run = self._run_epoch(epoch, epochs, inputs, targets, max_steps, result)
-            cumulative += run.seconds
-            if run.steps == 0:
-                break
-            self._end_epoch(epoch, epochs, run, cumulative, valid_ids, manager, summaries, result)
-            if run.stopped:
-                break
+        trained = 0  # steps of this call; a usage error after the first one saves them
+        try:
+            for epoch in range(start_epoch, epochs):
+                inputs, targets = self.epoch_arrays(train_ids, epoch)
+                run = self._run_epoch(epoch, epochs, inputs, targets, max_steps, result)
+                trained += run.steps
+                cumulative += run.seconds
+                if run.steps == 0:
+                    break
+                self._end_epoch(epoch, epochs, run, cumulative, valid_ids, manager, summaries, result)
+                if run.stopped:
+                    break
+        except UsageError:
+            if trained and self.chief and manager is not None:  # keep what was trained
+                result.checkpoint = self._save(manager, {"stopped_by": "a usage error"})
+            raise
         result.global_step = int(self.progress.global_step.numpy())
         if self.chief and test_ids is not None:
-            result.test_perplexity = self.evaluate(test_ids)
-            self.log(f"Test perplexity: {result.test_perplexity:.2f}")
+            loss = self.evaluate_loss(test_ids)
+            result.test_perplexity = perplexity(loss)
+            result.test_word_perplexity = self._word_perplexity(loss, "test")
+            self.log(f"Test perplexity: {result.test_perplexity:.2f}"
+                     + self._per_word_text(result.test_word_perplexity))
         if self.chief and self.model_dir is not None:
             summary = {"config": cfg.to_dict(), "world_size": self.world, **result.to_dict()}
-            atomic_write_text(os.path.join(self.model_dir, "results.json"),
+            atomic_write_text(os.path.join(self.model_dir, RESULTS_FILE),
                               json.dumps(summary, indent=2, sort_keys=True))
         return result
+
+    def _word_perplexity(self, mean_token_loss: float, split: str) -> Optional[float]:
+        ratio = self._tokens_per_word.get(split)
+        return None if ratio is None else perplexity(mean_token_loss * ratio)
+
+    @staticmethod
+    def _per_word_text(value: Optional[float]) -> str:
+        return "" if value is None else f" (per word {value:.2f})"
 
     def _checkpoint_manager(self) -> Optional[CheckpointManager]:
         if self.model_dir is None:
@@ -345,6 +407,15 @@ class Trainer:
         ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, progress=self.progress)
         return CheckpointManager(os.path.join(self.model_dir, CHECKPOINT_DIR), ckpt,
                                  keep=self.config.keep_checkpoints)
+
+    def _save(self, manager: CheckpointManager, meta: Dict[str, Any]) -> str:
+        """Rank 0 writes a checkpoint of the current state (no collective)."""
+        self._watchdog.beat("a checkpoint save began")
+        path = manager.save(int(self.progress.global_step.numpy()),
+                            meta={"epoch": int(self.progress.epoch.numpy()), "world_size": self.world,
+                                  **meta})
+        self.log(f"saved checkpoint {path}")
+        return path
 
     def _restore_and_broadcast(self, manager: Optional[CheckpointManager]) -> Optional[str]:
         """Rank 0 restores the latest checkpoint (if any); its variables then go to every rank.
@@ -376,7 +447,7 @@ class Trainer:
         """Trains on one epoch's windows (or until ``max_steps``); logs progress on rank 0."""
         cfg = self.config
         steps_per_epoch = int(inputs.shape[0])
-        words_per_step = cfg.batch_size * cfg.num_steps
+        tokens_per_step = cfg.batch_size * cfg.num_steps
         state = self.initial_state()  # reset each epoch
         bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief,
                           every=cfg.log_every_steps)
@@ -414,7 +485,8 @@ class Trainer:
                 drain(i)
                 elapsed = time.perf_counter() - t0
                 bar.update(i + 1, f"ppl {perplexity(run.loss_sum / ((i + 1) * cfg.num_steps)):.2f} "
-                           f"{words_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} wps")
+                           f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
+                           "tokens/s")
         if pending:
             drain(run.steps - 1)
         bar.close()
@@ -424,35 +496,46 @@ class Trainer:
     def _end_epoch(self, epoch: int, epochs: int, run: _EpochRun, cumulative: float,
                    valid_ids: Optional[np.ndarray], manager: Optional[CheckpointManager],
                    summaries: Summaries, result: TrainResult) -> None:
-        """Rank 0 evaluates, logs, writes summaries and (after a whole epoch) a checkpoint."""
+        """Rank 0 evaluates, logs, writes summaries and a checkpoint (no collective here).
+
+        A checkpoint follows every ``checkpoint_every_epochs`` epochs, the last
+        epoch, and a stop inside an epoch (``max_steps``).
+        """
         cfg = self.config
         lr = float(self.optimizer.learning_rate.numpy())
-        train_ppl = perplexity(run.loss_sum / (run.steps * cfg.num_steps))
+        train_loss = run.loss_sum / (run.steps * cfg.num_steps)
         completed = not run.stopped
         if completed:
             self.progress.epoch.assign(epoch + 1)
-        valid_ppl = None
+        valid_loss = None
         if self.chief and valid_ids is not None:  # rank 0 only: no collective here
-            valid_ppl = self.evaluate(valid_ids)
-        words = cfg.batch_size * cfg.num_steps * (run.steps - run.timed_from)
-        stats = EpochStats(epoch=epoch + 1, train_perplexity=train_ppl, valid_perplexity=valid_ppl,
-                           learning_rate=lr, words_per_sec=words / max(run.seconds, 1e-9),
-                           epoch_time=run.seconds, cumulative_time=cumulative, steps=run.steps)
+            valid_loss = self.evaluate_loss(valid_ids)
+        tokens = cfg.batch_size * cfg.num_steps * (run.steps - run.timed_from)
+        stats = EpochStats(
+            epoch=epoch + 1, train_perplexity=perplexity(train_loss),
+            valid_perplexity=None if valid_loss is None else perplexity(valid_loss),
+            learning_rate=lr, tokens_per_sec=tokens / max(run.seconds, 1e-9), epoch_time=run.seconds,
+            cumulative_time=cumulative, steps=run.steps,
+            train_word_perplexity=self._word_perplexity(train_loss, "train"),
+            valid_word_perplexity=None if valid_loss is None else self._word_perplexity(valid_loss, "valid"))
         result.epochs.append(stats)
-        self.log(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {train_ppl:.2f} | valid ppl "
-                 f"{'-' if valid_ppl is None else f'{valid_ppl:.2f}'} | {stats.words_per_sec:.0f} words/sec "
-                 f"({self.world} worker(s)) | epoch time {run.seconds:.1f} s | "
+        valid_text = "-" if stats.valid_perplexity is None else f"{stats.valid_perplexity:.2f}"
+        self.log(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {stats.train_perplexity:.2f}"
+                 f"{self._per_word_text(stats.train_word_perplexity)} | valid ppl {valid_text}"
+                 f"{self._per_word_text(stats.valid_word_perplexity)} | {stats.tokens_per_sec:.0f} "
+                 f"tokens/sec ({self.world} worker(s)) | epoch time {run.seconds:.1f} s | "
                  f"cumulative training time {cumulative:.1f} s")
         summaries.write(int(self.progress.global_step.numpy()),
-                        {"train/perplexity": train_ppl, "train/learning_rate": lr,
-                         "train/words_per_sec": stats.words_per_sec, "valid/perplexity": valid_ppl})
-        if (self.chief and manager is not None and completed
-                and ((epoch + 1) % cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs)):
-            self._watchdog.beat("a checkpoint save began")
-            path = manager.save(int(self.progress.global_step.numpy()),
-                                meta={"epoch": epoch + 1, "world_size": self.world,
-                                      "train_perplexity": train_ppl, "valid_perplexity": valid_ppl})
-            self.log(f"saved checkpoint {path}")
+                        {"train/perplexity": stats.train_perplexity, "train/learning_rate": lr,
+                         "train/tokens_per_sec": stats.tokens_per_sec,
+                         "train/word_perplexity": stats.train_word_perplexity,
+                         "valid/perplexity": stats.valid_perplexity,
+                         "valid/word_perplexity": stats.valid_word_perplexity})
+        due = completed and ((epoch + 1) % cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs)
+        if self.chief and manager is not None and (due or run.stopped):
+            result.checkpoint = self._save(manager, {
+                "train_perplexity": stats.train_perplexity, "valid_perplexity": stats.valid_perplexity,
+                **({} if completed else {"stopped_by": "max_steps", "steps_in_epoch": run.steps})})
 
     @staticmethod
     def _drain(pending: List[Any], epoch: int, last_index: int) -> List[float]:

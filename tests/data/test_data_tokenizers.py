@@ -201,8 +201,7 @@ def test_corpus_too_small_names_the_largest_size_that_works(tmp_path, model_type
     message = str(info.value)
     assert "--vocab_size" in message and str(path) in message
     largest = int(message.split("the largest vocab_size that works is ")[1].split(":")[0])
-    assert not (folder / "tokenizer.json").exists()
-    assert not [f for f in os.listdir(folder) if "tmp" in f]
+    assert not folder.exists()  # the failed call leaves no trace of the folder it made
     # The size the message names does work.
     assert train_tokenizer("sentencepiece", str(path), str(folder), vocab_size=largest,
                            model_type=model_type).vocab_size == largest

@@ -133,15 +133,15 @@ def test_greedy_and_beam_run_and_greedy_matches_the_library(lstm_dir):
     assert len({" ".join(words) for _, _, words in beam_samples}) == 3  # distinct hypotheses
 
     # The script's greedy output equals the library's, from the same checkpoint.
-    model, vocab, _ = load_model(lstm_dir)
+    model, tokenizer, _ = load_model(lstm_dir)
     for (_, _, words), prompt in zip(greedy_samples[::2], prompts):
         result = decoding.decode(model, MAX_LENGTH + 1, decoding.GreedySampler(),
-                                 prompts=[vocab.encode(prompt.split())],
-                                 eos_id=vocab.eos_id, start_id=vocab.eos_id)
+                                 prompts=[tokenizer.encode(prompt)],
+                                 eos_id=tokenizer.eos_id, start_id=tokenizer.eos_id)
         ids = result.sequences()[0][1:]  # without the start token
-        if len(ids) > len(prompt.split()) and ids[-1] == vocab.eos_id:
+        if len(ids) > len(prompt.split()) and ids[-1] == tokenizer.eos_id:
             ids = ids[:-1]
-        np.testing.assert_array_equal(words, vocab.decode(ids))
+        np.testing.assert_array_equal(words, tokenizer.decode(ids).split())
 
 
 # --------------------------------------------------------------------------

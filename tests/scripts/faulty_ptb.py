@@ -65,11 +65,11 @@ def _install(fault: dict) -> None:
                     time.sleep(3600)
             return super().train_step(*args)
 
-        def evaluate(self, ids, batch_size=None):
+        def evaluate_loss(self, ids):
             if kind == "eval_raise" and me == fault["rank"]:
                 print(f"rank {me}: injecting {kind}", flush=True)
                 raise RuntimeError(f"injected fault in rank {me}'s evaluation")
-            return super().evaluate(ids, batch_size)
+            return super().evaluate_loss(ids)
 
         def fit(self, train_ids, *args, **kwargs):
             if kind == "truncate" and me == fault["rank"]:
@@ -111,7 +111,7 @@ def main() -> None:
     fault = _parse(argv[1])
     example_args = argv[argv.index("--") + 1:]
     from lmkit.dist.env import launcher_rank
-    from lmkit.train.cli import run_main
+    from lmkit.cli.common import run_main
     print(f"PID {os.getpid()} RANK {launcher_rank()}", flush=True)
     _install(fault)
     from lm_ptb_distributed import main as example_main

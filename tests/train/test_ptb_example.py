@@ -11,7 +11,7 @@ from tests.helpers import ROOT, StaticServer, make_ptb_archive, mpirun_cmd, run,
 EXAMPLE = os.path.join(ROOT, "examples", "lm_ptb_distributed.py")
 SINGLE = os.path.join(ROOT, "examples", "lm_ptb.py")
 EPOCH_LINE = re.compile(r"Epoch (\d+)/(\d+): lr (\S+) \| train ppl ([\d.]+) \| valid ppl ([\d.]+) \| "
-                        r"(\d+) words/sec \((\d) worker\(s\)\) \| epoch time [\d.]+ s \| "
+                        r"(\d+) tokens/sec \((\d) worker\(s\)\) \| epoch time [\d.]+ s \| "
                         r"cumulative training time [\d.]+ s")
 
 

@@ -173,3 +173,62 @@ def test_clipping_keeps_the_embedding_gradient_sparse(max_grad_norm, monkeypatch
     densify = lambda v, i: tf.linalg.global_norm(  # noqa: E731
         [tf.convert_to_tensor(tf.IndexedSlices(v, i, tf.constant([vocab, dim])))])
     assert _ops_with_shape(densify, [vocab, dim], *specs) == ["UnsortedSegmentSum"]
+
+
+def _checkpoint_metas(model_dir):
+    folder = os.path.join(model_dir, "checkpoints")
+    return [json.loads(open(os.path.join(folder, name, "meta.json")).read())
+            for name in sorted(os.listdir(folder))]
+
+
+def test_max_steps_inside_an_epoch_leaves_a_checkpoint(tmp_path):
+    cfg = _config(keep_prob=1.0)
+    model_dir = str(tmp_path / "m")
+    tf.random.set_seed(11)
+    trainer = Trainer(build_model(cfg.model_config()), cfg, model_dir=model_dir, log=lambda s: None)
+    result = trainer.fit(_ids(), max_steps=7)
+    (meta,) = _checkpoint_metas(model_dir)
+    assert (meta["step"], meta["stopped_by"], meta["steps_in_epoch"], meta["epoch"]) == (7, "max_steps", 7, 0)
+    assert result.checkpoint.endswith("ckpt-000000007") and result.global_step == 7
+
+
+def test_a_usage_error_after_training_began_keeps_what_was_trained(tmp_path):
+    from lmkit.data import DataError
+
+    class BadValidation(Trainer):
+        def evaluate_loss(self, ids):
+            raise DataError("the validation file vanished")
+
+    cfg = _config(keep_prob=1.0)
+    model_dir = str(tmp_path / "m")
+    trainer = BadValidation(build_model(cfg.model_config()), cfg, model_dir=model_dir, log=lambda s: None)
+    with pytest.raises(DataError, match="vanished"):
+        trainer.fit(_ids(), _ids(300, seed=1))
+    (meta,) = _checkpoint_metas(model_dir)
+    assert meta["stopped_by"] == "a usage error" and meta["step"] == int(trainer.progress.global_step.numpy()) > 0
+
+
+def test_stateless_models_train_on_shuffled_windows_a_new_order_each_epoch():
+    from lmkit.data import bptt_arrays, window_arrays
+
+    ids = _ids()
+    for model, stateful in (("transformer", False), ("lstm", True)):
+        cfg = _config(model=model, num_heads=2)
+        trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
+        first, second = trainer.epoch_arrays(ids, 0), trainer.epoch_arrays(ids, 1)
+        if stateful:  # BPTT rows in order, the same every epoch
+            np.testing.assert_array_equal(first[0], bptt_arrays(ids, 4, 5)[0])
+            np.testing.assert_array_equal(first[0], second[0])
+        else:
+            np.testing.assert_array_equal(first[0], window_arrays(ids, 4, 5, epoch=0, seed=cfg.seed)[0])
+            assert first[0].shape == second[0].shape and not np.array_equal(first[0], second[0])
+        np.testing.assert_array_equal(first[1][:, :, :-1], first[0][:, :, 1:])  # targets: next ids
+
+
+def test_eval_data_too_small_fails_before_training(tmp_path):
+    cfg = _config(keep_prob=1.0)
+    trainer = Trainer(build_model(cfg.model_config()), cfg, model_dir=str(tmp_path / "m"), log=lambda s: None)
+    with pytest.raises(UsageError, match="the valid data has 10 tokens, too few for one evaluation batch"):
+        trainer.fit(_ids(), _ids(10))
+    assert not os.path.exists(tmp_path / "m")
+    assert int(trainer.progress.global_step.numpy()) == 0

@@ -1,15 +1,12 @@
-"""Command-line plumbing shared by the example scripts.
+"""Command-line plumbing shared by the ``lmkit`` commands and the examples.
 
-* :func:`ptb_arg_parser` builds the flags of ``examples/lm_ptb*.py``;
+* :class:`Parser`: argparse that reports a bad flag once (rank 0), exit 2;
 * :func:`run_main` runs a ``main`` so that bad input prints one message
   (rank 0) and exits 2, and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
   leaving ranks waiting in a collective;
 * :func:`same_outcome_everywhere` turns a usage error on one rank into the
-  same error on every rank;
-* :func:`load_ptb_everywhere` lets rank 0 download PTB while the others wait,
-  then gives every rank the data (read locally, or sent by rank 0 when a
-  host has no shared file system).
+  same error on every rank.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from lmkit.dist.env import launcher_rank
 from lmkit.errors import LmkitError, UsageError
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse that reports bad flags once (rank 0) with exit status 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -50,45 +47,6 @@ def parse_overrides(items: Sequence[str]) -> Dict[str, Any]:
             value = raw  # a bare word is a string: --set optimizer=adam
         out[key.strip()] = value
     return out
-
-
-def ptb_arg_parser(prog: str, description: str, distributed: bool) -> argparse.ArgumentParser:
-    """Flags of the PTB examples (documented in the README)."""
-    p = _Parser(prog=prog, description=description,
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default="config_small",
-                   help="config name in configs/ (config_small, config_medium, config_large, "
-                        "config_transformer, ...) or a path to a .py file")
-    p.add_argument("--data_path", default="data/ptb",
-                   help="folder with ptb.{train,valid,test}.txt (or simple-examples/data below it); "
-                        "PTB is downloaded there when missing")
-    p.add_argument("--data_url", default=None,
-                   help="mirror of simple-examples.tgz (http(s):// or file://); "
-                        "default $LMKIT_PTB_URL or the canonical address")
-    p.add_argument("--no_verify_data", action="store_true",
-                   help="accept PTB files from --data_url without checking their SHA-1 (for a mirror "
-                        "serving other data)")
-    p.add_argument("--model_dir", default=None,
-                   help="checkpoints, config, vocabulary, TensorBoard logs and results.json "
-                        "(default runs/<config>)")
-    p.add_argument("--no_resume", action="store_true",
-                   help="start afresh even when --model_dir holds a checkpoint "
-                        "(refuses a folder that already has one)")
-    p.add_argument("--num_epochs", type=int, default=None, help="override the config's num_epochs")
-    p.add_argument("--max_steps", type=int, default=None,
-                   help="stop after this many global steps (smoke tests)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set batch_size=40 --set optimizer=adam "
-                        "(repeatable)")
-    p.add_argument("--seed", type=int, default=None, help="override the config's seed")
-    p.add_argument("--intra_op_threads", type=int, default=None,
-                   help="CPU threads per op on each rank (default: cores / ranks on the host)")
-    if distributed:
-        p.add_argument("--sparse_as_dense", action="store_true",
-                       help="allreduce embedding gradients as dense tensors instead of allgathering them")
-        p.add_argument("--fp16_allreduce", action="store_true",
-                       help="compress dense gradients to float16 for the allreduce")
-    return p
 
 
 def _hard_exit(code: int) -> None:
@@ -184,43 +142,29 @@ def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
     return result
 
 
-def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
-                verify: bool = True) -> str:
-    """``ensure_ptb`` whose failure names the missing folder or files and leaves no empty folder."""
-    from lmkit.data import ptb
-    from lmkit.data.errors import DataError
-
-    existed = os.path.isdir(data_path)
-    try:
-        return ptb.ensure_ptb(data_path, url=url, expected_vocab_size=expected_vocab_size, verify=verify)
-    except DataError as exc:
-        if not existed:
-            if os.path.isdir(data_path) and not os.listdir(data_path):
-                os.rmdir(data_path)  # made for the download that failed
-            raise DataError(f"data folder {data_path} does not exist, and downloading PTB failed: "
-                            f"{exc}") from None
-        have = [n for n in ptb.PTB_FILES if os.path.isfile(os.path.join(data_path, n))]
-        if have:
-            missing = [n for n in ptb.PTB_FILES if n not in have]
-            raise DataError(f"data folder {data_path} lacks {', '.join(missing)} (it has "
-                            f"{', '.join(have)}), and downloading PTB failed: {exc}") from None
-        raise
+def model_dir_parser(prog: str, doc: str) -> Parser:
+    """A parser with the flags of every command that reads a training run's folder."""
+    p = Parser(prog=prog, description=doc.split("\n\n")[0],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model_dir", required=True, help="the --model_dir of a training run")
+    p.add_argument("--checkpoint", default=None,
+                   help="a ckpt-<step> folder, as a path or a name in <model_dir>/checkpoints "
+                        "(default: the latest)")
+    return p
 
 
-def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
-                        verify: bool = True):
-    """Rank 0 finds or downloads PTB; every rank then gets the same data.
+def check_model_dir(model_dir: str) -> None:
+    """Raises a :class:`UsageError` unless ``model_dir`` is a training run's folder."""
+    from lmkit.layout import CONFIG_FILE
+    if not os.path.isdir(model_dir):
+        raise UsageError(f"--model_dir {model_dir} does not exist; pass the --model_dir of a "
+                         "training run (lmkit train)")
+    if not os.path.isfile(os.path.join(model_dir, CONFIG_FILE)):
+        raise UsageError(f"--model_dir {model_dir} holds no {CONFIG_FILE}, so no training run "
+                         "wrote it; pass the --model_dir of a training run")
 
-    Returns:
-      ``lmkit.data.ptb.PTBData`` on every rank.
-    """
-    from lmkit import dist
-    from lmkit.data import ptb
 
-    data_dir = dist.run_on_chief(lambda: _ensure_ptb(data_path, url, expected_vocab_size, verify))
-    # Hosts without a shared file system get the data from rank 0.
-    local = ptb.find_ptb(data_path)
-    everyone_has_it = all(dist.allgather_object(local is not None))
-    if everyone_has_it:
-        return same_outcome_everywhere(lambda: ptb.load_ptb(local))
-    return dist.run_on_chief(lambda: ptb.load_ptb(data_dir))
+def user_modules_importable() -> None:
+    """Lets a config's ``package.module:Class`` model be found in the current folder, as ``python -m`` does."""
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())

@@ -1,0 +1,56 @@
+"""The ``lmkit`` command: ``lmkit train``, ``lmkit generate``, ``lmkit evaluate``.
+
+Installed with the package (``lmkit``), and also ``python -m lmkit``. Every
+command answers a bad flag at once, before TensorFlow loads, prints one
+``error:`` line for bad input (rank 0 only) and exits 2; see
+:func:`lmkit.cli.common.run_main` for the other exit statuses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import List, Optional
+
+from lmkit.checks import did_you_mean
+
+__all__ = ["COMMANDS", "main"]
+
+#: command -> (module with main(argv, prog), one-line description)
+COMMANDS = {
+    "train": ("lmkit.cli.train", "train a language model on PTB or your own text, on 1 or N workers"),
+    "generate": ("lmkit.cli.generate", "generate text from a trained model folder"),
+    "evaluate": ("lmkit.cli.evaluate", "perplexity of a trained model on a text file or a split"),
+}
+
+
+def _usage() -> str:
+    from lmkit import __version__
+    lines = [f"usage: lmkit {{{','.join(COMMANDS)}}} [flags]   (lmkit {__version__})", "",
+             "commands:"]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "lmkit COMMAND --help shows a command's flags; lmkit --version its version."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Runs ``lmkit COMMAND [flags]`` and exits with its status."""
+    from lmkit.cli.common import run_main
+    from lmkit.dist.env import launcher_rank
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        (sys.stdout if argv else sys.stderr).write(_usage())
+        sys.exit(0 if argv else 2)
+    if argv[0] == "--version":
+        from lmkit import __version__
+        print(f"lmkit {__version__}")
+        sys.exit(0)
+    command = argv[0]
+    if command not in COMMANDS:
+        if launcher_rank() == 0:
+            sys.stderr.write(_usage() + f"lmkit: error: unknown command {command!r}; "
+                             f"{did_you_mean(command, COMMANDS)}\n")
+        sys.exit(2)
+    module = importlib.import_module(COMMANDS[command][0])
+    run_main(lambda args: module.main(args, prog=f"lmkit {command}"), argv[1:])

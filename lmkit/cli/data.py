@@ -1,0 +1,153 @@
+"""The training data of a run, the same on every rank.
+
+* PTB (``data = "ptb"``): rank 0 finds or downloads the corpus (verified by
+  SHA-1) while the others wait; every rank then reads it, or receives it
+  from rank 0 when its host does not see the data folder.
+* Text (``data = "text"``): rank 0 trains the tokenizer into the model folder
+  (or reuses the one there); the other ranks read it (or receive its files
+  from rank 0); every rank then encodes the text files.
+
+Every rank calls :func:`load_run_data` in the same order: it holds the
+collectives that keep the ranks together, and an error on any rank is raised
+on all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+
+from lmkit import dist
+from lmkit.cli.common import same_outcome_everywhere
+from lmkit.errors import UsageError
+from lmkit.fileio import atomic_write_bytes
+
+__all__ = ["RunData", "load_run_data", "load_ptb_everywhere", "tokenizer_everywhere"]
+
+
+@dataclass
+class RunData:
+    """The id streams of a run and what made them.
+
+    Attributes:
+      train, valid, test: int32 id streams (valid and test may be None).
+      vocab: the PTB :class:`~lmkit.data.Vocab`, or the text data's tokenizer.
+      words: words of each split, for perplexity per word; empty for
+        word-level data, where a token is a word.
+      config: the config, its ``vocab_size`` the tokenizer's for text data.
+    """
+
+    train: np.ndarray
+    valid: Optional[np.ndarray]
+    test: Optional[np.ndarray]
+    vocab: Any
+    config: Any
+    words: Dict[str, int] = field(default_factory=dict)
+
+
+def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
+                verify: bool = True) -> str:
+    """``ensure_ptb`` whose failure names the missing folder or files and leaves no empty folder."""
+    from lmkit.data import ptb
+    from lmkit.data.errors import DataError
+
+    existed = os.path.isdir(data_path)
+    try:
+        return ptb.ensure_ptb(data_path, url=url, expected_vocab_size=expected_vocab_size, verify=verify)
+    except DataError as exc:
+        if not existed:
+            if os.path.isdir(data_path) and not os.listdir(data_path):
+                os.rmdir(data_path)  # made for the download that failed
+            raise DataError(f"data folder {data_path} does not exist, and downloading PTB failed: "
+                            f"{exc}") from None
+        have = [n for n in ptb.PTB_FILES if os.path.isfile(os.path.join(data_path, n))]
+        if have:
+            missing = [n for n in ptb.PTB_FILES if n not in have]
+            raise DataError(f"data folder {data_path} lacks {', '.join(missing)} (it has "
+                            f"{', '.join(have)}), and downloading PTB failed: {exc}") from None
+        raise
+
+
+def _everywhere(local_ok: bool, read: Callable[[], Any]) -> Any:
+    """``read()`` on every rank when all can (errors raised on all), else rank 0's result, sent."""
+    if all(dist.allgather_object(local_ok)):
+        return same_outcome_everywhere(read)
+    return dist.run_on_chief(read)
+
+
+def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
+                        verify: bool = True):
+    """Rank 0 finds or downloads PTB; every rank then gets the same data.
+
+    Returns:
+      ``lmkit.data.ptb.PTBData`` on every rank.
+    """
+    from lmkit.data import ptb
+
+    data_dir = dist.run_on_chief(lambda: _ensure_ptb(data_path, url, expected_vocab_size, verify))
+    local = ptb.find_ptb(data_path)  # hosts without a shared file system get it from rank 0
+    return _everywhere(local is not None, lambda: ptb.load_ptb(local if local else data_dir))
+
+
+def tokenizer_everywhere(config: Any, model_dir: str):
+    """Rank 0 trains (or reuses) the config's tokenizer in ``model_dir``; every rank gets it.
+
+    Raises:
+      DataError: on every rank, when rank 0 cannot train or reuse it.
+    """
+    from lmkit.data.tokenizers import TOKENIZER_FILE, load_tokenizer, train_tokenizer
+
+    def train() -> None:
+        train_tokenizer(config.tokenizer, config.train_file, model_dir, **config.tokenizer_options)
+
+    dist.run_on_chief(train)
+    here = os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE))
+    if not all(dist.allgather_object(here)):
+        # This host does not see rank 0's model folder: rank 0 sends the files.
+        def files() -> Dict[str, bytes]:
+            with tempfile.TemporaryDirectory() as tmp:
+                load_tokenizer(model_dir).save(tmp)
+                return {name: open(os.path.join(tmp, name), "rb").read() for name in os.listdir(tmp)}
+        sent = dist.run_on_chief(files)
+        if not here:
+            for name in sorted(sent, key=lambda n: n == TOKENIZER_FILE):  # tokenizer.json last
+                atomic_write_bytes(os.path.join(model_dir, name), sent[name])
+    return same_outcome_everywhere(lambda: load_tokenizer(model_dir))
+
+
+def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optional[str],
+                  verify: bool, log: Callable[[str], None]) -> RunData:
+    """The data the config names, on every rank (call it on every rank, in the same order).
+
+    Raises:
+      UsageError: bad files, a vocabulary that does not match the config,
+        a tokenizer in ``model_dir`` unlike the one asked for.
+    """
+    if config.data == "ptb":
+        data = load_ptb_everywhere(data_path, data_url, expected_vocab_size=config.vocab_size,
+                                   verify=verify)
+        if len(data.vocab) != config.vocab_size:
+            raise UsageError(f"the data has {len(data.vocab)} words but the config says vocab_size = "
+                             f"{config.vocab_size}; set vocab_size = {len(data.vocab)}")
+        return RunData(data.train, data.valid, data.test, data.vocab, config)
+
+    from lmkit.data.text import load_text_data
+    from lmkit.data.textfile import check_text_file
+
+    files = [config.train_file, config.valid_file or None, config.test_file or None]
+    readable = all(os.path.isfile(f) for f in files if f)
+    # Every file is checked before anything is written into the model folder.
+    _everywhere(readable, lambda: [check_text_file(f, f"{name}_file")
+                                   for name, f in zip(("train", "valid", "test"), files) if f])
+    tokenizer = tokenizer_everywhere(config, model_dir)
+    text = _everywhere(readable, lambda: load_text_data(tokenizer, *files))
+    said = "" if tokenizer.vocab_size == config.vocab_size else \
+        f" (the model's vocabulary; the config said vocab_size = {config.vocab_size})"
+    log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir}{said}")
+    config = config.replace(vocab_size=tokenizer.vocab_size)
+    words = {} if tokenizer.name == "word" else {name: n for name, _, n in text.splits()}
+    return RunData(text.train, text.valid, text.test, tokenizer, config, words)

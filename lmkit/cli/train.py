@@ -1,0 +1,201 @@
+"""``lmkit train``: train a language model on PTB or on your own text, on 1 or N workers.
+
+    lmkit train --config config_small                                  # PTB, one process
+    mpirun -np 2 lmkit train --config config_small                     # PTB, Horovod
+    lmkit train --config config_transformer --train_file train.txt \\
+        --valid_file valid.txt --tokenizer sentencepiece --vocab_size 8000
+    lmkit train --config config_transformer --model my_pkg.my_lm:MyLM --train_file train.txt
+    python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- lmkit train --backend native ...
+
+The config names the model and the data (``data = "ptb"`` or ``"text"``);
+flags override it (``--train_file`` alone switches a PTB config to text).
+Rank 0 downloads PTB or trains the tokenizer into ``--model_dir``, splits
+nothing but the global batch across the workers, evaluates, logs and writes
+checkpoints (also when ``--max_steps`` stops training inside an epoch), the
+config and the tokenizer, so ``lmkit generate`` and a resumed run need only
+``--model_dir``. Every line specific to distributed training is marked
+``# DIST``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Dict, List, Optional
+
+from lmkit.cli.common import Parser, parse_overrides, user_modules_importable
+from lmkit.dist import BACKEND_CHOICES
+from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE
+
+__all__ = ["build_parser", "config_from_args", "main"]
+
+
+def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argparse.ArgumentParser:
+    """The flags of ``lmkit train`` (and of ``examples/lm_ptb*.py``), documented in the README."""
+    from lmkit.data.tokenizers import TOKENIZERS
+
+    p = Parser(prog=prog, description=__doc__.split("\n\n")[0],
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default="config_small",
+                   help="config name in configs/ (config_small, config_medium, config_large, "
+                        "config_transformer, ...) or a path to a .py file")
+    p.add_argument("--model", default=None,
+                   help="the model: a registered name (lstm, gru, transformer) or your own class "
+                        "as package.module:Class; default: the config's model")
+    data = p.add_argument_group("data")
+    data.add_argument("--data_path", default="data/ptb",
+                      help="PTB: folder with ptb.{train,valid,test}.txt (or simple-examples/data below "
+                           "it); PTB is downloaded there when missing")
+    data.add_argument("--data_url", default=None,
+                      help="PTB: mirror of simple-examples.tgz (http(s):// or file://); "
+                           "default $LMKIT_PTB_URL or the canonical address, then a second source")
+    data.add_argument("--no_verify_data", action="store_true",
+                      help="PTB: accept files from --data_url without checking their SHA-1 (a mirror "
+                           "serving other data)")
+    data.add_argument("--train_file", default=None,
+                      help="your own training text (UTF-8, one sentence or paragraph a line); "
+                           "switches a PTB config to data = 'text'")
+    data.add_argument("--valid_file", default=None, help="validation text (rank 0 evaluates it)")
+    data.add_argument("--test_file", default=None, help="test text (rank 0 evaluates it at the end)")
+    data.add_argument("--tokenizer", choices=list(TOKENIZERS), default=None,
+                      help="text data: word, sentencepiece, char or byte; default: the config's")
+    data.add_argument("--vocab_size", type=int, default=None,
+                      help="sentencepiece: number of pieces; default: the config's vocab_size")
+    data.add_argument("--max_vocab", type=int, default=None,
+                      help="word tokenizer: largest vocabulary (specials included); 0 = no limit")
+    data.add_argument("--min_count", type=int, default=None, help="word tokenizer: drop rarer words")
+    data.add_argument("--spm_model_type", choices=["unigram", "bpe"], default=None,
+                      help="sentencepiece: the algorithm")
+    run = p.add_argument_group("run")
+    run.add_argument("--model_dir", default=None,
+                     help="checkpoints, config, tokenizer or vocabulary, TensorBoard logs and "
+                          "results.json (default runs/<config>)")
+    run.add_argument("--no_resume", action="store_true",
+                     help="start afresh even when --model_dir holds a checkpoint "
+                          "(refuses a folder that already has one)")
+    run.add_argument("--num_epochs", type=int, default=None, help="override the config's num_epochs")
+    run.add_argument("--max_steps", type=int, default=None,
+                     help="stop after this many global steps (a checkpoint is written there)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set batch_size=40 --set optimizer=adam "
+                          "(repeatable)")
+    run.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    run.add_argument("--intra_op_threads", type=int, default=None,
+                     help="CPU threads per op on each rank (default: cores / ranks on the host)")
+    if distributed:  # DIST: which backend, and how gradients travel
+        dist_group = p.add_argument_group("distributed")
+        dist_group.add_argument(
+            "--backend", choices=list(BACKEND_CHOICES), default=None,
+            help="horovod: start with mpirun/horovodrun; native: TensorFlow's own distribution "
+                 "(start with python, or python -m lmkit.launch for several hosts); auto: Horovod "
+                 "when installed, else one local process; default: the config's backend")
+        dist_group.add_argument("--use_horovod", type=str.lower, choices=["true", "false"], default=None,
+                                help="OpenSeq2Seq's spelling: true = --backend horovod, false = native")
+        dist_group.add_argument("--num_gpus", type=int, default=None,
+                                help="backend native: replicas in this process, one per GPU (logical "
+                                     "CPU devices on a host without GPUs); 0 = all GPUs; default: the "
+                                     "config's num_gpus")
+        dist_group.add_argument("--sparse_as_dense", action="store_true",
+                                help="allreduce embedding gradients as dense tensors instead of "
+                                     "allgathering them")
+        dist_group.add_argument("--fp16_allreduce", action="store_true",
+                                help="compress dense gradients to float16 for the allreduce")
+    return p
+
+
+def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, Any]:
+    """Config keys set by flags (``--set`` first; named flags win)."""
+    overrides = parse_overrides(args.overrides)
+    named = {"seed": args.seed, "model": args.model, "train_file": args.train_file,
+             "valid_file": args.valid_file, "test_file": args.test_file, "tokenizer": args.tokenizer,
+             "vocab_size": args.vocab_size, "max_vocab": args.max_vocab, "min_count": args.min_count,
+             "spm_model_type": args.spm_model_type}
+    overrides.update({k: v for k, v in named.items() if v is not None})
+    if args.train_file is not None:
+        overrides["data"] = "text"
+    if distributed:
+        if args.sparse_as_dense:
+            overrides["sparse_as_dense"] = True  # DIST
+        if args.fp16_allreduce:
+            overrides["compression"] = "fp16"  # DIST
+        if args.use_horovod is not None:
+            overrides["backend"] = "horovod" if args.use_horovod == "true" else "native"  # DIST
+        if args.backend is not None:
+            overrides["backend"] = args.backend  # DIST
+        if args.num_gpus is not None:
+            overrides["num_gpus"] = args.num_gpus  # DIST
+    return overrides
+
+
+def config_from_args(args: argparse.Namespace, distributed: bool = True):
+    """The run's config: ``--config`` with the flags applied (no TensorFlow needed).
+
+    Raises:
+      ConfigError: an unknown config or key, or a bad value.
+    """
+    from lmkit.config import load_config
+    return load_config(args.config, _flag_overrides(args, distributed))
+
+
+def _model_dir(args: argparse.Namespace) -> str:
+    model_dir = args.model_dir or os.path.join("runs", os.path.basename(args.config).replace(".py", ""))
+    checkpoints = os.path.join(model_dir, CHECKPOINT_DIR)
+    if args.no_resume and os.path.isdir(checkpoints) and os.listdir(checkpoints):
+        from lmkit.errors import UsageError
+        raise UsageError(f"--no_resume, but {model_dir} already holds checkpoints; "
+                         "pass a new --model_dir or drop --no_resume to continue that run")
+    return model_dir
+
+
+def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distributed: bool = True) -> int:
+    """Trains as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
+    args = build_parser(prog, distributed).parse_args(argv)
+    config = config_from_args(args, distributed)  # plain Python: no TensorFlow op yet
+    user_modules_importable()
+
+    from lmkit import dist
+    from lmkit.checks import check_divisible
+    from lmkit.cli.data import load_run_data
+    from lmkit.models import build_model, model_class
+    from lmkit.train import Trainer
+
+    model_class(config.model)  # a model that cannot be built fails before anything is written
+
+    # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
+    dist.init(backend=config.backend if distributed else "local",  # DIST
+              intra_op_threads=args.intra_op_threads, num_gpus=config.num_gpus)
+    replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
+    check_divisible("batch_size", config.batch_size, replicas, "workers")
+    model_dir = _model_dir(args)
+
+    def log(text: str) -> None:
+        if dist.is_chief():
+            print(text, flush=True)
+
+    data = load_run_data(config, model_dir, args.data_path, args.data_url,  # DIST: rank 0 prepares
+                         verify=not args.no_verify_data, log=log)
+    config = data.config
+
+    import tensorflow as tf
+    tf.random.set_seed(config.seed)  # same initial values everywhere; rank 0's win anyway
+    with dist.scope():  # DIST: native backend: one copy of each variable per replica
+        model = build_model(config.model_config())
+    trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
+    result = trainer.fit(data.train, data.valid, data.test, max_steps=args.max_steps,
+                         num_epochs=args.num_epochs, words=data.words)
+    if dist.is_chief() and result.epochs:  # DIST: rank 0 reports
+        log(_summary(result, replicas, model_dir))
+    return 0
+
+
+def _summary(result: Any, replicas: int, model_dir: str) -> str:
+    def fmt(value: Optional[float], per_word: Optional[float]) -> str:
+        text = "-" if value is None else f"{value:.2f}"
+        return text if per_word is None else f"{text} (per word {per_word:.2f})"
+
+    last = result.epochs[-1]
+    return (f"done: {len(result.epochs)} epoch(s), final valid perplexity "
+            f"{fmt(last.valid_perplexity, last.valid_word_perplexity)}, test perplexity "
+            f"{fmt(result.test_perplexity, result.test_word_perplexity)}, {last.tokens_per_sec:.0f} "
+            f"tokens/sec on {replicas} worker(s); checkpoint {result.checkpoint}; results in "
+            f"{os.path.join(model_dir, RESULTS_FILE)}")

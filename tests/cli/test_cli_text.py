@@ -1,0 +1,190 @@
+"""Your own text, end to end: ``lmkit train`` on 2 workers, then ``lmkit generate``.
+
+Every run is a subprocess with a hard timeout. The corpus is generated
+(tests must not depend on ../shared); the built-in ``config_transformer`` is
+shrunk with ``--set`` so that a few steps take seconds.
+"""
+import concurrent.futures
+import json
+import os
+import re
+import sys
+from typing import List, Sequence
+
+import pytest
+
+from tests.helpers import mpirun_cmd, run, subprocess_env
+
+pytestmark = [pytest.mark.horovod, pytest.mark.mpi]
+
+SMALL = ["--set", "hidden_size=32", "--set", "ffn_dim=64", "--set", "num_layers=1", "--set", "num_heads=2",
+         "--set", "batch_size=8", "--set", "num_steps=16", "--set", "max_positions=64",
+         "--set", "learning_rate=0.005", "--set", "warmup_epochs=0.0"]
+PROMPT = "the old cat"
+LINE = re.compile(r"^\[(\d+)\.(\d+)\] (.*)$")
+
+USER_MODEL = '''
+"""A user's own model: lmkit modules composed outside lmkit (a GRU, stateful)."""
+from lmkit import modules
+from lmkit.models import LanguageModel
+
+
+class TinyLM(LanguageModel):
+    stateful = True
+
+    def __init__(self, *, vocab_size, hidden_size, dropout=0.0):
+        super().__init__(name="tiny_lm")
+        self.vocab_size = vocab_size
+        with self.name_scope:
+            self.embedder = modules.WordEmbedder(vocab_size=vocab_size, dim=hidden_size)
+            self.decoder = modules.RNNDecoder(input_size=hidden_size, hidden_size=hidden_size,
+                                              num_layers=1, cell="gru", dropout=dropout)
+            self.projection = modules.OutputProjection(dim=hidden_size, vocab_size=vocab_size)
+
+    def initial_state(self, batch_size, max_length=None):
+        return self.decoder.initial_state(batch_size)
+
+    def __call__(self, ids, state=None, training=False):
+        outputs, state = self.decoder(self.embedder(ids), state, training)
+        return self.projection(outputs), state
+
+    def step(self, ids, state):
+        outputs, state = self.decoder.step(self.embedder(ids), state)
+        return self.projection(outputs), state
+'''
+
+
+def write_corpus(folder: str, lines: int = 400, seed: int = 0) -> dict:
+    """English-like sentences (a few accented words, so bytes and chars are not all ASCII)."""
+    import random
+    rng = random.Random(seed)
+    subjects = ["the old cat", "a young dog", "my friend", "the café owner", "our teacher", "the bird"]
+    verbs = ["sees", "likes", "finds", "paints", "follows", "greets"]
+    objects = ["the red house", "a small boat", "the garden", "her naïve neighbour", "the river"]
+    os.makedirs(folder, exist_ok=True)
+    files = {}
+    for name, count in (("train", lines), ("valid", lines // 8), ("test", lines // 8)):
+        text = "\n".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} ."
+                         for _ in range(count))
+        files[name] = os.path.join(folder, f"{name}.txt")
+        with open(files[name], "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return files
+
+
+def alphabet(files: dict) -> set:
+    with open(files["train"], encoding="utf-8") as f:
+        return set(f.read()) - {"\n"}
+
+
+def run_pair(cmds: Sequence[Sequence[str]], env=None, timeout: float = 300) -> list:
+    """Two commands side by side (each spends seconds importing TensorFlow)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda cmd: run(cmd, timeout=timeout, env=env), cmds))
+
+
+def train_cmd(files: dict, model_dir: str, *flags: str, launcher: Sequence[str] = ()) -> List[str]:
+    launcher = list(launcher) or mpirun_cmd(2, ["-m", "lmkit"])
+    return [*launcher, "train", "--config", "config_transformer", "--train_file", files["train"],
+            "--valid_file", files["valid"], "--test_file", files["test"], "--model_dir", model_dir,
+            "--num_epochs", "1", *SMALL, *flags]
+
+
+def generate_cmd(model_dir: str, *flags: str) -> List[str]:
+    return [sys.executable, "-m", "lmkit", "generate", "--model_dir", model_dir, "--prompt", PROMPT,
+            "--max_length", "40", "--seed", "0", "--num_samples", "2", "--strategy", "top_k",
+            "--top_k", "5", *flags]
+
+
+def check_trained(res, model_dir: str, tokenizer: str) -> dict:
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    assert results["world_size"] == 2
+    with open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8") as f:
+        assert json.load(f)["name"] == tokenizer
+    assert results["checkpoint"] and os.path.isdir(results["checkpoint"])
+    assert "tokens/sec (2 worker(s))" in res.stdout
+    return results
+
+
+def check_generated(res, chars: set) -> List[str]:
+    """Two samples, each the prompt, then readable text: no pieces' marks, only the corpus' letters."""
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2, res.stdout
+    texts = []
+    for n, line in enumerate(lines):
+        m = LINE.match(line)
+        assert m and (int(m.group(1)), int(m.group(2))) == (0, n), line
+        text = m.group(3)
+        assert text.startswith(PROMPT), line
+        assert "\u2581" not in text and "<unk>" not in text, line  # sentencepiece's space mark
+        assert set(text) <= chars | {" ", "\ufffd"}, set(text) - chars
+        texts.append(text)
+    return texts
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    return write_corpus(str(tmp_path_factory.mktemp("corpus")))
+
+
+@pytest.fixture(scope="module")
+def spm_dir(tmp_path_factory, corpus) -> str:
+    """sentencepiece on 2 workers, stopped by --max_steps inside the first epoch."""
+    model_dir = str(tmp_path_factory.mktemp("spm") / "model")
+    res = run(train_cmd(corpus, model_dir, "--tokenizer", "sentencepiece", "--vocab_size", "50",
+                        "--max_steps", "6"), timeout=400)
+    results = check_trained(res, model_dir, "sentencepiece")
+    assert results["global_step"] == 6
+    # The stop fell inside the epoch, and that state is the checkpoint generation reads.
+    epoch = results["epochs"][-1]
+    assert epoch["steps"] == 6
+    with open(os.path.join(results["checkpoint"], "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    assert (meta["step"], meta["stopped_by"], meta["epoch"]) == (6, "max_steps", 0)
+    # Subword perplexity is also reported per word, and the model folder holds the tokenizer.
+    assert epoch["valid_word_perplexity"] > epoch["valid_perplexity"] > 1
+    assert results["test_word_perplexity"] > results["test_perplexity"] > 1
+    assert {"spm.model", "tokenizer.json"} <= set(os.listdir(model_dir))
+    assert sorted(os.listdir(os.path.dirname(corpus["train"]))) == ["test.txt", "train.txt", "valid.txt"]
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    assert (config["data"], config["tokenizer"], config["vocab_size"]) == ("text", "sentencepiece", 50)
+    return model_dir
+
+
+def test_sentencepiece_stopped_inside_an_epoch_then_generate(spm_dir, corpus):
+    first, second = run_pair([generate_cmd(spm_dir), generate_cmd(spm_dir)])
+    check_generated(first, alphabet(corpus))
+    assert second.stdout == first.stdout  # the same seed gives the same text
+
+
+def test_char_and_byte_tokenizers_on_two_workers(tmp_path, corpus):
+    lmkit = os.path.join(os.path.dirname(sys.executable), "lmkit")  # the installed command
+    dirs = {name: str(tmp_path / name) for name in ("char", "byte")}
+    for name, model_dir in dirs.items():
+        res = run(train_cmd(corpus, model_dir, "--tokenizer", name, "--max_steps", "40",
+                            launcher=mpirun_cmd(2, [])[:-1] + [lmkit]), timeout=400)
+        results = check_trained(res, model_dir, name)
+        assert results["config"]["vocab_size"] == (4 + 256 if name == "byte" else
+                                                    4 + len(alphabet(corpus)))
+    for res in run_pair([generate_cmd(dirs["char"]), generate_cmd(dirs["byte"])]):
+        check_generated(res, alphabet(corpus))
+
+
+def test_user_model_by_import_path(tmp_path, corpus):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "user_lm.py").write_text(USER_MODEL)
+    env = subprocess_env({"PYTHONPATH": f"{code}{os.pathsep}{subprocess_env()['PYTHONPATH']}"})
+    model_dir = str(tmp_path / "model")
+    res = run(train_cmd(corpus, model_dir, "--model", "user_lm:TinyLM", "--tokenizer", "word",
+                        "--max_steps", "4", launcher=mpirun_cmd(2, ["-m", "lmkit"])),
+              timeout=400, env=env)
+    results = check_trained(res, model_dir, "word")
+    assert results["config"]["model"] == "user_lm:TinyLM"
+    assert "training TinyLM on 2 worker(s)" in res.stdout
+    # generate rebuilds the class from config.json alone (no training script).
+    check_generated(run(generate_cmd(model_dir), timeout=200, env=env), alphabet(corpus))

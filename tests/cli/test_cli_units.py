@@ -1,0 +1,63 @@
+"""The lmkit command's own pieces, without training: dispatch, flags -> config, output lines."""
+import subprocess
+import sys
+
+import pytest
+
+from lmkit.cli.generate import one_line
+from lmkit.cli.train import build_parser, config_from_args
+from lmkit.config import ConfigError, load_config
+from tests.helpers import run
+
+
+def test_dispatch_version_help_and_unknown_command():
+    from lmkit import __version__
+    version = run([sys.executable, "-m", "lmkit", "--version"], timeout=60)
+    assert (version.returncode, version.stdout) == (0, f"lmkit {__version__}\n")
+    usage = run([sys.executable, "-m", "lmkit", "--help"], timeout=60)
+    assert usage.returncode == 0 and all(c in usage.stdout for c in ("train", "generate", "evaluate"))
+    bad = run([sys.executable, "-m", "lmkit", "trian"], timeout=60)
+    assert bad.returncode == 2 and "unknown command 'trian'; did you mean 'train'?" in bad.stderr
+    empty = run([sys.executable, "-m", "lmkit"], timeout=60)
+    assert empty.returncode == 2 and "usage: lmkit" in empty.stderr
+
+
+def test_help_answers_without_tensorflow():
+    code = ("import sys\nfrom lmkit.cli import train, generate, evaluate\n"
+            "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
+            "for m in (train, generate, evaluate):\n"
+            "    m.build_parser().format_help()\n"
+            "assert 'tensorflow' not in sys.modules\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
+def test_train_file_switches_a_ptb_config_to_text():
+    args = build_parser().parse_args(["--config", "config_transformer", "--train_file", "t.txt",
+                                      "--tokenizer", "sentencepiece", "--vocab_size", "300",
+                                      "--model", "my_pkg.lm:LM", "--use_horovod", "false"])
+    config = config_from_args(args)
+    assert (config.data, config.train_file, config.tokenizer, config.vocab_size) == (
+        "text", "t.txt", "sentencepiece", 300)
+    assert (config.model, config.backend) == ("my_pkg.lm:LM", "native")
+    assert config.tokenizer_options == {"vocab_size": 300, "max_vocab": None, "min_count": 1,
+                                        "model_type": "unigram"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(data="text"), "train_file = '' is empty but data = 'text' needs one"),
+    (dict(train_file="a.txt"), "train_file = 'a.txt' is set but data = 'ptb'"),
+    (dict(tokenizer="char"), "tokenizer = 'char' applies to data = 'text'"),
+    (dict(data="text", train_file="a", tokenizer="bpe"), "tokenizer = 'bpe' is not one of word"),
+    (dict(data="csv"), "data = 'csv' is not one of ptb, text"),
+    (dict(data="text", train_file="a", spm_model_type="wordpiece"), "spm_model_type = 'wordpiece'"),
+    (dict(use_horovod=True, backend="native"), "use_horovod = True means backend = 'horovod'"),
+])
+def test_bad_data_keys_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("config_small", overrides)
+
+
+def test_one_line_keeps_a_sample_on_its_line():
+    assert one_line("a\nb\x1ec\u2028d e") == "a\\nb\\x1ec\\u2028d e"
+    assert len(("x" + one_line("1\r\n2\x85")).splitlines()) == 1
