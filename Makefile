@@ -17,13 +17,14 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 endif
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup setup-native run run-single test test-fast test-dist test-native bench bench-deps clean help
+.PHONY: setup setup-native run run-single test test-fast test-dist test-native wheel bench bench-deps clean help
 
 help:
 	@echo "make run        set up, then: mpirun -np $(NP) python examples/lm_ptb_distributed.py --config $(CONFIG)"
 	@echo "make test       set up, then run all tests (single-process, mpirun -np 2, native TF env)"
 	@echo "make setup      only the set-up of .venv (TF 2.18.1 + Horovod 0.28.1)"
 	@echo "make setup-native  the second env .venv-tf-latest (newest TF, no Horovod)"
+	@echo "make wheel      build dist/lmkit-<version>-py3-none-any.whl (pure Python; pick TensorFlow with [cpu] or [gpu])"
 	@echo "make bench      set up (+ the PyTorch baseline), then every benchmark (about 55 minutes; docs/performance.md)"
 	@echo "make bench-deps only the benchmark extras: torch==2.13.0 (CPU) for the PyTorch column"
 	@echo "variables: NP CONFIG DATA_PATH MODEL_DIR ARGS"
@@ -54,6 +55,9 @@ test-dist: setup
 test-native: setup-native
 	@bash scripts/run_tests.sh native
 
+wheel: setup
+	$(PYTHON) -m pip wheel --no-deps --no-build-isolation -w dist .
+
 # The PyTorch baseline of benchmarks/train_throughput.py (optional: without it
 # that column is skipped and the benchmark says so).
 bench-deps: setup
@@ -75,4 +79,4 @@ bench: setup bench-deps
 	    --set batch_size=10 --output benchmarks/results/profile_config_small_1thread_batch10.json
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache dist build

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # public name -> the module that defines it (a module itself when the names agree)
 _EXPORTS = {

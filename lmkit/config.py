@@ -7,8 +7,9 @@ lowercase names are the settings (as in Texar's examples)::
     hidden_size = 200
     ...
 
-``load_config("config_small")`` finds it (in ``configs/`` of the checkout,
-in ``$LMKIT_CONFIG_PATH``, as a file path or as an importable module), then
+``load_config("config_small")`` finds it (in ``$LMKIT_CONFIG_PATH``, in
+``./configs``, among the configs that come with lmkit in ``lmkit/configs/``,
+as a file path or as an importable module), then
 :meth:`TrainConfig.from_dict` checks it: a missing required key or an unknown
 key is a :class:`ConfigError` naming the key; values are type-checked, never
 silently coerced (``2.7`` is not an int, ``"False"`` is not a bool).
@@ -285,8 +286,8 @@ def _module_values(module: types.ModuleType) -> Dict[str, Any]:
 def _search_dirs() -> Tuple[str, ...]:
     here = os.path.dirname(os.path.abspath(__file__))
     dirs = [d for d in os.environ.get("LMKIT_CONFIG_PATH", "").split(os.pathsep) if d]
-    dirs += [os.path.join(os.getcwd(), "configs"), os.path.join(os.path.dirname(here), "configs")]
-    return tuple(dict.fromkeys(dirs))
+    dirs += [os.path.join(os.getcwd(), "configs"), os.path.join(here, "configs")]  # yours, then lmkit's
+    return tuple(dict.fromkeys(os.path.realpath(d) for d in dirs))
 
 
 def available_configs() -> Tuple[str, ...]:

@@ -68,10 +68,10 @@ fi
 VPY="$ROOT/$VENV/bin/python"
 PIP=("$VPY" -m pip --disable-pip-version-check -q)
 
-# The stamp records what was installed; when setup.py or this script change,
+# The stamp records what was installed; when pyproject.toml or this script change,
 # the package steps run again (each still skips what is already there).
 STAMP="$VENV/.lmkit-setup"
-want="$(cat setup.py scripts/setup.sh | sha256sum | cut -c1-16)-$MODE"
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$MODE"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   log "$VENV is up to date (delete $STAMP to force a re-check)"
   trap - EXIT
@@ -112,6 +112,8 @@ if [ "$MODE" = "main" ]; then
     log "horovod ${HOROVOD_VERSION} (MPI + Gloo) present"
   fi
 
+  # The package's own metadata (pyproject.toml); TensorFlow and Horovod are already
+  # here, the versions this environment pins (Horovod builds against nothing newer).
   STEP="pip install -e .[test,bench]"
   "${PIP[@]}" install -e ".[test,bench]" "tensorflow-cpu==${TF_VERSION}" || fail "pip install -e .[test,bench]"
   STEP="check the environment"
@@ -121,10 +123,12 @@ else
   STEP="install newest tensorflow-cpu (${LMKIT_TF_LATEST:-2.21.*}) without horovod"
   "${PIP[@]}" install --upgrade pip setuptools wheel || fail "pip could not upgrade itself"
   "${PIP[@]}" install "tensorflow-cpu==${LMKIT_TF_LATEST:-2.21.*}" || fail "pip install tensorflow-cpu==${LMKIT_TF_LATEST:-2.21.*}"
-  STEP="pip install -e . (no horovod) in $VENV"
-  "${PIP[@]}" install --no-deps -e . || fail "pip install --no-deps -e ."
-  "${PIP[@]}" install numpy sentencepiece pytest pytest-timeout hypothesis || fail "test requirements"
+  STEP="pip install -e .[test] (no horovod) in $VENV"
+  "${PIP[@]}" install -e ".[test]" || fail "pip install -e .[test]"
 fi
+
+STEP="pip check in $VENV"
+"$VPY" -m pip check || fail "the installed packages do not fit each other (pip check above)"
 
 echo "$want" > "$STAMP"
 trap - EXIT

@@ -1,7 +1,7 @@
 """Command-line plumbing shared by the ``lmkit`` commands and the examples.
 
 * :class:`Parser`: argparse that reports a bad flag once (rank 0), exit 2;
-* :func:`run_main` runs a ``main`` so that bad input prints one message
+* :func:`run_main` quiets TensorFlow's start-up chatter (unless --verbose) and runs a ``main`` so that bad input prints one message
   (rank 0) and exits 2, and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
   leaving ranks waiting in a collective;
@@ -83,7 +83,14 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
     only), 3 non-finite loss, 1 anything else (printed by the failing rank,
     naming it, with the traceback; that rank leaves at once, so the launcher
     stops the others rather than leaving them waiting in a collective).
+
+    TensorFlow's start-up chatter is filtered out of stderr first, unless
+    ``--verbose`` is among the flags or ``LMKIT_VERBOSE=1``
+    (:mod:`lmkit.console`).
     """
+    from lmkit.console import quiet_console, verbose_requested
+
+    quiet_console(rank=launcher_rank(), verbose=verbose_requested(sys.argv[1:] if argv is None else argv))
     try:
         code = main(argv)
     except LmkitError as exc:  # UsageError (2), NonFiniteError (3): raised on every rank

@@ -39,6 +39,8 @@ def build_parser(prog: str = "lmkit evaluate") -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=None,
                    help="rows read side by side; default: the run's eval_batch_size or batch_size")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a line")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
     return p
 
 

@@ -53,7 +53,8 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the random strategies (default: drawn, and printed to stderr)")
     p.add_argument("--verbose", action="store_true",
-                   help="print the load time and the generation speed to stderr")
+                   help="print the load time and the generation speed to stderr, and keep "
+                        "TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
     return p
 
 

@@ -82,6 +82,8 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--intra_op_threads", type=int, default=None,
                      help="CPU threads per op on each rank (default: cores / ranks on the host)")
+    run.add_argument("--verbose", action="store_true",
+                     help="keep TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
     if distributed:  # DIST: which backend, and how gradients travel
         dist_group = p.add_argument_group("distributed")
         dist_group.add_argument(
