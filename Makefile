@@ -72,6 +72,7 @@ bench: setup bench-deps
 	$(PYTHON) benchmarks/scaling.py --rounds 4 --variants "1 rank,2 ranks,2 ranks + no fusion,2 ranks + fp16" \
 	    --output benchmarks/results/scaling_comm.json
 	$(PYTHON) benchmarks/memory.py
+	$(PYTHON) benchmarks/preemption.py --rounds 3
 	$(PYTHON) benchmarks/profile_step.py --config config_small
 	LMKIT_INTER_OP_THREADS=1 $(PYTHON) benchmarks/profile_step.py --config config_small --threads 1 \
 	    --output benchmarks/results/profile_config_small_1thread.json

@@ -129,7 +129,10 @@ class TrainConfig:
     seed: int = 1234
     eval_batch_size: int = 0  # 0 = batch_size
     checkpoint_every_epochs: int = 1
+    checkpoint_every_steps: int = 0  # also every this many global steps (0 = off)
+    checkpoint_every_minutes: float = 0.0  # also this often, by rank 0's clock (0 = off)
     keep_checkpoints: int = 3
+    preemption_grace_seconds: float = 60.0  # signal to exit, checkpoint or not (0 = no limit)
     log_every_steps: int = 0  # 0 = about 10 lines per epoch
     jit_compile: bool = False
 
@@ -195,6 +198,10 @@ class TrainConfig:
             bad("embedding_dim", f"must equal hidden_size = {self.hidden_size} when tie_weights = True")
         if self.keep_checkpoints < 1:
             bad("keep_checkpoints", "must be >= 1")
+        for key in ("checkpoint_every_epochs", "checkpoint_every_steps", "checkpoint_every_minutes",
+                    "preemption_grace_seconds"):
+            if getattr(self, key) < 0:
+                bad(key, "must be >= 0 (0 turns it off)")
 
     def _validate_data(self, bad) -> None:
         if self.data not in DATA_KINDS:

@@ -1,9 +1,10 @@
 """Error types shared across lmkit.
 
 :class:`UsageError` covers everything a user can fix by changing the input
-(config, data, flags, model directory): the examples print its message once
-(rank 0) and exit with status 2.  Other exceptions are bugs or failures of
-the machine and exit with status 1.
+(config, data, flags, model directory): the commands print its message once
+(rank 0) and exit with status 2. :class:`NonFiniteError` exits with 3,
+:class:`PreemptedError` (stopped by a signal, checkpoint written) with 75.
+Other exceptions are bugs or failures of the machine and exit with status 1.
 """
 
 
@@ -11,6 +12,7 @@ class LmkitError(Exception):
     """Base class of lmkit's own errors."""
 
     exit_code = 1
+    label = "error"  # the word before the message on the command line
 
     # Exception's own constructor (one message) also for the ValueError
     # subclasses: TensorFlow's autograph then re-raises an lmkit error from
@@ -32,3 +34,15 @@ class NonFiniteError(LmkitError, FloatingPointError):
     """Training produced a NaN or Inf loss or gradient."""
 
     exit_code = 3
+
+
+class PreemptedError(LmkitError):
+    """Training stopped on a preemption signal after writing a checkpoint: rerun to continue.
+
+    Exit status 75 (``EX_TEMPFAIL`` of ``sysexits.h``: a temporary failure, the
+    user is invited to retry), distinct from 0 (done), 1 (a crash), 2 (bad
+    input) and 3 (a non-finite loss).
+    """
+
+    exit_code = 75
+    label = "preempted"

@@ -17,6 +17,9 @@ and then
 * starts the workers of this host (``127.0.0.1``, ``localhost`` or its own
   name) as subprocesses and waits for them; when one fails the others are
   stopped and its exit status is returned;
+* passes SIGTERM, SIGINT and SIGUSR1 on to the workers of this host, which
+  then stop together at a step boundary after a checkpoint (exit status 75,
+  "preempted, rerun to continue"), and waits for all of them;
 * for every other host prints the exact command to run there (start them by
   hand or from a scheduler), or with ``--ssh`` runs it through ``ssh host``
   in the same directory (needs password-less SSH and the same checkout and
@@ -43,10 +46,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from lmkit.dist.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV
 from lmkit.errors import UsageError
+from lmkit.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
 
 __all__ = ["Worker", "plan", "worker_env", "remote_command", "main"]
 
 DEFAULT_PORT = 23456
+# How long the other workers may take to finish a preemption stop after the first one left.
+PREEMPTION_WAIT = 120.0
 _LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
@@ -176,9 +182,13 @@ def remote_command(worker: Worker, workers: Sequence[Worker], command: Sequence[
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace: float = 10.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+    """Ends the workers still running: SIGTERM twice (an lmkit worker leaves at once on the
+    second; one signal would ask it to checkpoint first), then SIGKILL after ``grace`` s."""
+    for _ in range(2):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
     deadline = time.monotonic() + grace
     for p in procs:
         try:
@@ -226,6 +236,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for w in remote:
             print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd)}", file=sys.stderr)
     procs: List[subprocess.Popen] = []
+    signalled: List[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        # A scheduler's notice (SIGTERM, SIGUSR1, Ctrl-C) goes to every worker of this host:
+        # they stop together at a step boundary and rank 0 writes a checkpoint.
+        signalled.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, forward)
     try:
         for w in workers:
             if is_local_host(w.host):
@@ -233,20 +255,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             elif args.ssh:
                 procs.append(subprocess.Popen(
                     ["ssh", "-o", "BatchMode=yes", w.host, remote_command(w, workers, command, cwd)]))
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                print(f"[launch] a worker exited with status {failed[0]}; stopping the others",
-                      file=sys.stderr)
-                _stop(procs)
-                return failed[0] if failed[0] > 0 else 1
-            if all(c == 0 for c in codes):
-                return 0
-            time.sleep(0.2)
+        return _wait(procs, signalled)
     except KeyboardInterrupt:
         _stop(procs)
         return 130
+
+
+def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int]) -> int:
+    """The job's exit status: 0 when every worker succeeded, else the first failure's.
+
+    A worker that fails while the others still run stops them, unless the job
+    is stopping for a preemption (a signal, or a worker's preempted status):
+    then every worker finishes its own stop, within the grace period.
+    """
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            stopping = signalled or failed[0] == PREEMPTED_EXIT_STATUS
+            if stopping and any(c is None for c in codes):
+                deadline = time.monotonic() + PREEMPTION_WAIT
+                while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            if any(p.poll() is None for p in procs):
+                print(f"[launch] a worker exited with status {failed[0]}; stopping the others",
+                      file=sys.stderr)
+                _stop(procs)
+            return failed[0] if failed[0] > 0 else 1
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
     """Runs ``main`` and turns its outcome into one message and an exit status.
 
     Exit status: 0 done, 2 bad input (:class:`UsageError`, printed by rank 0
-    only), 3 non-finite loss, 1 anything else (printed by the failing rank,
+    only), 3 non-finite loss, 75 preempted (a checkpoint was written: rerun
+    the same command to continue), 1 anything else (printed by the failing rank,
     naming it, with the traceback; that rank leaves at once, so the launcher
     stops the others rather than leaving them waiting in a collective).
 
@@ -93,9 +94,9 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
     quiet_console(rank=launcher_rank(), verbose=verbose_requested(sys.argv[1:] if argv is None else argv))
     try:
         code = main(argv)
-    except LmkitError as exc:  # UsageError (2), NonFiniteError (3): raised on every rank
+    except LmkitError as exc:  # UsageError (2), NonFiniteError (3), PreemptedError (75): on every rank
         if launcher_rank() == 0:
-            sys.stderr.write(f"error: {exc}\n")
+            sys.stderr.write(f"{exc.label}: {exc}\n")
         _finalize_then_exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write(f"rank {launcher_rank()}: interrupted\n")

@@ -74,7 +74,7 @@ __all__ = [
     "init", "initialized", "shutdown", "backend_name", "threads", "thread_settings",
     "launched_by_mpi_or_horovodrun", "launcher_rank",
     "rank", "size", "local_rank", "local_size", "num_replicas", "local_replicas", "is_chief",
-    "scope", "run", "per_replica", "first",
+    "scope", "run", "per_replica", "first", "local_rows",
     "barrier", "allreduce", "allgather", "broadcast", "allreduce_scalar", "broadcast_scalar",
     "broadcast_object", "allgather_object", "broadcast_variables",
     "DistributedGradientTape", "average_gradients", "run_on_chief", "is_peer_failure",
@@ -253,6 +253,16 @@ def first(value: T) -> T:
     Use it for values that agree on every replica, such as an all-reduced loss.
     """
     return _backend().first(value)
+
+
+def local_rows(value: T) -> T:
+    """This process's rows of a result of :func:`run` or :func:`per_replica` (plain values pass through).
+
+    With several replicas in one process (native backend) their parts are
+    joined along the batch axis in replica order, which is row order: the
+    inverse of the split :func:`run` makes.
+    """
+    return _backend().local_rows(value)
 
 
 def is_chief() -> bool:

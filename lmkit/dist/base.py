@@ -128,6 +128,10 @@ class Backend(abc.ABC):
         """The first local replica's part of a per-replica value."""
         return value
 
+    def local_rows(self, value: Any) -> Any:
+        """This process's rows of a per-replica value (its local replicas' parts, in order)."""
+        return value
+
     # ------------------------------------------------------------ lifecycle
     def is_peer_failure(self, exc: BaseException) -> bool:
         """True when ``exc`` is a collective cancelled because another rank failed."""

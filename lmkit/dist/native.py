@@ -239,6 +239,14 @@ class NativeBackend(Backend):
         values = self.strategy.experimental_distribute_values_from_function(value_fn)  # NATIVE
         return None if all(m is None for m in made) else values
 
+    def local_rows(self, value: Any) -> Any:
+        def rows(v):
+            if isinstance(v, tf.distribute.DistributedValues):
+                parts = self.strategy.experimental_local_results(v)  # NATIVE: replica order = row order
+                return tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+            return v
+        return tf.nest.map_structure(rows, value)
+
     def first(self, value: Any) -> Any:
         def pick(v):
             if isinstance(v, tf.distribute.DistributedValues):

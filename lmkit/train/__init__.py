@@ -1,5 +1,6 @@
 """Training: the distributed trainer, checkpoints and metrics."""
 from lmkit.train.checkpoint import CheckpointManager, load_model
-from lmkit.train.trainer import EpochStats, Trainer, TrainResult
+from lmkit.train.records import EpochStats, TrainResult
+from lmkit.train.trainer import Trainer
 
 __all__ = ["CheckpointManager", "EpochStats", "Trainer", "TrainResult", "load_model"]

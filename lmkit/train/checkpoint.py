@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from lmkit.errors import CheckpointError, UsageError
-from lmkit.fileio import atomic_write_text, fsync_dir
+from lmkit.fileio import atomic_write_bytes, atomic_write_text, fsync_dir
 from lmkit.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE,
                           checkpoint_folder_name, complete_checkpoints)
 
@@ -48,14 +48,27 @@ class CheckpointManager:
         found = self.all()
         return found[-1][1] if found else None
 
-    def save(self, step: int, meta: Optional[Dict[str, Any]] = None) -> str:
-        """Writes a checkpoint for ``step`` atomically and prunes old ones."""
+    def save(self, step: int, meta: Optional[Dict[str, Any]] = None,
+             files: Optional[Dict[str, bytes]] = None) -> str:
+        """Writes a checkpoint for ``step`` atomically and prunes old ones.
+
+        Args:
+          step: the global step (names the folder).
+          meta: JSON-friendly facts stored in ``meta.json`` (written last).
+          files: more files of the checkpoint, by name (e.g. the carried RNN
+            state), written inside it before ``meta.json``.
+
+        Returns:
+          The checkpoint's folder.
+        """
         os.makedirs(self.directory, exist_ok=True)
         final = os.path.join(self.directory, checkpoint_folder_name(step))
         tmp = f"{final}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         self.checkpoint.write(os.path.join(tmp, CHECKPOINT_PREFIX))
+        for name, data in (files or {}).items():
+            atomic_write_bytes(os.path.join(tmp, name), data)
         info = {"step": int(step), "time": time.time(), **(meta or {})}
         atomic_write_text(os.path.join(tmp, META_FILE), json.dumps(info, indent=2, sort_keys=True))
         fsync_dir(tmp)

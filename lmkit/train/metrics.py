@@ -34,6 +34,7 @@ class ProgressBar:
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.every = every or max(1, self.total // 10)
         self.start = time.perf_counter()
+        self._printed = 0  # the step of the last line (non-terminal output)
 
     def update(self, step: int, text: str = "") -> None:
         """Shows progress after ``step`` steps (1-based)."""
@@ -45,7 +46,8 @@ class ProgressBar:
             bar = "#" * filled + "." * (width - filled)
             self.stream.write(f"\r{self.prefix} [{bar}] {step}/{self.total} {text}   ")
             self.stream.flush()
-        elif step % self.every == 0 or step == self.total:
+        elif step - self._printed >= self.every or step == self.total:
+            self._printed = step
             self.stream.write(f"{self.prefix} step {step}/{self.total} {text}\n")
             self.stream.flush()
 

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -33,7 +32,7 @@ from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
 from lmkit.data.batching import bptt_arrays, num_bptt_batches
 from lmkit.data.windows import window_arrays
-from lmkit.errors import NonFiniteError, UsageError
+from lmkit.errors import NonFiniteError, PreemptedError, UsageError
 from lmkit.fileio import atomic_write_text
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
 from lmkit.losses import window_loss
@@ -41,78 +40,11 @@ from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.evaluation import Evaluator
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
+from lmkit.preemption import PreemptionWatcher
+from lmkit.train.records import EpochRun, EpochStats, Progress, StepResult, TrainResult
+from lmkit.train.resume import Boundaries, Checkpointer, Position
 from lmkit.train.startup import check_agreement, prepare_model_dir
 from lmkit.train.watchdog import Watchdog
-
-
-@dataclass
-class EpochStats:
-    """What one epoch measured (rank 0's view; losses are averaged over ranks).
-
-    Perplexities are per token; the ``*_word_perplexity`` ones, per
-    whitespace-separated word of the same text (None unless the data gave
-    word counts: subword, char and byte tokenizers).
-    """
-
-    epoch: int
-    train_perplexity: float
-    valid_perplexity: Optional[float]
-    learning_rate: float
-    tokens_per_sec: float
-    epoch_time: float
-    cumulative_time: float
-    steps: int
-    train_word_perplexity: Optional[float] = None
-    valid_word_perplexity: Optional[float] = None
-
-
-@dataclass
-class TrainResult:
-    """The outcome of :meth:`Trainer.fit`."""
-
-    epochs: List[EpochStats] = field(default_factory=list)
-    test_perplexity: Optional[float] = None
-    test_word_perplexity: Optional[float] = None
-    step_losses: List[float] = field(default_factory=list)
-    global_step: int = 0
-    resumed_from: Optional[str] = None
-    checkpoint: Optional[str] = None  # the last checkpoint this run wrote
-
-    def to_dict(self) -> Dict[str, Any]:
-        last = self.epochs[-1] if self.epochs else None
-        return {
-            "epochs": [vars(e) for e in self.epochs],
-            "test_perplexity": self.test_perplexity,
-            "test_word_perplexity": self.test_word_perplexity,
-            "global_step": self.global_step,
-            "resumed_from": self.resumed_from,
-            "checkpoint": self.checkpoint,
-            "final_train_perplexity": last.train_perplexity if last else None,
-            "final_valid_perplexity": last.valid_perplexity if last else None,
-            "final_train_word_perplexity": last.train_word_perplexity if last else None,
-            "final_valid_word_perplexity": last.valid_word_perplexity if last else None,
-        }
-
-
-class _Progress(tf.Module):
-    """Counters and the random state that a checkpoint must carry."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__(name="progress")
-        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.rng = tf.random.Generator.from_seed(seed, alg="philox")
-
-
-@dataclass
-class _EpochRun:
-    """What :meth:`Trainer._run_epoch` measured."""
-
-    loss_sum: float = 0.0  # summed window losses (rank-averaged)
-    steps: int = 0
-    timed_from: int = 0  # steps before this one were compiling, not training
-    seconds: float = 0.0
-    stopped: bool = False  # max_steps reached inside the epoch
 
 
 class Trainer:
@@ -166,7 +98,7 @@ class Trainer:
             self.optimizer = optimizer if optimizer is not None else build_optimizer(config)
             # Dropout of lmkit modules draws from the global generator: make it a
             # checkpointed one, different on every rank (each rank sees other rows).
-            self.progress = _Progress(config.seed * 1009 + self.rank)
+            self.progress = Progress(config.seed * 1009 + self.rank)
         tf.random.set_global_generator(self.progress.rng)
         self._compiled_train_step: Optional[Callable[..., Any]] = None
         self._evaluator: Optional[Evaluator] = None
@@ -200,7 +132,7 @@ class Trainer:
         model, opt, progress, policy = self.model, self.optimizer, self.progress, self.policy
         variables = list(model.trainable_variables)
 
-        def train_step(x, y, state):
+        def train_step(x, y, state, stop, save):
             with tf.GradientTape() as tape:
                 logits, new_state = model(x, state, training=True)  # [b, t, vocab]
                 loss = window_loss(y, logits)
@@ -211,7 +143,10 @@ class Trainer:
             # Clipping after the averaging: every rank applies the same update.
             # IndexedSlices stay sparse, also for the norm when clipping is off.
             grads, norm = clip_gradients(grads, cfg.max_grad_norm, cfg.max_grad_norm_per_layer)
-            mean_loss = dist.allreduce(loss, op="average", name="lmkit.train_loss")
+            # One all-reduce carries the loss and every rank's stop/save requests: a
+            # request on any rank makes its average positive on all of them.
+            averaged = dist.allreduce(tf.stack([loss, stop, save]), op="average", name="lmkit.train_loss")
+            mean_loss, agreed = averaged[0], averaged[1:]
             finite = tf.math.logical_and(tf.math.is_finite(mean_loss), tf.math.is_finite(norm))
             opt.learning_rate.assign(policy(progress.global_step))
 
@@ -222,19 +157,20 @@ class Trainer:
             # A non-finite step is not applied; the host stops training.
             tf.cond(finite, apply, lambda: tf.constant(False))
             progress.global_step.assign_add(1)
-            return mean_loss, new_state, finite
+            return mean_loss, new_state, finite, agreed
 
-        def replicated_step(x, y, state):
+        def replicated_step(x, y, state, stop, save):
             # Each local replica trains on its rows; the loss agrees on all of them.
-            loss, new_state, finite = dist.run(train_step, (x, y, state))
-            return dist.first(loss), new_state, dist.first(finite)
+            loss, new_state, finite, agreed = dist.run(train_step, (x, y, state, stop, save))
+            return StepResult(dist.first(loss), new_state, dist.first(finite), dist.first(agreed))
 
         self._compiled = False
         self._compiled_train_step = tf.function(replicated_step,
                                                 jit_compile=cfg.jit_compile and self.world == 1)
         self._evaluator = Evaluator(model, cfg.num_steps, cfg.eval_batch_size or cfg.batch_size)
 
-    def train_step(self, inputs: Any, targets: Any, state: Any) -> Tuple[tf.Tensor, Any, tf.Tensor]:
+    def train_step(self, inputs: Any, targets: Any, state: Any, stop: float = 0.0,
+                   save: float = 0.0) -> "StepResult":
         """One compiled, averaged, clipped optimizer step on this process's rows.
 
         Args:
@@ -242,17 +178,21 @@ class Trainer:
           targets: int32, the same shape.
           state: the carried model state from :meth:`initial_state` or the
             previous step.
+          stop: 1.0 when this rank asks every rank to stop (a preemption signal).
+          save: 1.0 when this rank asks for a checkpoint (rank 0's clock).
 
         Returns:
-          ``(loss averaged over the ranks, new state, finite)``; an update
-          whose loss or gradient is not finite is not applied.
+          A :class:`StepResult`: the loss averaged over the ranks, the new
+          state, whether the update was finite (a non-finite one is not
+          applied), and the ranks' agreed ``[stop, save]`` (> 0: some rank asked).
 
         Raises:
           RuntimeError: before :meth:`build` (or :meth:`fit`).
         """
         if self._compiled_train_step is None:
             raise RuntimeError("call fit() or build() before train_step()")
-        return self._compiled_train_step(inputs, targets, state)
+        return self._compiled_train_step(inputs, targets, state, tf.constant(stop, tf.float32),
+                                         tf.constant(save, tf.float32))
 
     def initial_state(self, batch: Optional[int] = None) -> Any:
         """The state an epoch starts from, one per local replica (None for stateless models).
@@ -352,8 +292,16 @@ class Trainer:
         prepare_model_dir(self.model_dir, cfg, self.vocab)
         self.build(steps_per_epoch)
         result = TrainResult()
-        manager = self._checkpoint_manager()
-        result.resumed_from = self._restore_and_broadcast(manager)
+        self._checkpoints = Checkpointer(self._checkpoint_manager(), self.progress, self.world, self.log,
+                                         self._watchdog.beat)
+        result.resumed_from, position = self._checkpoints.restore(
+            list(self.model.variables) + list(self.optimizer.variables), self.initial_state(), cfg.seed)
+        if result.resumed_from:
+            epoch = int(self.progress.epoch.numpy())
+            self.log(f"resumed from {result.resumed_from} (epoch {epoch}, step "
+                     f"{int(self.progress.global_step.numpy())}"
+                     + (f", {position.steps_in_epoch} steps into epoch {epoch + 1}" if position.steps_in_epoch
+                        else "") + f") on {self.world} worker(s)")
         summaries = Summaries(os.path.join(self.model_dir, TENSORBOARD_DIR)
                               if self.chief and self.model_dir is not None else None)
         start_epoch = int(self.progress.epoch.numpy())
@@ -365,21 +313,26 @@ class Trainer:
                                  if streams.get(k) is not None and n}
         cumulative = 0.0
         trained = 0  # steps of this call; a usage error after the first one saves them
-        try:
-            for epoch in range(start_epoch, epochs):
-                inputs, targets = self.epoch_arrays(train_ids, epoch)
-                run = self._run_epoch(epoch, epochs, inputs, targets, max_steps, result)
-                trained += run.steps
-                cumulative += run.seconds
-                if run.steps == 0:
-                    break
-                self._end_epoch(epoch, epochs, run, cumulative, valid_ids, manager, summaries, result)
-                if run.stopped:
-                    break
-        except UsageError:
-            if trained and self.chief and manager is not None:  # keep what was trained
-                result.checkpoint = self._save(manager, {"stopped_by": "a usage error"})
-            raise
+        with PreemptionWatcher(self.rank, cfg.preemption_grace_seconds) as watcher:
+            self._boundaries = Boundaries(watcher, cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes)
+            try:
+                for epoch in range(start_epoch, epochs):
+                    inputs, targets = self.epoch_arrays(train_ids, epoch)
+                    run = self._run_epoch(epoch, epochs, inputs, targets, max_steps, result, position)
+                    position = None  # only the first epoch resumes inside
+                    trained += run.steps
+                    cumulative += run.seconds
+                    if run.steps == 0 and not run.preempted:
+                        break
+                    self._end_epoch(epoch, epochs, run, cumulative, valid_ids, summaries, result)
+                    if run.preempted:
+                        self._preempted(watcher, result)
+                    if run.stopped:
+                        break
+            except UsageError:
+                if trained:  # keep what was trained (rank 0 alone: no collective on this path)
+                    result.checkpoint = self._checkpoints.save_on_chief({"stopped_by": "a usage error"})
+                raise
         result.global_step = int(self.progress.global_step.numpy())
         if self.chief and test_ids is not None:
             loss = self.evaluate_loss(test_ids)
@@ -387,11 +340,29 @@ class Trainer:
             result.test_word_perplexity = self._word_perplexity(loss, "test")
             self.log(f"Test perplexity: {result.test_perplexity:.2f}"
                      + self._per_word_text(result.test_word_perplexity))
+        self._write_results(result)
+        return result
+
+    def _write_results(self, result: TrainResult) -> None:
         if self.chief and self.model_dir is not None:
-            summary = {"config": cfg.to_dict(), "world_size": self.world, **result.to_dict()}
+            summary = {"config": self.config.to_dict(), "world_size": self.world, **result.to_dict()}
             atomic_write_text(os.path.join(self.model_dir, RESULTS_FILE),
                               json.dumps(summary, indent=2, sort_keys=True))
-        return result
+
+    def _preempted(self, watcher: PreemptionWatcher, result: TrainResult) -> None:
+        """Every rank leaves after rank 0's checkpoint: the job can be rerun to continue."""
+        # Every rank waits here for rank 0's save, so no rank's exit stops a save in progress.
+        path = dist.broadcast_object(result.checkpoint, 0)
+        watcher.stopped()
+        result.global_step = int(self.progress.global_step.numpy())
+        self._write_results(result)
+        step_in_epoch = int(self.progress.steps_in_epoch.numpy())
+        where = (f"step {result.global_step} (epoch {int(self.progress.epoch.numpy()) + 1}, "
+                 f"{step_in_epoch} steps into it)" if step_in_epoch else
+                 f"step {result.global_step} (the end of epoch {int(self.progress.epoch.numpy())})")
+        signal_name = watcher.signal_name or "a signal on another rank"
+        raise PreemptedError(f"stopped by {signal_name} at {where}; checkpoint {path}; "
+                             "rerun the same command to continue from there")
 
     def _word_perplexity(self, mean_token_loss: float, split: str) -> Optional[float]:
         ratio = self._tokens_per_word.get(split)
@@ -408,50 +379,22 @@ class Trainer:
         return CheckpointManager(os.path.join(self.model_dir, CHECKPOINT_DIR), ckpt,
                                  keep=self.config.keep_checkpoints)
 
-    def _save(self, manager: CheckpointManager, meta: Dict[str, Any]) -> str:
-        """Rank 0 writes a checkpoint of the current state (no collective)."""
-        self._watchdog.beat("a checkpoint save began")
-        path = manager.save(int(self.progress.global_step.numpy()),
-                            meta={"epoch": int(self.progress.epoch.numpy()), "world_size": self.world,
-                                  **meta})
-        self.log(f"saved checkpoint {path}")
-        return path
-
-    def _restore_and_broadcast(self, manager: Optional[CheckpointManager]) -> Optional[str]:
-        """Rank 0 restores the latest checkpoint (if any); its variables then go to every rank.
-
-        Returns:
-          The restored checkpoint's path, or None.
-        """
-        resumed_from = None
-        if manager is not None and self.resume:
-            def restore() -> Optional[str]:
-                latest = manager.latest()
-                if latest is not None:
-                    manager.restore(latest)
-                return latest
-            resumed_from = dist.run_on_chief(restore)
-        # Rank 0's variables (fresh or restored) go to every rank.
-        dist.broadcast_variables(list(self.model.variables) + list(self.optimizer.variables)
-                                 + [self.progress.epoch, self.progress.global_step])
-        if self.rank > 0:  # other ranks continue a distinct random stream
-            self.progress.rng.reset_from_seed(
-                int(self.progress.global_step.numpy()) * 7919 + self.config.seed * 1009 + self.rank)
-        if resumed_from:
-            self.log(f"resumed from {resumed_from} (epoch {int(self.progress.epoch.numpy())}, "
-                     f"step {int(self.progress.global_step.numpy())}) on {self.world} worker(s)")
-        return resumed_from
-
     def _run_epoch(self, epoch: int, epochs: int, inputs: np.ndarray, targets: np.ndarray,
-                   max_steps: Optional[int], result: TrainResult) -> _EpochRun:
-        """Trains on one epoch's windows (or until ``max_steps``); logs progress on rank 0."""
+                   max_steps: Optional[int], result: TrainResult,
+                   position: Optional[Position] = None) -> EpochRun:
+        """Trains on one epoch's windows (or until ``max_steps`` or a stop); logs progress on rank 0.
+
+        ``position`` resumes inside the epoch: its first steps are skipped
+        and its carried state continues.
+        """
         cfg = self.config
         steps_per_epoch = int(inputs.shape[0])
         tokens_per_step = cfg.batch_size * cfg.num_steps
-        state = self.initial_state()  # reset each epoch
+        start = position.steps_in_epoch if position is not None else 0
+        state = position.state if position is not None and position.state is not None else self.initial_state()
         bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief,
                           every=cfg.log_every_steps)
-        run = _EpochRun()
+        run = EpochRun()
         pending: List[Any] = []  # (loss, finite) tensors not yet read back
         step_count = int(self.progress.global_step.numpy())
 
@@ -461,16 +404,32 @@ class Trainer:
                 result.step_losses.extend(values)
             run.loss_sum += sum(values)
 
+        def act(actions: List[str], done_in_epoch: int) -> None:
+            stopping = "stop" in actions
+            run.preempted = run.preempted or stopping
+            run.save_at_end = bool(actions) and done_in_epoch == steps_per_epoch
+            if actions and done_in_epoch < steps_per_epoch:  # an epoch's end saves in _end_epoch
+                self.progress.steps_in_epoch.assign(done_in_epoch)
+                result.checkpoint = self._checkpoints.save(state, {"stopped_by": "preemption"} if stopping
+                                                           else {"saved_by": "schedule"}) or result.checkpoint
+                self._boundaries.saved()
+
         t0 = time.perf_counter()
-        for i in range(steps_per_epoch):
+        for i in range(start, steps_per_epoch):
             if max_steps is not None and step_count >= max_steps:
                 run.stopped = True
+                self.progress.steps_in_epoch.assign(i)
+                if pending:
+                    drain(i - 1)
+                result.checkpoint = self._checkpoints.save(state, {"stopped_by": "max_steps"}) or result.checkpoint
                 break
-            if i == 0 and not self.chief:  # waits for rank 0's evaluation and save (watched there)
+            if i == start and not self.chief:  # waits for rank 0's evaluation and save (watched there)
                 self._watchdog.pause()
-            loss, state, finite = self.train_step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
+            out = self.train_step(tf.constant(inputs[i]), tf.constant(targets[i]), state,
+                                  *self._boundaries.flags())
+            state = out.state
             self._watchdog.beat(step_count + 1)
-            pending.append((loss, finite))
+            pending.append((out.loss, out.finite))
             run.steps += 1
             step_count += 1
             if not self._compiled:  # the first call traces and compiles: not training speed
@@ -484,33 +443,52 @@ class Trainer:
             if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
                 drain(i)
                 elapsed = time.perf_counter() - t0
-                bar.update(i + 1, f"ppl {perplexity(run.loss_sum / ((i + 1) * cfg.num_steps)):.2f} "
+                bar.update(i + 1, f"ppl {perplexity(run.loss_sum / ((run.steps) * cfg.num_steps)):.2f} "
                            f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
                            "tokens/s")
+            actions = self._boundaries.after_step(out.agreed, step_count)
+            if actions:
+                if pending:
+                    drain(i)
+                act(actions, i + 1)
+                if run.preempted:
+                    run.stopped = True
+                    break
+        else:
+            act(self._boundaries.flush(), steps_per_epoch)  # the last step's flags: no step follows
         if pending:
             drain(run.steps - 1)
         bar.close()
         run.seconds = time.perf_counter() - t0
         return run
 
-    def _end_epoch(self, epoch: int, epochs: int, run: _EpochRun, cumulative: float,
-                   valid_ids: Optional[np.ndarray], manager: Optional[CheckpointManager],
-                   summaries: Summaries, result: TrainResult) -> None:
-        """Rank 0 evaluates, logs, writes summaries and a checkpoint (no collective here).
+    def _end_epoch(self, epoch: int, epochs: int, run: EpochRun, cumulative: float,
+                   valid_ids: Optional[np.ndarray], summaries: Summaries, result: TrainResult) -> None:
+        """Every rank takes part in the epoch's checkpoint; rank 0 evaluates, logs and writes summaries.
 
         A checkpoint follows every ``checkpoint_every_epochs`` epochs, the last
-        epoch, and a stop inside an epoch (``max_steps``).
+        epoch, and a preemption at the epoch's end (stops inside an epoch
+        saved their own in :meth:`_run_epoch`).
         """
         cfg = self.config
         lr = float(self.optimizer.learning_rate.numpy())
-        train_loss = run.loss_sum / (run.steps * cfg.num_steps)
+        train_loss = run.loss_sum / max(run.steps * cfg.num_steps, 1)
         completed = not run.stopped
         if completed:
             self.progress.epoch.assign(epoch + 1)
-        valid_loss = None
-        if self.chief and valid_ids is not None:  # rank 0 only: no collective here
-            valid_loss = self.evaluate_loss(valid_ids)
+            self.progress.steps_in_epoch.assign(0)
         tokens = cfg.batch_size * cfg.num_steps * (run.steps - run.timed_from)
+        every = cfg.checkpoint_every_epochs
+        due = epoch + 1 == epochs or (every > 0 and (epoch + 1) % every == 0) or run.save_at_end
+        if completed and due:  # before rank 0's evaluation: the save gathers from every rank
+            result.checkpoint = self._checkpoints.save(
+                None, {"train_perplexity": perplexity(train_loss),
+                       **({"stopped_by": "preemption"} if run.preempted else {})}) or result.checkpoint
+            self._boundaries.saved()
+        valid_loss = None
+        # Rank 0 only: no collective here. A preemption leaves the evaluation to the rerun.
+        if self.chief and valid_ids is not None and run.steps and not run.preempted:
+            valid_loss = self.evaluate_loss(valid_ids)
         stats = EpochStats(
             epoch=epoch + 1, train_perplexity=perplexity(train_loss),
             valid_perplexity=None if valid_loss is None else perplexity(valid_loss),
@@ -531,11 +509,6 @@ class Trainer:
                          "train/word_perplexity": stats.train_word_perplexity,
                          "valid/perplexity": stats.valid_perplexity,
                          "valid/word_perplexity": stats.valid_word_perplexity})
-        due = completed and ((epoch + 1) % cfg.checkpoint_every_epochs == 0 or epoch + 1 == epochs)
-        if self.chief and manager is not None and (due or run.stopped):
-            result.checkpoint = self._save(manager, {
-                "train_perplexity": stats.train_perplexity, "valid_perplexity": stats.valid_perplexity,
-                **({} if completed else {"stopped_by": "max_steps", "steps_in_epoch": run.steps})})
 
     @staticmethod
     def _drain(pending: List[Any], epoch: int, last_index: int) -> List[float]:

@@ -14,6 +14,7 @@ step before which it does):
 * ``kind=kill``: sends itself SIGKILL (no Python clean-up at all);
 * ``kind=exit``: calls ``sys.exit(0)`` as a stray library call might;
 * ``kind=hang``: sleeps for an hour in Python, never reaching the next collective;
+* ``kind=signal``: sends itself SIGTERM (a scheduler's notice reaching one rank);
 * ``kind=eval_raise``: raises inside rank 0's rank-0-only evaluation;
 * ``kind=slow_save``: every checkpoint write after the first sleeps 600 s
   (the test kills the job there);
@@ -52,7 +53,7 @@ def _install(fault: dict) -> None:
 
     class FaultyTrainer(base):
         def train_step(self, *args):
-            if (kind in ("raise", "kill", "exit", "hang") and me == fault["rank"]
+            if (kind in ("raise", "kill", "exit", "hang", "signal") and me == fault["rank"]
                     and int(self.progress.global_step.numpy()) + 1 == fault["step"]):
                 print(f"rank {me}: injecting {kind} before step {fault['step']}", flush=True)
                 if kind == "raise":
@@ -63,6 +64,8 @@ def _install(fault: dict) -> None:
                     sys.exit(0)
                 if kind == "hang":
                     time.sleep(3600)
+                if kind == "signal":  # a scheduler's notice to this rank alone
+                    os.kill(os.getpid(), signal.SIGTERM)
             return super().train_step(*args)
 
         def evaluate_loss(self, ids):
@@ -86,9 +89,9 @@ def _install(fault: dict) -> None:
     if kind == "slow_save":
         original = ckpt_module.CheckpointManager.save
 
-        def slow_save(self, step, meta=None):
+        def slow_save(self, step, meta=None, files=None):
             if not self.all():  # the first checkpoint is written normally
-                return original(self, step, meta)
+                return original(self, step, meta, files)
             import tensorflow as tf
             write = tf.train.Checkpoint.write
 
@@ -99,7 +102,7 @@ def _install(fault: dict) -> None:
                 return out
 
             tf.train.Checkpoint.write = slow_write
-            return original(self, step, meta)
+            return original(self, step, meta, files)
 
         ckpt_module.CheckpointManager.save = slow_save
 

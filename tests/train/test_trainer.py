@@ -158,7 +158,8 @@ def test_clipping_keeps_the_embedding_gradient_sparse(max_grad_norm, monkeypatch
     trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
     trainer.build(steps_per_epoch=10)
     x = tf.zeros([cfg.batch_size, cfg.num_steps], tf.int32)
-    trainer._compiled_train_step.get_concrete_function(x, x, trainer.initial_state())
+    no = tf.constant(0.0)  # no stop or save request
+    trainer._compiled_train_step.get_concrete_function(x, x, trainer.initial_state(), no, no)
     assert seen and seen[0].count("IndexedSlices") == 1, seen
 
     # 2. clip_gradients never builds a dense [vocab, dim] tensor from slices.
@@ -232,3 +233,29 @@ def test_eval_data_too_small_fails_before_training(tmp_path):
         trainer.fit(_ids(), _ids(10))
     assert not os.path.exists(tmp_path / "m")
     assert int(trainer.progress.global_step.numpy()) == 0
+
+
+@pytest.mark.parametrize("model", ["lstm", "transformer"])
+def test_resume_inside_an_epoch_is_exact_with_dropout_on(tmp_path, model):
+    cfg = _config(keep_prob=0.7, model=model, num_heads=2)
+    straight, _, _ = _train(cfg, str(tmp_path / "a"), 2)
+    interrupted = str(tmp_path / "b")
+    tf.random.set_seed(11)
+    first = Trainer(build_model(cfg.model_config()), cfg, model_dir=interrupted, log=lambda s: None)
+    first.fit(_ids(), _ids(300, seed=1), num_epochs=2, max_steps=37)  # inside epoch 1 (59 steps)
+    (meta,) = _checkpoint_metas(interrupted)
+    assert (meta["step"], meta["epoch"], meta["steps_in_epoch"]) == (37, 0, 37)
+    assert ("rnn_state.npz" in os.listdir(first._checkpoints.manager.latest())) == (model == "lstm")
+    resumed, _, result = _train(cfg, interrupted, 2, seed=999)  # the init seed must not matter
+    assert result.resumed_from and result.epochs[0].steps == 59 - 37
+    for a, b in zip(straight.trainable_variables, resumed.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6, err_msg=a.name)
+
+
+def test_checkpoints_every_steps_keep_the_last_few(tmp_path):
+    cfg = _config(keep_prob=1.0, checkpoint_every_steps=10, keep_checkpoints=2, num_epochs=1)
+    model_dir = str(tmp_path / "m")
+    _train(cfg, model_dir, 1)
+    steps = [m["step"] for m in _checkpoint_metas(model_dir)]
+    assert steps == [50, 59]  # every 10 steps, the epoch's end; the folder keeps 2
+    assert [m.get("saved_by") for m in _checkpoint_metas(model_dir)] == ["schedule", None]

@@ -64,7 +64,8 @@ class Outcome:
 
 def run_streamed(cmd: Sequence[str], timeout: float, marker: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None,
-                 on_line: Optional[Callable[[str], None]] = None) -> Outcome:
+                 on_line: Optional[Callable[[str], None]] = None,
+                 on_start: Optional[Callable[[subprocess.Popen], None]] = None) -> Outcome:
     """Runs ``cmd`` in its own process group, reading its output as it comes.
 
     Args:
@@ -75,10 +76,13 @@ def run_streamed(cmd: Sequence[str], timeout: float, marker: Optional[str] = Non
         ``seconds_after_marker``.
       env: extra environment variables.
       on_line: called with every line (e.g. to kill a rank by its PID).
+      on_start: called with the started process (e.g. to signal the launcher later).
     """
     proc = subprocess.Popen(list(cmd), cwd=ROOT, env=subprocess_env(env), text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
+    if on_start is not None:
+        on_start(proc)
     lines: List[str] = []
     seen: List[float] = []
 

@@ -1,0 +1,93 @@
+"""What training records: per-epoch statistics, the result of a run, the counters a checkpoint carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, NamedTuple, Optional
+
+import tensorflow as tf
+
+__all__ = ["EpochRun", "EpochStats", "Progress", "StepResult", "TrainResult"]
+
+
+@dataclass
+class EpochStats:
+    """What one epoch measured (rank 0's view; losses are averaged over ranks).
+
+    Perplexities are per token; the ``*_word_perplexity`` ones, per
+    whitespace-separated word of the same text (None unless the data gave
+    word counts: subword, char and byte tokenizers).
+    """
+
+    epoch: int
+    train_perplexity: float
+    valid_perplexity: Optional[float]
+    learning_rate: float
+    tokens_per_sec: float
+    epoch_time: float
+    cumulative_time: float
+    steps: int
+    train_word_perplexity: Optional[float] = None
+    valid_word_perplexity: Optional[float] = None
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :meth:`Trainer.fit`."""
+
+    epochs: List[EpochStats] = field(default_factory=list)
+    test_perplexity: Optional[float] = None
+    test_word_perplexity: Optional[float] = None
+    step_losses: List[float] = field(default_factory=list)
+    global_step: int = 0
+    resumed_from: Optional[str] = None
+    checkpoint: Optional[str] = None  # the last checkpoint this run wrote
+
+    def to_dict(self) -> Dict[str, Any]:
+        last = self.epochs[-1] if self.epochs else None
+        return {
+            "epochs": [vars(e) for e in self.epochs],
+            "test_perplexity": self.test_perplexity,
+            "test_word_perplexity": self.test_word_perplexity,
+            "global_step": self.global_step,
+            "resumed_from": self.resumed_from,
+            "checkpoint": self.checkpoint,
+            "final_train_perplexity": last.train_perplexity if last else None,
+            "final_valid_perplexity": last.valid_perplexity if last else None,
+            "final_train_word_perplexity": last.train_word_perplexity if last else None,
+            "final_valid_word_perplexity": last.valid_word_perplexity if last else None,
+        }
+
+
+class Progress(tf.Module):
+    """Counters and the random state that a checkpoint must carry."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(name="progress")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # Steps done in the current epoch: 0 at an epoch's start (a mid-epoch checkpoint's position).
+        self.steps_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_in_epoch")
+        self.rng = tf.random.Generator.from_seed(seed, alg="philox")
+
+
+@dataclass
+class EpochRun:
+    """What one epoch's loop measured (``Trainer._run_epoch``)."""
+
+    loss_sum: float = 0.0  # summed window losses (rank-averaged)
+    steps: int = 0
+    timed_from: int = 0  # steps before this one were compiling, not training
+    seconds: float = 0.0
+    stopped: bool = False  # max_steps reached inside the epoch, or a preemption
+    preempted: bool = False  # the ranks agreed to stop (a signal): checkpoint written
+    save_at_end: bool = False  # a save or stop fell on the epoch's last step
+
+
+class StepResult(NamedTuple):
+    """What :meth:`Trainer.train_step` returns."""
+
+    loss: tf.Tensor  # averaged over the ranks
+    state: Any  # the carried model state after the step
+    finite: tf.Tensor  # False: the update was not applied
+    agreed: tf.Tensor  # [stop, save] averaged over the ranks: > 0 when some rank asked

@@ -1,0 +1,240 @@
+"""Where training stands inside an epoch, and when it stops to save: exact mid-epoch resume.
+
+A checkpoint taken inside an epoch must carry what the variables alone do
+not: the position in the data (the epoch and the steps done in it; the
+window order of the epoch follows from ``(seed, epoch)``), the recurrent
+state of every row of the global batch, and every rank's dropout generator.
+:func:`gather_position` collects them from all ranks (a collective: every
+rank calls it at the same step) for rank 0 to save; :func:`restore_position`
+hands each rank its part back, also on another number of workers:
+
+* the data position and the RNN state are global (rows of the global batch),
+  so each rank takes its rows of the new layout and training continues
+  exactly;
+* the dropout generators are per rank, restored exactly when the number of
+  ranks is the same; on another number each rank reseeds from
+  ``(seed, step, rank)``, so dropout masks differ from an uninterrupted run
+  (with dropout off the resumed run is still exact).
+
+:class:`Boundaries` decides, at every step boundary and the same way on
+every rank, whether to save (every ``checkpoint_every_steps`` steps, or
+when rank 0's ``checkpoint_every_minutes`` clock is due) or to stop
+(a preemption signal on any rank). The signal and the clock travel as
+flags inside the compiled step, with the loss's all-reduce, and are read
+one step later, so the host never waits for the step it just started.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from lmkit import dist
+
+__all__ = ["Boundaries", "Checkpointer", "Position", "STATE_FILE", "gather_position", "restore_position"]
+
+STATE_FILE = "rnn_state.npz"  # inside a checkpoint folder: the carried state of every row
+
+
+def _to_numpy(state: Any) -> Any:
+    return None if state is None else tf.nest.map_structure(lambda t: np.asarray(t), dist.local_rows(state))
+
+
+def gather_position(state: Any, rng: tf.random.Generator) -> Optional[Tuple[Dict[str, bytes], Dict[str, Any]]]:
+    """Collects the carried state of every row and every rank's generator (call on every rank).
+
+    Args:
+      state: this process's carried model state (None for stateless models).
+      rng: this process's dropout generator.
+
+    Returns:
+      On rank 0, ``(files, meta)`` for the checkpoint: the state of every
+      row of the global batch as ``rnn_state.npz`` (rank order is row
+      order), and ``{"rng_states": [...], "world_size": N}``; None elsewhere.
+    """
+    mine = {"state": _to_numpy(state), "rng": np.asarray(rng.state).tolist()}
+    everyone = dist.allgather_object(mine)  # same call, same step, on every rank
+    if not dist.is_chief():
+        return None
+    meta = {"rng_states": [e["rng"] for e in everyone], "world_size": dist.size()}
+    if everyone[0]["state"] is None:
+        return {}, meta
+    flat = [tf.nest.flatten(e["state"]) for e in everyone]
+    rows = [np.concatenate(parts, axis=0) for parts in zip(*flat)]  # [global batch, ...] each
+    buffer = io.BytesIO()
+    np.savez(buffer, *rows)
+    return {STATE_FILE: buffer.getvalue()}, meta
+
+
+@dataclass
+class Position:
+    """What a rank resumes from inside an epoch."""
+
+    state: Any  # this process's rows of the carried state (plain tensors), or None
+    steps_in_epoch: int
+
+
+def restore_position(meta: Optional[Dict[str, Any]], state_bytes: Optional[bytes], steps_in_epoch: int,
+                     template: Any, rng: tf.random.Generator, seed: int, step: int) -> Position:
+    """This rank's part of a restored position (no collective).
+
+    Args:
+      meta: the checkpoint's ``meta.json`` as rank 0 read it, or None without a checkpoint.
+      state_bytes: its ``rnn_state.npz``, or None.
+      steps_in_epoch: steps already done in the checkpoint's epoch.
+      template: this process's initial state (gives the nest structure), or None.
+      rng: this process's dropout generator, set here.
+      seed: the config's seed (reseeding on another number of ranks).
+      step: the restored global step.
+    """
+    rank, size = dist.rank(), dist.size()
+    rng_states = (meta or {}).get("rng_states")
+    if rng_states and len(rng_states) == size:
+        rng.reset(tf.constant(rng_states[rank], dtype=rng.state.dtype))
+    elif rank > 0:  # another layout: a distinct stream per rank, from the step on
+        rng.reset_from_seed(step * 7919 + seed * 1009 + rank)
+    state = None
+    if state_bytes and template is not None and steps_in_epoch > 0:
+        with np.load(io.BytesIO(state_bytes)) as saved:
+            rows = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        per = rows[0].shape[0] // size
+        mine = [tf.constant(r[rank * per:(rank + 1) * per]) for r in rows]  # this process's rows
+        state = tf.nest.pack_sequence_as(tf.nest.map_structure(lambda t: 0, dist.local_rows(template)), mine)
+    return Position(state=state, steps_in_epoch=steps_in_epoch)
+
+
+class Boundaries:
+    """When to save and when to stop, decided the same way on every rank.
+
+    Args:
+      watcher: the preemption watcher (its flag is this rank's stop request).
+      every_steps: save every this many global steps (0 = off).
+      every_minutes: rank 0 asks for a save this often (0 = off).
+    """
+
+    def __init__(self, watcher: Any, every_steps: int, every_minutes: float) -> None:
+        self.watcher = watcher
+        self.every_steps = every_steps
+        self.every_seconds = every_minutes * 60.0
+        self._last_save = time.monotonic()
+        self._pending: Optional[tf.Tensor] = None  # the agreed flags of the step before
+
+    def flags(self) -> Tuple[float, float]:
+        """This rank's ``(stop, save)`` requests for the step about to start."""
+        save = 0.0
+        if self.every_seconds > 0 and dist.is_chief() and time.monotonic() - self._last_save >= self.every_seconds:
+            save = 1.0
+            self._last_save = time.monotonic()  # one request per period: a pulse, not a level
+        return (1.0 if self.watcher.requested else 0.0), save
+
+    def after_step(self, agreed: tf.Tensor, global_step: int) -> List[str]:
+        """What to do now that a step started: ``"stop"`` and/or ``"save"`` (or nothing).
+
+        ``agreed`` are that step's flags averaged over the ranks; the flags of
+        the step before are read (one step of lag), so every rank decides on
+        the same values at the same step.
+        """
+        previous, self._pending = self._pending, agreed
+        actions = []
+        if previous is not None:
+            stop, save = (float(v) > 0 for v in np.asarray(previous))
+            if stop:
+                actions.append("stop")
+            elif save:
+                actions.append("save")
+        if "save" not in actions and "stop" not in actions and self.every_steps and \
+                global_step % self.every_steps == 0:
+            actions.append("save")
+        return actions
+
+    def flush(self) -> List[str]:
+        """At the end of an epoch: the decision on the last step's flags (no step follows)."""
+        previous, self._pending = self._pending, None
+        if previous is None:
+            return []
+        stop, save = (float(v) > 0 for v in np.asarray(previous))
+        return ["stop"] if stop else ["save"] if save else []
+
+    def saved(self) -> None:
+        self._last_save = time.monotonic()
+
+
+class Checkpointer:
+    """The checkpoints of a run: rank 0 writes and reads them, every rank takes part.
+
+    Args:
+      manager: rank 0's :class:`~lmkit.train.checkpoint.CheckpointManager`
+        (every rank builds one; only rank 0 writes), or None without a model folder.
+      progress: the run's counters and generator (``epoch``, ``global_step``,
+        ``steps_in_epoch``, ``rng``).
+      world: replicas of the job (stored in every checkpoint).
+      log: rank 0's logger.
+      beat: the watchdog's progress call.
+    """
+
+    def __init__(self, manager: Any, progress: Any, world: int, log: Any, beat: Any) -> None:
+        self.manager = manager
+        self.progress = progress
+        self.world = world
+        self.log = log
+        self.beat = beat
+
+    def save(self, state: Any, meta: Dict[str, Any]) -> Optional[str]:
+        """A checkpoint of this step, with the carried state of every row (call on every rank).
+
+        Returns:
+          The checkpoint's folder (rank 0; None elsewhere and without a model folder).
+        """
+        if self.manager is None:
+            return None
+        gathered = gather_position(state, self.progress.rng)  # a collective: every rank, same step
+        if gathered is None:
+            return None
+        files, position = gathered
+        return self.save_on_chief({**meta, **position}, files)
+
+    def save_on_chief(self, meta: Dict[str, Any], files: Optional[Dict[str, bytes]] = None) -> Optional[str]:
+        """Rank 0 alone writes a checkpoint (no collective: also on an error path)."""
+        if self.manager is None or not dist.is_chief():
+            return None
+        self.beat("a checkpoint save began")
+        path = self.manager.save(int(self.progress.global_step.numpy()), files=files, meta={
+            "epoch": int(self.progress.epoch.numpy()), "steps_in_epoch": int(self.progress.steps_in_epoch.numpy()),
+            "world_size": self.world, **meta})
+        self.log(f"saved checkpoint {path}")
+        return path
+
+    def restore(self, variables: List[tf.Variable], template: Any, seed: int) -> Tuple[Optional[str], Position]:
+        """Rank 0 restores the latest checkpoint; every rank gets its variables and its position.
+
+        Args:
+          variables: every variable training updates (broadcast from rank 0).
+          template: this process's initial model state (its structure), or None.
+          seed: the config's seed.
+
+        Returns:
+          ``(the restored checkpoint or None, this rank's position)``.
+        """
+        found: Tuple[Optional[str], Optional[Dict[str, Any]], Optional[bytes]] = (None, None, None)
+        if self.manager is not None:
+            def read() -> Tuple[Optional[str], Optional[Dict[str, Any]], Optional[bytes]]:
+                latest = self.manager.latest()
+                if latest is None:
+                    return None, None, None
+                meta = self.manager.restore(latest)
+                state_path = os.path.join(latest, STATE_FILE)
+                data = open(state_path, "rb").read() if os.path.isfile(state_path) else None
+                return latest, meta, data
+            found = dist.run_on_chief(read)  # every rank: rank 0's path, meta and state
+        path, meta, data = found
+        counters = [self.progress.epoch, self.progress.global_step, self.progress.steps_in_epoch]
+        dist.broadcast_variables(list(variables) + counters)  # rank 0's values, fresh or restored
+        position = restore_position(meta, data, int(self.progress.steps_in_epoch.numpy()), template,
+                                    self.progress.rng, seed, int(self.progress.global_step.numpy()))
+        return path, position
