@@ -1,0 +1,179 @@
+"""Preemption: a signal stops every rank at the same step boundary, rank 0 saves, every process
+exits 75, and rerunning the same command ends with the variables of an uninterrupted run.
+
+The runs are the real ``lmkit train`` on the generated corpus with dropout on.
+``tests/scripts/faulty_ptb.py --fault kind=signal`` makes one rank signal
+itself before a given step (a deterministic mid-epoch stop); the launcher
+tests send the signal from outside, as a scheduler does.
+"""
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.dist.reliability.support import FAULTY, mpirun, run_streamed, tree_digest, write_config
+
+LMKIT = [sys.executable, "-m", "lmkit", "train"]
+LAUNCH = [sys.executable, "-m", "lmkit.launch", "--hosts", "127.0.0.1", "--num_workers", "2", "--"]
+STEPS = 64  # per epoch, global batch 8 x 10 steps on the corpus
+PREEMPTED = 75
+
+
+def flags(corpus, model_dir, config, epochs=2):
+    return ["--config", config, "--data_path", corpus.data, "--model_dir", model_dir,
+            "--num_epochs", str(epochs)]
+
+
+def launchers(backend):
+    """(command prefix for lmkit train, for the faulty example) of a backend."""
+    if backend == "horovod":
+        return mpirun(["-m", "lmkit", "train"]), mpirun([FAULTY])
+    if backend == "native":
+        return [*LAUNCH, *LMKIT, "--backend", "native"], [*LAUNCH, sys.executable, FAULTY]
+    return [*LMKIT, "--backend", "local"], [sys.executable, FAULTY]
+
+
+def final_variables(model_dir):
+    ckpts = os.path.join(model_dir, "checkpoints")
+    reader = tf.train.load_checkpoint(os.path.join(ckpts, sorted(os.listdir(ckpts))[-1], "ckpt"))
+    names = [n for n in reader.get_variable_to_shape_map() if n.startswith(("model/", "optimizer/"))]
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def metas(model_dir):
+    ckpts = os.path.join(model_dir, "checkpoints")
+    return [json.load(open(os.path.join(ckpts, n, "meta.json"))) for n in sorted(os.listdir(ckpts))]
+
+
+@pytest.fixture(scope="module")
+def dropout_config(corpus, tmp_path_factory):
+    return write_config(str(tmp_path_factory.mktemp("cfg") / "config_dropout.py"), corpus.vocab_size,
+                        keep_prob=0.7, num_epochs=2)
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param("horovod", marks=[pytest.mark.horovod, pytest.mark.mpi]), "native", "local"])
+def test_stop_inside_an_epoch_then_rerun_equals_an_uninterrupted_run(corpus, dropout_config, tmp_path,
+                                                                     backend):
+    train, faulty = launchers(backend)
+    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    out = run_streamed([*train, *flags(corpus, straight, dropout_config)], timeout=400)
+    assert out.returncode == 0, out.output[-4000:]
+    # Rank 1 (rank 0 in one process) is signalled in the middle of step 100 (36 steps into
+    # epoch 2); its request rides with step 101's all-reduce, every rank reads the agreement
+    # after starting step 102, and all stop after it.
+    rank = 0 if backend == "local" else 1
+    extra = ["--backend", "native"] if backend == "native" else []
+    out = run_streamed([*faulty, "--fault", f"rank={rank},step=100,kind=signal", "--",
+                        *flags(corpus, stopped, dropout_config), *extra], timeout=400)
+    assert out.returncode == PREEMPTED, out.output[-4000:]
+    assert out.count("preempted: stopped by ") == 1, out.output[-3000:]  # once, from rank 0
+    assert re.search(r"preempted: stopped by (SIGTERM|a signal on another rank) at step 102 \(epoch 2, "
+                     r"38 steps into it\); checkpoint \S+/ckpt-000000102; rerun", out.output), out.output[-3000:]
+    last = metas(stopped)[-1]
+    assert (last["step"], last["epoch"], last["steps_in_epoch"], last["stopped_by"]) == (
+        102, 1, 38, "preemption")
+    assert os.path.isfile(os.path.join(stopped, "checkpoints", "ckpt-000000102", "rnn_state.npz"))
+    # The same command again finishes the run exactly as if nothing had happened.
+    out = run_streamed([*train, *flags(corpus, stopped, dropout_config)], timeout=400)
+    assert out.returncode == 0, out.output[-4000:]
+    assert "38 steps into epoch 2" in out.output
+    want, got = final_variables(straight), final_variables(stopped)
+    assert want.keys() == got.keys() and len(want) > 4
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def slow_config(corpus, tmp_path_factory):
+    """500 steps an epoch (a row per rank): a signal from outside lands inside an epoch."""
+    return write_config(str(tmp_path_factory.mktemp("slow") / "config_slow.py"), corpus.vocab_size,
+                        batch_size=2, num_steps=5, num_epochs=1, preemption_grace_seconds=60.0)
+
+
+def send_from_outside(cmd, sig, **kwargs):
+    """Runs ``cmd`` and sends ``sig`` to it (the launcher) at its first progress line of training."""
+    started, sent = [], []
+
+    def on_line(line):
+        if not sent and re.match(r"epoch 1/\d+ step \d+/\d+ ", line):
+            sent.append(time.monotonic())
+            os.kill(started[0].pid, sig)
+    out = run_streamed(cmd, timeout=400, on_line=on_line, on_start=started.append, **kwargs)
+    return out, sent
+
+
+def check_stopped_inside(out, model_dir, sent):
+    """The stop fell inside an epoch, at the step the message names; returns seconds from the signal."""
+    steps = int(re.search(r"(\d+) steps/epoch", out.output).group(1))
+    match = re.search(r"preempted: stopped by \S+ at step (\d+) \(epoch (\d+), (\d+) steps into it\); "
+                      r"checkpoint (\S+); rerun", out.output)
+    assert match, out.output[-3000:]
+    step, epoch, into, path = int(match.group(1)), int(match.group(2)), int(match.group(3)), match.group(4)
+    assert step == (epoch - 1) * steps + into and 0 < into < steps  # inside the epoch, not at its end
+    assert path.endswith(f"ckpt-{step:09d}") and metas(model_dir)[-1]["step"] == step
+    return time.monotonic() - sent[0]
+
+
+@pytest.mark.horovod
+@pytest.mark.mpi
+def test_mpirun_forwards_usr1_and_term(corpus, slow_config, tmp_path):
+    # SIGUSR1: mpirun forwards it at once and exits with the ranks' status.
+    usr1 = str(tmp_path / "usr1")
+    out, sent = send_from_outside(mpirun(["-m", "lmkit", "train", *flags(corpus, usr1, slow_config, 1)]),
+                                  signal.SIGUSR1)
+    assert out.returncode == PREEMPTED, out.output[-3000:]
+    assert check_stopped_inside(out, usr1, sent) < 60
+    # SIGTERM: Open MPI passes it on after odls_base_sigkill_timeout seconds and SIGKILLs the
+    # ranks as long after that; mpirun itself then exits 1 whatever the ranks' status.
+    term = str(tmp_path / "term")
+    cmd = mpirun(["-m", "lmkit", "train", *flags(corpus, term, slow_config, 20)])  # outlasts the delay
+    out, sent = send_from_outside(cmd[:1] + ["--mca", "odls_base_sigkill_timeout", "10"] + cmd[1:],
+                                  signal.SIGTERM)
+    assert out.returncode != 0, out.output[-3000:]
+    assert check_stopped_inside(out, term, sent) < 10 + 60
+
+
+def test_lmkit_launch_forwards_term(corpus, slow_config, tmp_path):
+    model_dir = str(tmp_path / "m")
+    out, sent = send_from_outside([*LAUNCH, *LMKIT, "--backend", "native",
+                                   *flags(corpus, model_dir, slow_config, 1)], signal.SIGTERM)
+    assert out.returncode == PREEMPTED, out.output[-3000:]
+    assert check_stopped_inside(out, model_dir, sent) < 60
+
+
+def test_sigkill_during_the_preemption_save_keeps_the_previous_checkpoint(corpus, model_copy):
+    ckpts = os.path.join(model_copy, "checkpoints")
+    assert os.listdir(ckpts) == ["ckpt-000000064"]  # one finished epoch
+    previous = tree_digest(os.path.join(ckpts, "ckpt-000000064"))
+    pids = []
+
+    def on_line(line):
+        found = re.match(r"PID (\d+) RANK 0", line)
+        if found:
+            pids.append(int(found.group(1)))
+        if re.match(r"epoch 2/2 step \d+/64", line) and len(pids) == 1:
+            pids.append(0)
+            os.kill(pids[0], signal.SIGTERM)  # the scheduler's notice
+        if "in the middle of saving step" in line:
+            os.kill(pids[0], signal.SIGKILL)  # the machine goes before the save is done
+
+    flags_ = ["--config", corpus.config, "--data_path", corpus.data, "--model_dir", model_copy,
+              "--num_epochs", "2"]
+    out = run_streamed([sys.executable, FAULTY, "--fault", "kind=slow_save", "--", *flags_], timeout=300,
+                       on_line=on_line)
+    assert out.returncode == -signal.SIGKILL, out.output[-4000:]
+    leftovers = sorted(os.listdir(ckpts))
+    assert leftovers[0] == "ckpt-000000064" and re.fullmatch(r"ckpt-\d+\.tmp-\d+", leftovers[1]), leftovers
+    assert tree_digest(os.path.join(ckpts, "ckpt-000000064")) == previous
+    # The rerun continues from the last complete checkpoint.
+    out = run_streamed([*LMKIT, "--backend", "local", *flags_], timeout=300)
+    assert out.returncode == 0, out.output[-4000:]
+    assert re.search(r"resumed from \S+/ckpt-000000064 \(epoch 1, step 64\)", out.output)
+    assert sorted(os.listdir(ckpts)) == ["ckpt-000000064", "ckpt-000000128"]
