@@ -145,8 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for k in range(args.steps):
             i = position % len(inputs)
             position += 1
-            loss, state, finite = step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
-            pending.append(loss)
+            out = step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
+            state = out.state
+            pending.append(out.loss)
             if args.rss_every and position % args.rss_every == 0:
                 rss_trace.append([position, round(_rss_mib(), 1)])
         losses.extend(float(v) for v in pending)  # the host sync fit() does every few steps

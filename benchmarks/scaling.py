@@ -27,6 +27,11 @@ variant                     np    what changes
 2 ranks + fusion 1 MB       2     ``HOROVOD_FUSION_THRESHOLD=1048576``: the softmax
                                   layer's 8 MB gradient is reduced in place, not
                                   copied through the fusion buffer
+2 ranks + accum 2           2     ``grad_accum_steps = 2``, same global batch: 2
+                                  micro-batches of half of each rank's rows
+1 rank + accum 4, 4x batch  1     4 micro-batches of the config's batch per step
+2 ranks + accum 4,          2     each rank: 4 micro-batches of the "2 ranks"
+4x batch                          rows, one allreduce: communication per sample / 4
 ==========================  ====  ===================================================
 
 Throughput of N ranks = global words per step / step time (the slowest
@@ -86,12 +91,17 @@ VARIANTS: Dict[str, Tuple[int, Dict[str, Any], Dict[str, str]]] = {
     "2 ranks + 2 inter-op": (2, {}, {"LMKIT_INTER_OP_THREADS": "2"}),
     "1 rank + 2 inter-op": (1, {}, {"LMKIT_INTER_OP_THREADS": "2"}),
     "2 ranks + fusion 1 MB": (2, {}, {"HOROVOD_FUSION_THRESHOLD": "1048576"}),
+    "2 ranks + accum 2": (2, {"grad_accum_steps": 2}, {}),
+    "1 rank + accum 4, 4x batch": (1, {"batch_size": "{4B}", "grad_accum_steps": 4}, {}),
+    "2 ranks + accum 4, 4x batch": (2, {"batch_size": "{4B}", "grad_accum_steps": 4}, {}),
 }
 SETS = {
     "all": list(VARIANTS),
     "core": ["1 rank", "2 ranks", "1 rank + half batch", "2 ranks + 2x batch", "2 ranks + timeline",
              "2 ranks + busy polling"],
     "quick": ["1 rank", "2 ranks", "1 rank + half batch", "2 ranks + timeline"],
+    "accum": ["1 rank", "2 ranks", "2 ranks + accum 2", "1 rank + accum 4, 4x batch",
+              "2 ranks + accum 4, 4x batch"],
 }
 
 
@@ -150,6 +160,8 @@ def launch(config: str, label: str, args: argparse.Namespace, batch: int, workdi
             value = batch // 2
         elif value == "{2B}":
             value = batch * 2
+        elif value == "{4B}":
+            value = batch * 4
         sets += ["--set", f"{key}={value!r}"]
     forwarded = sorted(k for k in env if k.startswith(("LMKIT_", "HOROVOD_", "TF_CPP", "OMPI_MCA_")))
     cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core", "--map-by", "core"]
@@ -242,7 +254,9 @@ def parse_timeline(path: str, windows_us: List[List[float]], train_steps: int) -
 
 
 def reference_variant(label: str) -> str:
-    """The 1-rank variant that a 2-rank variant is compared with: the one with the same threads."""
+    """The 1-rank variant that a 2-rank variant is compared with: the same threads and work per step."""
+    if label.endswith("+ accum 4, 4x batch"):
+        return "1 rank + accum 4, 4x batch"
     return "1 rank + 2 inter-op" if label.endswith("+ 2 inter-op") else "1 rank"
 
 

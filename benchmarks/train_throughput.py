@@ -17,6 +17,16 @@ the same language model is trained four ways in this one process:
   ``nn.TransformerEncoderLayer``), eager, ``clip_grad_norm_``; skipped (and
   said so) when torch is not installed (``pip install torch==2.13.0``).
 
+Variants of the lmkit step, not in the default set (name them in
+``--frameworks``; their ratios are to ``lmkit``): ``lmkit_bf16`` and
+``lmkit_fp16`` (``precision = mixed_bfloat16`` / ``mixed_float16``),
+``lmkit_k2`` and ``lmkit_k4`` (``grad_accum_steps = 2`` / ``4``, the same
+global batch in 2 or 4 micro-batches)::
+
+    .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
+        --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
+        --output benchmarks/results/train_precision_accum.json
+
 Same sizes, vocabulary 10000, batch, window, optimizer (SGD lr 1.0 for the
 LSTMs, Adam for the transformer), global-norm clipping, dropout placement
 and loss (cross entropy summed over the window, averaged over the batch).
@@ -59,8 +69,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
                                 median_ratio, summarize, write_json)
 
-FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
+DEFAULT_FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
 BASELINES = ("keras", "torch")
+# lmkit variants: name -> config overrides (compared with plain "lmkit")
+LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
+    "lmkit": {},
+    "lmkit_xla": {"jit_compile": True},
+    "lmkit_bf16": {"precision": "mixed_bfloat16"},
+    "lmkit_fp16": {"precision": "mixed_float16"},
+    "lmkit_k2": {"grad_accum_steps": 2},
+    "lmkit_k4": {"grad_accum_steps": 4},
+}
+FRAMEWORKS = tuple(LMKIT_VARIANTS) + BASELINES
 DEFAULT_CONFIGS = ("config_small", "config_medium", "config_transformer")
 # Timed steps per run: a run lasts a few seconds on 2 cores.
 STEPS = {"config_small": 40, "config_medium": 4, "config_transformer": 3}
@@ -71,8 +91,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                         help="comma-separated config names (default: %(default)s)")
-    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS),
-                        help="comma-separated subset of %(default)s")
+    parser.add_argument("--frameworks", default=",".join(DEFAULT_FRAMEWORKS),
+                        help=f"comma-separated subset of {', '.join(FRAMEWORKS)} (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per framework (default 5)")
     parser.add_argument("--steps", type=int, default=0,
                         help="training steps per timed run (default: per config, see STEPS)")
@@ -137,15 +157,15 @@ class Runner:
 class LmkitRunner(Runner):
     """The Trainer's own compiled step, driven like ``Trainer.fit`` drives it."""
 
-    def __init__(self, cfg: Any, ids, inputs, targets, jit: bool) -> None:
+    def __init__(self, cfg: Any, ids, inputs, targets, variant: str = "lmkit") -> None:
         super().__init__()
         import tensorflow as tf
 
         from lmkit.models import build_model
         from lmkit.train import Trainer
-        self.name = "lmkit_xla" if jit else "lmkit"
+        self.name = variant
         self.tf = tf
-        cfg = cfg.replace(jit_compile=jit)
+        cfg = cfg.replace(**LMKIT_VARIANTS[variant])
         tf.random.set_seed(cfg.seed)
         self.trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
         start = time.perf_counter()
@@ -163,9 +183,9 @@ class LmkitRunner(Runner):
         for _ in range(steps):
             i = self.position % len(self.inputs)
             self.position += 1
-            loss, self.state, finite = self.step(tf.constant(self.inputs[i]), tf.constant(self.targets[i]),
-                                                 self.state)
-            pending.append(loss)
+            out = self.step(tf.constant(self.inputs[i]), tf.constant(self.targets[i]), self.state)
+            self.state = out.state
+            pending.append(out.loss)
         values = [float(v) for v in pending]  # the host sync Trainer.fit does every few steps
         elapsed = time.perf_counter() - start
         self.losses.extend(values)
@@ -417,8 +437,8 @@ def set_threads(threads: int, want_torch: bool) -> Dict[str, Any]:
 
 
 def build_runner(framework: str, cfg: Any, ids, inputs, targets) -> Runner:
-    if framework in ("lmkit", "lmkit_xla"):
-        return LmkitRunner(cfg, ids, inputs, targets, jit=framework == "lmkit_xla")
+    if framework in LMKIT_VARIANTS:
+        return LmkitRunner(cfg, ids, inputs, targets, variant=framework)
     if framework == "keras":
         return KerasRunner(cfg, inputs, targets)
     return TorchRunner(cfg, inputs, targets)
@@ -546,6 +566,7 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
                                                 "max_grad_norm")},
         "steps_per_run": steps,
         "words_per_step": words_per_step,
+        "lmkit_overrides": {fw: LMKIT_VARIANTS[fw] for fw in frameworks if fw in LMKIT_VARIANTS},
         "frameworks": {},
         "ratios": {},
         "worker_info": {fw: w.info for fw, w in workers.items()},
@@ -558,17 +579,18 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
             # Sanity: every framework computes the same loss (about num_steps * ln(vocab) on random ids).
             "mean_loss": round(sum(losses[fw]) / max(1, len(losses[fw])), 3),
         }
-    for lm in ("lmkit", "lmkit_xla"):
+    for lm in LMKIT_VARIANTS:
         for base in BASELINES:
             if lm in wps and base in wps:
                 out["ratios"][f"{lm}/{base}"] = {
                     "of_medians": round(summarize(wps[lm])["median"] / summarize(wps[base])["median"], 3),
                     "median_of_rounds": round(median_ratio(wps[lm], wps[base]), 3),
                 }
-    if "lmkit" in wps and "lmkit_xla" in wps:
-        out["ratios"]["lmkit_xla/lmkit"] = {
-            "of_medians": round(summarize(wps["lmkit_xla"])["median"] / summarize(wps["lmkit"])["median"], 3),
-            "median_of_rounds": round(median_ratio(wps["lmkit_xla"], wps["lmkit"]), 3)}
+    for variant in LMKIT_VARIANTS:
+        if variant != "lmkit" and "lmkit" in wps and variant in wps:
+            out["ratios"][f"{variant}/lmkit"] = {
+                "of_medians": round(summarize(wps[variant])["median"] / summarize(wps["lmkit"])["median"], 3),
+                "median_of_rounds": round(median_ratio(wps[variant], wps["lmkit"]), 3)}
     return out
 
 

@@ -32,6 +32,7 @@ from lmkit.errors import UsageError
 from lmkit.data.sentencepiece import MODEL_TYPES as SPM_MODEL_TYPES
 from lmkit.data.tokenizers import TOKENIZERS
 from lmkit.models import MODELS, is_import_path
+from lmkit.precision import PRECISIONS
 
 
 class ConfigError(UsageError):
@@ -102,6 +103,12 @@ class TrainConfig:
     schedule_params: Dict[str, Any] = field(default_factory=dict)
     larc_params: Optional[Dict[str, Any]] = None
     max_grad_norm_per_layer: float = 0.0  # per-variable clipping; 0 = off
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (batch_size stays the global batch)
+    # --- precision (lmkit.precision.PRECISIONS) ------------------------------
+    precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16
+    loss_scale: float = 32768.0  # mixed_float16: the first step's loss scale (2**15)
+    loss_scale_growth_interval: int = 2000  # mixed_float16: finite steps in a row before it doubles
+    max_consecutive_skips: int = 20  # mixed_float16: skipped steps in a row before stopping (exit 3)
     # --- model details -----------------------------------------------------
     forget_bias: float = 0.0
     tie_weights: bool = False
@@ -187,6 +194,18 @@ class TrainConfig:
             bad("compression", "is not one of none, fp16")
         if self.warmup_epochs < 0:
             bad("warmup_epochs", "must be >= 0")
+        if self.precision not in PRECISIONS:
+            bad("precision", f"is not one of {', '.join(PRECISIONS)}")
+        if self.grad_accum_steps < 1:
+            bad("grad_accum_steps", "must be >= 1 (1 = no accumulation)")
+        if self.batch_size >= 1 and self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps:
+            bad("grad_accum_steps", f"does not divide batch_size = {self.batch_size}; each micro-batch "
+                f"has batch_size / (workers * grad_accum_steps) rows")
+        if self.loss_scale <= 0:
+            bad("loss_scale", "must be > 0 (2**15 = 32768 is the usual start)")
+        for key in ("loss_scale_growth_interval", "max_consecutive_skips"):
+            if getattr(self, key) < 1:
+                bad(key, "must be a positive integer")
         if self.model == "transformer":
             try:
                 check_heads("hidden_size", self.hidden_size, self.num_heads)

@@ -153,3 +153,18 @@ def tiny_config_file(folder: str, vocab_size: int, **overrides) -> str:
         for k, v in values.items():
             f.write(f"{k} = {v!r}\n")
     return path
+
+
+def assert_relatively_close(actual, desired, rtol: float, name: str = "") -> None:
+    """``|actual - desired| <= rtol * |desired|`` in the 2-norm of the whole tensor.
+
+    The relative error of a tensor, not of each element: an element near 0
+    (a variable Adam moved by a tiny, rounding-sized gradient) has no useful
+    relative error of its own.
+    """
+    import numpy as np
+    a, d = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
+    assert a.shape == d.shape, f"{name}: shape {a.shape} != {d.shape}"
+    error, scale = float(np.linalg.norm(a - d)), float(np.linalg.norm(d))
+    assert error <= rtol * scale, (f"{name}: relative error {error / max(scale, 1e-300):.3g} > {rtol:g} "
+                                   f"(largest element difference {float(np.max(np.abs(a - d))):.3g})")

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 from lmkit.cli.common import Parser, parse_overrides, user_modules_importable
 from lmkit.dist import BACKEND_CHOICES
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE
+from lmkit.precision import PRECISIONS
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -80,6 +81,14 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                      help="override a config key, e.g. --set batch_size=40 --set optimizer=adam "
                           "(repeatable)")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    run.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                     help="arithmetic precision: float32, mixed_bfloat16 (Ampere+ GPUs, TPUs, CPUs with "
+                          "AVX512-BF16/AMX) or mixed_float16 (Volta+ GPUs; dynamic loss scaling); "
+                          "variables, the loss and gradient averaging stay float32; default: the config's")
+    run.add_argument("--grad_accum_steps", type=int, default=None,
+                     help="micro-batches per optimizer step: each worker runs batch_size / (workers x "
+                          "grad_accum_steps) rows at a time and gradients travel once per step; "
+                          "default: the config's (1)")
     run.add_argument("--intra_op_threads", type=int, default=None,
                      help="CPU threads per op on each rank (default: cores / ranks on the host)")
     run.add_argument("--verbose", action="store_true",
@@ -111,7 +120,8 @@ def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, An
     named = {"seed": args.seed, "model": args.model, "train_file": args.train_file,
              "valid_file": args.valid_file, "test_file": args.test_file, "tokenizer": args.tokenizer,
              "vocab_size": args.vocab_size, "max_vocab": args.max_vocab, "min_count": args.min_count,
-             "spm_model_type": args.spm_model_type}
+             "spm_model_type": args.spm_model_type, "precision": args.precision,
+             "grad_accum_steps": args.grad_accum_steps}
     overrides.update({k: v for k, v in named.items() if v is not None})
     if args.train_file is not None:
         overrides["data"] = "text"
@@ -160,6 +170,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     from lmkit.cli.data import load_run_data
     from lmkit.models import build_model, model_class
     from lmkit.train import Trainer
+    from lmkit.train.accumulation import micro_batch_rows
 
     model_class(config.model)  # a model that cannot be built fails before anything is written
 
@@ -168,6 +179,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
               intra_op_threads=args.intra_op_threads, num_gpus=config.num_gpus)
     replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
     check_divisible("batch_size", config.batch_size, replicas, "workers")
+    micro_batch_rows(config.batch_size, replicas, config.grad_accum_steps)  # before anything is written
     model_dir = _model_dir(args)
 
     def log(text: str) -> None:
@@ -199,5 +211,7 @@ def _summary(result: Any, replicas: int, model_dir: str) -> str:
     return (f"done: {len(result.epochs)} epoch(s), final valid perplexity "
             f"{fmt(last.valid_perplexity, last.valid_word_perplexity)}, test perplexity "
             f"{fmt(result.test_perplexity, result.test_word_perplexity)}, {last.tokens_per_sec:.0f} "
-            f"tokens/sec on {replicas} worker(s); checkpoint {result.checkpoint}; results in "
-            f"{os.path.join(model_dir, RESULTS_FILE)}")
+            f"tokens/sec on {replicas} worker(s)"
+            + ("" if result.loss_scale is None else
+               f"; {result.skipped_steps} step(s) skipped by loss scaling (scale now {result.loss_scale:g})")
+            + f"; checkpoint {result.checkpoint}; results in {os.path.join(model_dir, RESULTS_FILE)}")

@@ -95,6 +95,9 @@ class HorovodBackend(Backend):
             self.hvd.allreduce(tf.constant(0.0), op=self.hvd.Sum, name="lmkit.barrier")  # HVD
 
     def allreduce(self, tensor: Any, op: str, name: Optional[str]) -> Any:
+        self._op(op)  # an unknown op is an error also in one process
+        if self.size() == 1:  # the identity, with no Horovod op (which XLA cannot compile)
+            return tf.identity(tensor)
         return self.hvd.allreduce(tensor, op=self._op(op), name=name)  # HVD
 
     def allgather(self, tensor: Any, name: Optional[str]) -> Any:
@@ -115,12 +118,17 @@ class HorovodBackend(Backend):
 
     # ------------------------------------------------------------ gradients
     def gradient_tape(self, tape: Any, sparse_as_dense: bool, compression: str) -> Any:
+        self._compression(compression)
+        if self.size() == 1:  # nothing to average; keeps a one-process step XLA-compilable
+            return tape
         return self.hvd.DistributedGradientTape(  # HVD
             tape, sparse_as_dense=sparse_as_dense, compression=self._compression(compression))
 
     def average_gradients(self, grads: Sequence[Any], sparse_as_dense: bool,
                           compression: str) -> List[Any]:
         comp = self._compression(compression)
+        if self.size() == 1:  # nothing to average (and no Horovod op inside an XLA-compiled step)
+            return list(grads)
         out = []
         for i, g in enumerate(grads):
             if g is None:

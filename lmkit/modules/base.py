@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from lmkit.checks import (check_float, check_non_negative_float, check_positive_float, check_positive_int,
                           check_rate)
+from lmkit.precision import cast_like
 
 Initializer = Callable[[Sequence[int], tf.dtypes.DType], tf.Tensor]
 Training = Union[bool, tf.Tensor]
@@ -157,6 +158,10 @@ def matmul_last_axis(inputs: tf.Tensor, kernel: tf.Tensor, bias: Optional[tf.Ten
     Inputs of rank > 2 are flattened to one 2-D matmul and reshaped back: on
     CPU that is faster than a broadcasting batch matmul.
 
+    Mixed precision: the kernel and bias are cast to the input's dtype
+    (:mod:`lmkit.precision`), so float32 variables serve a bfloat16 or
+    float16 input and receive float32 gradients.
+
     Args:
       inputs: [..., n] float.
       kernel: [n, m] (or [m, n] with ``transpose_kernel``, e.g. a tied
@@ -168,12 +173,13 @@ def matmul_last_axis(inputs: tf.Tensor, kernel: tf.Tensor, bias: Optional[tf.Ten
       [..., m].
     """
     inputs = tf.convert_to_tensor(inputs)
+    kernel = cast_like(kernel, inputs)  # mixed precision: the float32 variable at the input's dtype
     rank = inputs.shape.rank
     width_in = kernel.shape[1] if transpose_kernel else kernel.shape[0]
     flat = inputs if rank == 2 else tf.reshape(inputs, [-1, width_in])  # [rows, n]
     outputs = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [rows, m]
     if bias is not None:
-        outputs = tf.nn.bias_add(outputs, bias)
+        outputs = tf.nn.bias_add(outputs, cast_like(bias, outputs))
     if rank == 2:
         return outputs
     width = kernel.shape[0] if transpose_kernel else kernel.shape[1]
@@ -230,10 +236,11 @@ class Linear(Module):
         """Applies the layer.
 
         Args:
-          inputs: [..., input_size] float32.
+          inputs: [..., input_size] float (float32, or the compute dtype of
+            a mixed-precision policy).
 
         Returns:
-          [..., output_size] float32.
+          [..., output_size] in the input's dtype.
         """
         return matmul_last_axis(inputs, self.kernel, self.bias if self.use_bias else None)
 

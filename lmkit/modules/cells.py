@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from lmkit.modules.base import (Module, check_float, check_positive_float, check_positive_int,
                                 matmul_last_axis, uniform_initializer)
+from lmkit.precision import cast_like
 
 __all__ = ["CellState", "GRUCell", "LSTMCell", "LSTMState", "RecurrentCell"]
 
@@ -98,9 +99,14 @@ class RecurrentCell(Module):
           state: the previous state.
 
         Returns:
-          ``(output [batch, hidden_size], new_state)``.
+          ``(output [batch, hidden_size], new_state)``; the state keeps its
+          dtypes (float32 when the inputs are in a mixed-precision dtype).
         """
-        return self.step_projected(self.project_inputs(inputs), state)
+        projected = self.project_inputs(inputs)
+        dtypes = tf.nest.map_structure(lambda s: s.dtype, state)
+        output, state = self.step_projected(projected, tf.nest.map_structure(lambda s: cast_like(s, projected),
+                                                                             state))
+        return output, tf.nest.map_structure(lambda s, dtype: tf.cast(s, dtype), state, dtypes)
 
     def unroll_projected(self, projected: tf.Tensor, state: CellState) -> Tuple[tf.Tensor, CellState]:
         """Runs the cell over a window of precomputed input projections.
@@ -167,7 +173,7 @@ class LSTMCell(RecurrentCell):
 
     def step_projected(self, projected: tf.Tensor, state: LSTMState) -> Tuple[tf.Tensor, LSTMState]:
         cell, hidden = state
-        z = projected + tf.matmul(hidden, self.recurrent_kernel)  # [batch, 4 * hidden]
+        z = projected + tf.matmul(hidden, cast_like(self.recurrent_kernel, projected))  # [batch, 4 * hidden]
         _, _, _, gate_o, new_cell, squashed = _lstm_gates(z, cell, self.forget_bias)
         new_hidden = squashed * gate_o  # [batch, hidden]
         return new_hidden, LSTMState(new_cell, new_hidden)
@@ -192,7 +198,8 @@ class LSTMCell(RecurrentCell):
           ``(outputs [batch, time, hidden_size], final_state)``.
         """
         # Read once, outside the custom gradient: its gradient then flows to the variable.
-        kernel = tf.convert_to_tensor(self.recurrent_kernel)  # [hidden, 4 * hidden]
+        # Mixed precision: cast to the projections' dtype (the cast returns a float32 gradient).
+        kernel = cast_like(tf.convert_to_tensor(self.recurrent_kernel), projected)  # [hidden, 4 * hidden]
         outputs, cell, hidden = _lstm_unroll(projected, state.cell, state.hidden, kernel, self.forget_bias)
         return outputs, LSTMState(cell, hidden)
 
@@ -326,7 +333,7 @@ class GRUCell(RecurrentCell):
 
     def step_projected(self, projected: tf.Tensor, state: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
         x_r, x_u, x_n = tf.split(projected, 3, axis=1)
-        h_r, h_u, h_n = tf.split(tf.matmul(state, self.recurrent_kernel), 3, axis=1)
+        h_r, h_u, h_n = tf.split(tf.matmul(state, cast_like(self.recurrent_kernel, projected)), 3, axis=1)
         reset = tf.sigmoid(x_r + h_r)  # [batch, hidden]
         update = tf.sigmoid(x_u + h_u)
         candidate = tf.tanh(x_n + reset * h_n)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from lmkit.errors import UsageError
 from lmkit.modules.base import (Initializer, Module, Seed, Training, check_positive_float,
                                 check_positive_int, check_rate, dropout, uniform_initializer)
+from lmkit.precision import cast_to_compute
 
 __all__ = ["PositionEmbedder", "SinusoidsPositionEmbedder", "WordEmbedder"]
 
@@ -68,10 +69,12 @@ class WordEmbedder(Module):
           seed: optional dropout seed (see :func:`lmkit.modules.base.dropout`).
 
         Returns:
-          float32 tensor of shape ``ids.shape + [dim]``.
+          a tensor of shape ``ids.shape + [dim]`` in the compute dtype
+          (float32 unless inside a :func:`lmkit.precision.scope`).
         """
-        # gather (not one-hot @ table) keeps the gradient an IndexedSlices.
-        outputs = tf.gather(self.embeddings, ids)  # [..., dim]
+        # gather (not one-hot @ table) keeps the gradient an IndexedSlices (float32:
+        # the cast comes after the lookup).
+        outputs = cast_to_compute(tf.gather(self.embeddings, ids))  # [..., dim]
         return dropout(outputs, self.dropout, training, seed)
 
     def get_config(self) -> Dict[str, Any]:
@@ -130,12 +133,13 @@ class PositionEmbedder(Module):
             length meaning ``range(length)``.
 
         Returns:
-          float32 ``positions.shape + [dim]`` (``[length, dim]`` for a length).
+          ``positions.shape + [dim]`` (``[length, dim]`` for a length), in the
+          compute dtype.
 
         Raises:
           ValueError: a Python length exceeds ``max_positions``.
         """
-        return tf.gather(self.embeddings, _positions(positions, self.max_positions))
+        return cast_to_compute(tf.gather(self.embeddings, _positions(positions, self.max_positions)))
 
     def get_config(self) -> Dict[str, Any]:
         return {"max_positions": self.max_positions, "dim": self.dim,
@@ -187,11 +191,11 @@ class SinusoidsPositionEmbedder(Module):
             length meaning ``range(length)``.
 
         Returns:
-          float32 ``positions.shape + [dim]``.
+          ``positions.shape + [dim]`` in the compute dtype (computed in float32).
         """
         positions = tf.cast(_positions(positions, None), tf.float32)
         angles = positions[..., tf.newaxis] * self._inv_timescales  # [..., dim/2]
-        return tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1)  # [..., dim]
+        return cast_to_compute(tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1))  # [..., dim]
 
     def get_config(self) -> Dict[str, Any]:
         return {"dim": self.dim, "min_timescale": self.min_timescale,

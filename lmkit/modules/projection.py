@@ -85,14 +85,17 @@ class OutputProjection(Module):
         """Computes logits.
 
         Args:
-          inputs: [..., dim] float32.
+          inputs: [..., dim] float (float32 or a mixed-precision compute dtype).
 
         Returns:
-          [..., vocab_size] float32 logits.
+          [..., vocab_size] float32 logits (also when ``inputs`` are in a
+          mixed-precision compute dtype: the softmax after them runs in float32).
         """
         if self.tied:  # [..., dim] x [vocab, dim]^T, without materialising E^T
-            return matmul_last_axis(inputs, self.tied_embedder.embeddings, self.bias, transpose_kernel=True)
-        return matmul_last_axis(inputs, self.kernel, self.bias)  # [..., vocab]
+            logits = matmul_last_axis(inputs, self.tied_embedder.embeddings, self.bias, transpose_kernel=True)
+        else:
+            logits = matmul_last_axis(inputs, self.kernel, self.bias)  # [..., vocab]
+        return tf.cast(logits, tf.float32) if logits.dtype != tf.float32 else logits
 
     def get_config(self) -> Dict[str, Any]:
         return {"dim": self.dim, "vocab_size": self.vocab_size, "init_scale": self.init_scale, "name": self.name}

@@ -24,6 +24,7 @@ from lmkit.errors import UsageError
 from lmkit.modules.base import (Module, Training, check_float, check_positive_float, check_positive_int,
                                 check_rate, dropout)
 from lmkit.modules.cells import CellState, GRUCell, LSTMCell, LSTMState, RecurrentCell
+from lmkit.precision import cast_like
 
 __all__ = [
     "GRUCell",
@@ -54,23 +55,31 @@ def unroll(cell: RecurrentCell, inputs: tf.Tensor, state: CellState) -> Tuple[tf
       state: the state before the first step.
 
     Returns:
-      ``(outputs [batch, time, hidden_size], final_state)``.
+      ``(outputs [batch, time, hidden_size], final_state)``: the outputs in
+      the inputs' dtype; the state in the dtypes it came in (a float32 state
+      runs in a mixed-precision compute dtype inside and leaves as float32).
     """
     projected = cell.project_inputs(inputs)  # [batch, time, gates]
+    state_dtypes = tf.nest.map_structure(lambda s: s.dtype, state)
+    state = tf.nest.map_structure(lambda s: cast_like(s, projected), state)
     num_steps = projected.shape[1]
     if num_steps is not None and 0 < num_steps <= MAX_STATIC_UNROLL:
-        return cell.unroll_projected(projected, state)
+        outputs, state = cell.unroll_projected(projected, state)
+    else:
+        time_major = tf.transpose(projected, [1, 0, 2])  # [time, batch, gates]
+        length = tf.shape(time_major)[0]
+        outputs_ta = tf.TensorArray(projected.dtype, size=length,
+                                    element_shape=tf.TensorShape([None, cell.hidden_size]))
 
-    time_major = tf.transpose(projected, [1, 0, 2])  # [time, batch, gates]
-    length = tf.shape(time_major)[0]
-    outputs_ta = tf.TensorArray(tf.float32, size=length, element_shape=tf.TensorShape([None, cell.hidden_size]))
+        def body(t, state, outputs_ta):
+            output, state = cell.step_projected(time_major[t], state)
+            return t + 1, state, outputs_ta.write(t, output)
 
-    def body(t, state, outputs_ta):
-        output, state = cell.step_projected(time_major[t], state)
-        return t + 1, state, outputs_ta.write(t, output)
-
-    _, state, outputs_ta = tf.while_loop(lambda t, *_: t < length, body, (tf.constant(0), state, outputs_ta))
-    outputs = tf.transpose(outputs_ta.stack(), [1, 0, 2])  # [batch, time, hidden]
+        _, state, outputs_ta = tf.while_loop(lambda t, *_: t < length, body,
+                                             (tf.constant(0), state, outputs_ta))
+        outputs = tf.transpose(outputs_ta.stack(), [1, 0, 2])  # [batch, time, hidden]
+    state = tf.nest.map_structure(lambda s, dtype: s if s.dtype == dtype else tf.cast(s, dtype),
+                                  state, state_dtypes)
     return outputs, state
 
 

@@ -22,6 +22,7 @@ from lmkit.checks import check_heads
 from lmkit.errors import UsageError
 from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
                                 check_rate, dropout, ones_initializer, zeros_initializer)
+from lmkit.precision import cast_like
 
 __all__ = [
     "AttentionCache",
@@ -86,10 +87,15 @@ class LayerNorm(Module):
             self.offset = tf.Variable(zeros_initializer()([dim], tf.float32), name="offset")
 
     def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
-        """Normalizes ``inputs`` [..., dim]; returns the same shape."""
-        mean, variance = tf.nn.moments(inputs, axes=[-1], keepdims=True)  # [..., 1]
-        normalized = (inputs - mean) * tf.math.rsqrt(variance + self.epsilon)
-        return normalized * self.scale + self.offset
+        """Normalizes ``inputs`` [..., dim]; returns the same shape and dtype.
+
+        The statistics are computed in float32 also for a bfloat16 or float16
+        input (mixed precision), then cast back.
+        """
+        x = tf.cast(inputs, tf.float32) if inputs.dtype != tf.float32 else inputs
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)  # [..., 1]
+        normalized = (x - mean) * tf.math.rsqrt(variance + self.epsilon)
+        return cast_like(normalized * self.scale + self.offset, inputs)
 
     def get_config(self) -> Dict[str, Any]:
         return {"dim": self.dim, "epsilon": self.epsilon, "name": self.name}
@@ -185,8 +191,9 @@ class MultiHeadAttention(Module):
                 tf.broadcast_to(tf.range(self.num_heads)[tf.newaxis, :, tf.newaxis], index_shape),
                 tf.broadcast_to(query_positions[:, tf.newaxis, :], index_shape),
             ], axis=-1)  # [batch, heads, time, 3]
-            keys = tf.tensor_scatter_nd_update(cache.keys, indices, keys)  # [batch, heads, max_length, head_dim]
-            values = tf.tensor_scatter_nd_update(cache.values, indices, values)
+            # [batch, heads, max_length, head_dim]
+            keys = tf.tensor_scatter_nd_update(cast_like(cache.keys, keys), indices, keys)
+            values = tf.tensor_scatter_nd_update(cast_like(cache.values, values), indices, values)
             cache = AttentionCache(keys, values)
             max_length = tf.shape(keys)[2]
             # [batch, 1, time, max_length]: slots after the query are future or unwritten.
@@ -194,8 +201,9 @@ class MultiHeadAttention(Module):
                     <= query_positions[:, :, tf.newaxis])[:, tf.newaxis]
 
         scores = tf.matmul(queries, keys, transpose_b=True)  # [batch, heads, time, keys]
-        scores = tf.where(mask, scores, _MASK_VALUE)
-        probs = tf.nn.softmax(scores, axis=-1)
+        # The mask and softmax in float32 (mixed precision: -1e9 overflows float16).
+        scores = tf.where(mask, tf.cast(scores, tf.float32), _MASK_VALUE)
+        probs = cast_like(tf.nn.softmax(scores, axis=-1), values)
         probs = dropout(probs, self.dropout, training)
         context = tf.matmul(probs, values)  # [batch, heads, time, head_dim]
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.dim])

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from lmkit.data.batching import bptt_arrays
 from lmkit.losses import window_loss
+from lmkit.precision import scope as precision_scope
 from lmkit.train.metrics import perplexity
 
 __all__ = ["Evaluator", "word_perplexity"]
@@ -49,16 +50,18 @@ class Evaluator:
       model: a language model (``docs/design.md``).
       num_steps: the window length.
       batch_size: rows read side by side.
+      precision: the compute precision (:mod:`lmkit.precision`; training's, by default float32).
     """
 
-    def __init__(self, model: Any, num_steps: int, batch_size: int) -> None:
+    def __init__(self, model: Any, num_steps: int, batch_size: int, precision: str = "float32") -> None:
         self.model = model
         self.num_steps = num_steps
         self.batch_size = batch_size
 
         def eval_step(x, y, state):
-            logits, new_state = model(x, state, training=False)
-            return window_loss(y, logits), new_state
+            with precision_scope(precision):
+                logits, new_state = model(x, state, training=False)
+                return window_loss(y, logits), new_state
 
         self._step = tf.function(eval_step)
 

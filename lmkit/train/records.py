@@ -29,6 +29,8 @@ class EpochStats:
     steps: int
     train_word_perplexity: Optional[float] = None
     valid_word_perplexity: Optional[float] = None
+    skipped_steps: int = 0  # mixed_float16: steps of this epoch skipped (not applied, not in the perplexity)
+    loss_scale: Optional[float] = None  # mixed_float16: the loss scale at the epoch's end
 
 
 @dataclass
@@ -42,6 +44,8 @@ class TrainResult:
     global_step: int = 0
     resumed_from: Optional[str] = None
     checkpoint: Optional[str] = None  # the last checkpoint this run wrote
+    skipped_steps: int = 0  # mixed_float16: steps skipped for non-finite gradients (whole run)
+    loss_scale: Optional[float] = None  # mixed_float16: the loss scale at the end
 
     def to_dict(self) -> Dict[str, Any]:
         last = self.epochs[-1] if self.epochs else None
@@ -52,6 +56,8 @@ class TrainResult:
             "global_step": self.global_step,
             "resumed_from": self.resumed_from,
             "checkpoint": self.checkpoint,
+            "skipped_steps": self.skipped_steps,
+            "loss_scale": self.loss_scale,
             "final_train_perplexity": last.train_perplexity if last else None,
             "final_valid_perplexity": last.valid_perplexity if last else None,
             "final_train_word_perplexity": last.train_word_perplexity if last else None,
@@ -75,8 +81,9 @@ class Progress(tf.Module):
 class EpochRun:
     """What one epoch's loop measured (``Trainer._run_epoch``)."""
 
-    loss_sum: float = 0.0  # summed window losses (rank-averaged)
+    loss_sum: float = 0.0  # summed window losses (rank-averaged) of the applied steps
     steps: int = 0
+    skipped: int = 0  # steps not applied (mixed_float16 overflow): not in loss_sum
     timed_from: int = 0  # steps before this one were compiling, not training
     seconds: float = 0.0
     stopped: bool = False  # max_steps reached inside the epoch, or a preemption
@@ -89,5 +96,6 @@ class StepResult(NamedTuple):
 
     loss: tf.Tensor  # averaged over the ranks
     state: Any  # the carried model state after the step
-    finite: tf.Tensor  # False: the update was not applied
+    finite: tf.Tensor  # False: training cannot go on (a non-finite step it cannot recover from)
     agreed: tf.Tensor  # [stop, save] averaged over the ranks: > 0 when some rank asked
+    applied: tf.Tensor  # False: the update was not applied (a non-finite step)

@@ -176,14 +176,18 @@ class Checkpointer:
       world: replicas of the job (stored in every checkpoint).
       log: rank 0's logger.
       beat: the watchdog's progress call.
+      loss_scale: the run's :class:`~lmkit.train.loss_scale.DynamicLossScale`
+        (mixed_float16), saved in and restored from the checkpoint's meta data.
     """
 
-    def __init__(self, manager: Any, progress: Any, world: int, log: Any, beat: Any) -> None:
+    def __init__(self, manager: Any, progress: Any, world: int, log: Any, beat: Any,
+                 loss_scale: Any = None) -> None:
         self.manager = manager
         self.progress = progress
         self.world = world
         self.log = log
         self.beat = beat
+        self.loss_scale = loss_scale
 
     def save(self, state: Any, meta: Dict[str, Any]) -> Optional[str]:
         """A checkpoint of this step, with the carried state of every row (call on every rank).
@@ -204,6 +208,8 @@ class Checkpointer:
         if self.manager is None or not dist.is_chief():
             return None
         self.beat("a checkpoint save began")
+        if self.loss_scale is not None:
+            meta = {**meta, "loss_scale": self.loss_scale.to_meta()}
         path = self.manager.save(int(self.progress.global_step.numpy()), files=files, meta={
             "epoch": int(self.progress.epoch.numpy()), "steps_in_epoch": int(self.progress.steps_in_epoch.numpy()),
             "world_size": self.world, **meta})
@@ -233,6 +239,8 @@ class Checkpointer:
                 return latest, meta, data
             found = dist.run_on_chief(read)  # every rank: rank 0's path, meta and state
         path, meta, data = found
+        if self.loss_scale is not None and meta and "loss_scale" in meta:  # every rank has rank 0's meta
+            self.loss_scale.from_meta(meta["loss_scale"])
         counters = [self.progress.epoch, self.progress.global_step, self.progress.steps_in_epoch]
         dist.broadcast_variables(list(variables) + counters)  # rank 0's values, fresh or restored
         position = restore_position(meta, data, int(self.progress.steps_in_epoch.numpy()), template,

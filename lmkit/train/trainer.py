@@ -8,7 +8,12 @@ workers (``mpirun -np N python examples/lm_ptb_distributed.py``):
 * every variable of the model and the optimizer (slots included) is
   broadcast from rank 0 after start-up or a resume, so all ranks start equal;
 * gradients are averaged over ranks (``dist.DistributedGradientTape``), then
-  clipped, so every rank applies the same update;
+  clipped, so every rank applies the same update; with ``grad_accum_steps``
+  = k each rank first accumulates k micro-batches
+  (:mod:`lmkit.train.accumulation`) and the average is taken once;
+* the arithmetic runs in ``config.precision`` (:mod:`lmkit.precision`);
+  ``mixed_float16`` scales the loss (:mod:`lmkit.train.loss_scale`) and
+  skips a step whose averaged gradients overflowed, on every rank alike;
 * rank 0 alone evaluates, logs and writes checkpoints; that path holds no
   collective operation, the other ranks simply wait in the next one.
 
@@ -27,7 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit import dist
+from lmkit import dist, precision
 from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
 from lmkit.data.batching import bptt_arrays, num_bptt_batches
@@ -37,7 +42,9 @@ from lmkit.fileio import atomic_write_text
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
 from lmkit.losses import window_loss
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
+from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
 from lmkit.train.checkpoint import CheckpointManager
+from lmkit.train.loss_scale import DynamicLossScale
 from lmkit.train.evaluation import Evaluator
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
 from lmkit.preemption import PreemptionWatcher
@@ -67,14 +74,16 @@ class Trainer:
       optimizer: an ``lmkit.optim`` optimizer; default built from the config.
       log: where rank 0 prints its lines (default: stdout).
       record_step_losses: keep the rank-averaged loss of every step in the
-        result (one host sync per step: for tests).
+        result (one host sync per step: for tests); NaN for a step skipped
+        by ``mixed_float16`` loss scaling.
       resume: restore the latest checkpoint of ``model_dir`` when there is one.
       lr_world_size: the number of workers the learning-rate scaling and
         warmup assume (default: the real number); lets one process reproduce
         the policy of N workers with the same global batch.
 
     Raises:
-      UsageError: ``batch_size`` not divisible by the number of replicas.
+      UsageError: ``batch_size`` not divisible by the number of replicas
+        times ``grad_accum_steps``, or an unknown ``precision``.
     """
 
     def __init__(self, model: tf.Module, config: TrainConfig, model_dir: Optional[str] = None,
@@ -94,8 +103,13 @@ class Trainer:
         self.lr_world_size = lr_world_size or self.world
         self.resume = resume
         self.local_batch = check_divisible("batch_size", config.batch_size, self.world, "workers")
+        self.micro_batch = micro_batch_rows(config.batch_size, self.world, config.grad_accum_steps)
+        self.precision = precision.get(config.precision)
         with dist.scope():  # the native backend keeps one copy per replica
             self.optimizer = optimizer if optimizer is not None else build_optimizer(config)
+            self.loss_scale: Optional[DynamicLossScale] = DynamicLossScale(
+                config.loss_scale, config.loss_scale_growth_interval, config.max_consecutive_skips
+            ) if self.precision.loss_scaling else None
             # Dropout of lmkit modules draws from the global generator: make it a
             # checkpointed one, different on every rank (each rank sees other rows).
             self.progress = Progress(config.seed * 1009 + self.rank)
@@ -130,16 +144,38 @@ class Trainer:
     def _build_steps(self) -> None:
         cfg = self.config
         model, opt, progress, policy = self.model, self.optimizer, self.progress, self.policy
+        loss_scale = self.loss_scale
         variables = list(model.trainable_variables)
 
-        def train_step(x, y, state, stop, save):
+        def forward(x, y, state):
+            logits, new_state = model(x, state, training=True)  # [b, t, vocab], float32 logits
+            loss = window_loss(y, logits)  # float32 under every precision
+            return loss, (loss if loss_scale is None else loss_scale.scale_loss(loss)), new_state
+
+        def micro_step(x, y, state):  # one micro-batch's local (not yet averaged) gradients
             with tf.GradientTape() as tape:
-                logits, new_state = model(x, state, training=True)  # [b, t, vocab]
-                loss = window_loss(y, logits)
-            # Averaging over ranks happens here (allreduce / allgather).
-            tape = dist.DistributedGradientTape(tape, sparse_as_dense=cfg.sparse_as_dense,
-                                                compression=cfg.compression)
-            grads = tape.gradient(loss, variables)
+                loss, scaled, new_state = forward(x, y, state)
+            return loss, tape.gradient(scaled, variables), new_state
+
+        def train_step(x, y, state, stop, save):
+            with precision.scope(cfg.precision):  # the compute dtype of this trace
+                if cfg.grad_accum_steps == 1:
+                    with tf.GradientTape() as tape:
+                        loss, scaled, new_state = forward(x, y, state)
+                    # Averaging over ranks happens here (allreduce / allgather).
+                    tape = dist.DistributedGradientTape(tape, sparse_as_dense=cfg.sparse_as_dense,
+                                                        compression=cfg.compression)
+                    grads = tape.gradient(scaled, variables)
+                else:  # k micro-batches, then one average over ranks
+                    loss, grads, new_state = accumulate_gradients(micro_step, x, y, state, cfg.grad_accum_steps,
+                                                                  cfg.sparse_as_dense)
+                    grads = dist.average_gradients(grads, cfg.sparse_as_dense, cfg.compression)
+            if loss_scale is not None:
+                grads = loss_scale.unscale(grads)
+                # A skipped step keeps a non-finite state out of the next window.
+                if new_state is not None:
+                    new_state = tf.nest.map_structure(
+                        lambda new, old: tf.where(tf.math.is_finite(new), new, old), new_state, state)
             # Clipping after the averaging: every rank applies the same update.
             # IndexedSlices stay sparse, also for the norm when clipping is off.
             grads, norm = clip_gradients(grads, cfg.max_grad_norm, cfg.max_grad_norm_per_layer)
@@ -147,6 +183,8 @@ class Trainer:
             # request on any rank makes its average positive on all of them.
             averaged = dist.allreduce(tf.stack([loss, stop, save]), op="average", name="lmkit.train_loss")
             mean_loss, agreed = averaged[0], averaged[1:]
+            # The norm of the averaged gradients is the same on every rank (an Inf or
+            # NaN anywhere makes it non-finite): so is this decision.
             finite = tf.math.logical_and(tf.math.is_finite(mean_loss), tf.math.is_finite(norm))
             opt.learning_rate.assign(policy(progress.global_step))
 
@@ -154,20 +192,24 @@ class Trainer:
                 opt.apply_gradients(zip(grads, variables))
                 return tf.constant(True)
 
-            # A non-finite step is not applied; the host stops training.
+            # A non-finite step is not applied; without loss scaling the host stops
+            # training, with it the scale halves and training goes on (for a while).
             tf.cond(finite, apply, lambda: tf.constant(False))
+            healthy = finite if loss_scale is None else loss_scale.update(finite)
             progress.global_step.assign_add(1)
-            return mean_loss, new_state, finite, agreed
+            return mean_loss, new_state, healthy, agreed, finite
 
         def replicated_step(x, y, state, stop, save):
             # Each local replica trains on its rows; the loss agrees on all of them.
-            loss, new_state, finite, agreed = dist.run(train_step, (x, y, state, stop, save))
-            return StepResult(dist.first(loss), new_state, dist.first(finite), dist.first(agreed))
+            loss, new_state, healthy, agreed, applied = dist.run(train_step, (x, y, state, stop, save))
+            return StepResult(dist.first(loss), new_state, dist.first(healthy), dist.first(agreed),
+                              dist.first(applied))
 
         self._compiled = False
         self._compiled_train_step = tf.function(replicated_step,
                                                 jit_compile=cfg.jit_compile and self.world == 1)
-        self._evaluator = Evaluator(model, cfg.num_steps, cfg.eval_batch_size or cfg.batch_size)
+        self._evaluator = Evaluator(model, cfg.num_steps, cfg.eval_batch_size or cfg.batch_size,
+                                    precision=cfg.precision)
 
     def train_step(self, inputs: Any, targets: Any, state: Any, stop: float = 0.0,
                    save: float = 0.0) -> "StepResult":
@@ -183,8 +225,10 @@ class Trainer:
 
         Returns:
           A :class:`StepResult`: the loss averaged over the ranks, the new
-          state, whether the update was finite (a non-finite one is not
-          applied), and the ranks' agreed ``[stop, save]`` (> 0: some rank asked).
+          state, whether training can go on (False after a non-finite step,
+          or with ``mixed_float16`` after ``max_consecutive_skips`` of them),
+          the ranks' agreed ``[stop, save]`` (> 0: some rank asked) and
+          whether the update was applied (a non-finite one is not).
 
         Raises:
           RuntimeError: before :meth:`build` (or :meth:`fit`).
@@ -293,7 +337,7 @@ class Trainer:
         self.build(steps_per_epoch)
         result = TrainResult()
         self._checkpoints = Checkpointer(self._checkpoint_manager(), self.progress, self.world, self.log,
-                                         self._watchdog.beat)
+                                         self._watchdog.beat, self.loss_scale)
         result.resumed_from, position = self._checkpoints.restore(
             list(self.model.variables) + list(self.optimizer.variables), self.initial_state(), cfg.seed)
         if result.resumed_from:
@@ -305,9 +349,12 @@ class Trainer:
         summaries = Summaries(os.path.join(self.model_dir, TENSORBOARD_DIR)
                               if self.chief and self.model_dir is not None else None)
         start_epoch = int(self.progress.epoch.numpy())
+        accum = (f" = {cfg.grad_accum_steps} micro-batches of {self.micro_batch}"
+                 if cfg.grad_accum_steps > 1 else "")
         self.log(f"training {type(self.model).__name__} on {self.world} worker(s): global batch "
-                 f"{cfg.batch_size} ({self.local_batch} per worker) x {cfg.num_steps} steps, "
-                 f"{steps_per_epoch} steps/epoch, epochs {start_epoch + 1}..{epochs}")
+                 f"{cfg.batch_size} ({self.local_batch} per worker{accum}) x {cfg.num_steps} steps, "
+                 f"{steps_per_epoch} steps/epoch, epochs {start_epoch + 1}..{epochs}"
+                 + ("" if cfg.precision == "float32" else f", precision {cfg.precision}"))
         streams = {"train": train_ids, "valid": valid_ids, "test": test_ids}
         self._tokens_per_word = {k: len(streams[k]) / n for k, n in words.items()
                                  if streams.get(k) is not None and n}
@@ -333,6 +380,7 @@ class Trainer:
                 if trained:  # keep what was trained (rank 0 alone: no collective on this path)
                     result.checkpoint = self._checkpoints.save_on_chief({"stopped_by": "a usage error"})
                 raise
+        self._record_loss_scale(result)
         result.global_step = int(self.progress.global_step.numpy())
         if self.chief and test_ids is not None:
             loss = self.evaluate_loss(test_ids)
@@ -342,6 +390,11 @@ class Trainer:
                      + self._per_word_text(result.test_word_perplexity))
         self._write_results(result)
         return result
+
+    def _record_loss_scale(self, result: TrainResult) -> None:
+        if self.loss_scale is not None:
+            result.skipped_steps = int(self.loss_scale.skipped_steps.numpy())
+            result.loss_scale = float(self.loss_scale.scale.numpy())
 
     def _write_results(self, result: TrainResult) -> None:
         if self.chief and self.model_dir is not None:
@@ -354,6 +407,7 @@ class Trainer:
         # Every rank waits here for rank 0's save, so no rank's exit stops a save in progress.
         path = dist.broadcast_object(result.checkpoint, 0)
         watcher.stopped()
+        self._record_loss_scale(result)
         result.global_step = int(self.progress.global_step.numpy())
         self._write_results(result)
         step_in_epoch = int(self.progress.steps_in_epoch.numpy())
@@ -400,9 +454,11 @@ class Trainer:
 
         def drain(index: int) -> None:
             values = self._drain(pending, epoch, index)
-            if self.record_step_losses:
-                result.step_losses.extend(values)
-            run.loss_sum += sum(values)
+            if self.record_step_losses:  # NaN marks a skipped step
+                result.step_losses.extend(math.nan if v is None else v for v in values)
+            applied = [v for v in values if v is not None]
+            run.skipped += len(values) - len(applied)
+            run.loss_sum += sum(applied)
 
         def act(actions: List[str], done_in_epoch: int) -> None:
             stopping = "stop" in actions
@@ -429,7 +485,7 @@ class Trainer:
                                   *self._boundaries.flags())
             state = out.state
             self._watchdog.beat(step_count + 1)
-            pending.append((out.loss, out.finite))
+            pending.append((out.loss, out.finite, out.applied))
             run.steps += 1
             step_count += 1
             if not self._compiled:  # the first call traces and compiles: not training speed
@@ -443,7 +499,7 @@ class Trainer:
             if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
                 drain(i)
                 elapsed = time.perf_counter() - t0
-                bar.update(i + 1, f"ppl {perplexity(run.loss_sum / ((run.steps) * cfg.num_steps)):.2f} "
+                bar.update(i + 1, f"ppl {perplexity(run.loss_sum / (max(run.steps - run.skipped, 1) * cfg.num_steps)):.2f} "
                            f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
                            "tokens/s")
             actions = self._boundaries.after_step(out.agreed, step_count)
@@ -472,7 +528,7 @@ class Trainer:
         """
         cfg = self.config
         lr = float(self.optimizer.learning_rate.numpy())
-        train_loss = run.loss_sum / max(run.steps * cfg.num_steps, 1)
+        train_loss = run.loss_sum / max((run.steps - run.skipped) * cfg.num_steps, 1)
         completed = not run.stopped
         if completed:
             self.progress.epoch.assign(epoch + 1)
@@ -495,14 +551,18 @@ class Trainer:
             learning_rate=lr, tokens_per_sec=tokens / max(run.seconds, 1e-9), epoch_time=run.seconds,
             cumulative_time=cumulative, steps=run.steps,
             train_word_perplexity=self._word_perplexity(train_loss, "train"),
-            valid_word_perplexity=None if valid_loss is None else self._word_perplexity(valid_loss, "valid"))
+            valid_word_perplexity=None if valid_loss is None else self._word_perplexity(valid_loss, "valid"),
+            skipped_steps=run.skipped,
+            loss_scale=None if self.loss_scale is None else float(self.loss_scale.scale.numpy()))
         result.epochs.append(stats)
         valid_text = "-" if stats.valid_perplexity is None else f"{stats.valid_perplexity:.2f}"
+        scaling = ("" if stats.loss_scale is None else
+                   f" | loss scale {stats.loss_scale:g}, {run.skipped} step(s) skipped")
         self.log(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {stats.train_perplexity:.2f}"
                  f"{self._per_word_text(stats.train_word_perplexity)} | valid ppl {valid_text}"
                  f"{self._per_word_text(stats.valid_word_perplexity)} | {stats.tokens_per_sec:.0f} "
                  f"tokens/sec ({self.world} worker(s)) | epoch time {run.seconds:.1f} s | "
-                 f"cumulative training time {cumulative:.1f} s")
+                 f"cumulative training time {cumulative:.1f} s{scaling}")
         summaries.write(int(self.progress.global_step.numpy()),
                         {"train/perplexity": stats.train_perplexity, "train/learning_rate": lr,
                          "train/tokens_per_sec": stats.tokens_per_sec,
@@ -510,19 +570,26 @@ class Trainer:
                          "valid/perplexity": stats.valid_perplexity,
                          "valid/word_perplexity": stats.valid_word_perplexity})
 
-    @staticmethod
-    def _drain(pending: List[Any], epoch: int, last_index: int) -> List[float]:
-        """Reads the pending step results; raises on the first non-finite one."""
-        values = []
-        for k, (loss, finite) in enumerate(pending):
+    def _drain(self, pending: List[Any], epoch: int, last_index: int) -> List[Optional[float]]:
+        """Reads the pending step results (None for a skipped step); raises when training cannot go on."""
+        values: List[Optional[float]] = []
+        for k, (loss, finite, applied) in enumerate(pending):
             value = float(loss)
-            if not bool(finite) or not math.isfinite(value):
+            if not bool(finite) or (bool(applied) and not math.isfinite(value)):
                 step_in_epoch = last_index - len(pending) + 1 + k
                 pending.clear()
+                where = f"at epoch {epoch + 1}, step {step_in_epoch + 1}"
+                if self.loss_scale is not None:
+                    raise NonFiniteError(
+                        f"{self.loss_scale.max_consecutive_skips} steps in a row had non-finite gradients "
+                        f"(loss {value}) {where}, although the loss scale fell to "
+                        f"{float(self.loss_scale.scale.numpy()):g}; none was applied and the last good "
+                        "checkpoint stays the latest. Lower the learning rate or max_grad_norm, check "
+                        "the data, or train with precision = 'mixed_bfloat16' or 'float32'")
                 raise NonFiniteError(
-                    f"non-finite loss or gradient (loss {value}) at epoch {epoch + 1}, step "
-                    f"{step_in_epoch + 1}; the update was not applied and the last good checkpoint "
-                    "stays the latest. Lower the learning rate or max_grad_norm, or check the data")
-            values.append(value)
+                    f"non-finite loss or gradient (loss {value}) {where}; the update was not applied and "
+                    "the last good checkpoint stays the latest. Lower the learning rate or max_grad_norm, "
+                    "or check the data")
+            values.append(value if bool(applied) else None)
         pending.clear()
         return values

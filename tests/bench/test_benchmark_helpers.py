@@ -63,10 +63,31 @@ def test_efficiency_is_two_rank_throughput_over_twice_one_rank():
             "1 rank + half batch": [run(1100.0, 0.2)], "2 ranks + 2x batch": [run(1900.0, 0.42)]}
     runs["1 rank + 2 inter-op"] = [run(800.0, 0.5)]
     runs["2 ranks + 2 inter-op"] = [run(1200.0, 0.333)]
+    runs["1 rank + accum 4, 4x batch"] = [run(1200.0, 1.3)]
+    runs["2 ranks + accum 4, 4x batch"] = [run(2160.0, 0.74)]
     got = scaling.summarize_config("config_small", runs)
     assert got["efficiency"]["strong: 2 ranks"] == 0.9
     # A variant with other threads is compared with the 1-rank run that has the same threads.
     assert got["efficiency"]["strong: 2 ranks + 2 inter-op"] == 0.75
     assert not any("1 rank" in key for key in got["efficiency"])
     assert got["efficiency"]["weak: 2 ranks + 2x batch"] == 0.95
+    # Accumulation over a 4x batch is compared with one rank doing the same 4 micro-batches.
+    assert got["efficiency"]["strong: 2 ranks + accum 4, 4x batch"] == 0.9
     assert got["collectives"]["step_minus_half_batch_step_ms"] == pytest.approx(22.0)
+
+
+@pytest.mark.parametrize("variant", ["lmkit", "lmkit_k2", "lmkit_bf16"])
+def test_the_throughput_benchmark_drives_the_real_trainer_step(variant):
+    """The benchmark's lmkit runner calls Trainer.train_step as fit does (a changed step signature fails here)."""
+    from benchmarks import train_throughput as bench
+    from lmkit import dist
+    from lmkit.config import TrainConfig
+    dist.init(backend="local")
+    cfg = TrainConfig.from_dict(dict(model="lstm", vocab_size=30, hidden_size=8, num_layers=1, init_scale=0.1,
+                                     keep_prob=1.0, batch_size=4, num_steps=5, num_epochs=1, learning_rate=0.5,
+                                     max_grad_norm=5.0))
+    ids, inputs, targets = bench.synthetic_batches(cfg, num_batches=6)
+    runner = bench.LmkitRunner(cfg, ids, inputs, targets, variant=variant)
+    assert runner.run(3) > 0
+    assert len(runner.losses) == 3 and all(loss > 0 for loss in runner.losses)
+    assert runner.trainer.config.grad_accum_steps == (2 if variant == "lmkit_k2" else 1)

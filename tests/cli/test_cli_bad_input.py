@@ -58,6 +58,15 @@ CASES = [
          r"lmkit\.models\.LanguageModel"),
     Case("unknown tokenizer", lambda t, f: _train(f, str(t / "m"), "--tokenizer", "bpe"),
          r"argument --tokenizer: invalid choice: 'bpe'"),
+    Case("unknown precision flag", lambda t, f: _train(f, str(t / "m"), "--precision", "bf16"),
+         r"argument --precision: invalid choice: 'bf16'"),
+    Case("unknown precision key", lambda t, f: _train(f, str(t / "m"), "--set", "precision=fp16"),
+         r"precision = 'fp16' is not one of float32, mixed_bfloat16, mixed_float16"),
+    Case("no micro-batches", lambda t, f: _train(f, str(t / "m"), "--grad_accum_steps", "0"),
+         r"grad_accum_steps = 0 must be >= 1"),
+    Case("micro-batches that do not divide the batch",
+         lambda t, f: _train(f, str(t / "m"), "--grad_accum_steps", "3"),
+         r"grad_accum_steps = 3 does not divide batch_size = 8"),
 ]
 
 
@@ -96,9 +105,15 @@ def test_bad_text_input_exits_2_and_writes_nothing(tmp_path, corpus):
 @pytest.mark.mpi
 def test_a_bad_file_under_mpirun_is_reported_once(tmp_path, corpus):
     binary = _write(tmp_path / "b.txt", b"\0\0\0")
-    res = run(mpirun_cmd(2, ["-m", "lmkit", *_train(corpus, str(tmp_path / "m"), train_file=binary)]),
-              timeout=240)
-    check_one_error(res, r"binary")
+    # And micro-batches that split the batch but not each worker's rows (8 = 2 x 4, not 2 x 8).
+    cmds = [_train(corpus, str(tmp_path / "m"), train_file=binary),
+            _train(corpus, str(tmp_path / "m2"), "--grad_accum_steps", "8")]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda c: run(mpirun_cmd(2, ["-m", "lmkit", *c]), timeout=240), cmds))
+    check_one_error(results[0], r"binary")
+    check_one_error(results[1], r"batch_size 8 does not split into 2 worker\(s\) x grad_accum_steps 8 = 16 "
+                                r"equal micro-batches; use a batch_size that is a multiple of 16")
+    assert not (tmp_path / "m2").exists()
 
 
 def test_a_model_folder_of_another_run_is_refused(tmp_path, corpus):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, mpirun_cmd, run
+from tests.helpers import ROOT, assert_relatively_close, mpirun_cmd, run
 
 pytestmark = [pytest.mark.horovod, pytest.mark.mpi]
 PROBE = f"{ROOT}/tests/scripts/train_probe.py"
@@ -78,4 +78,39 @@ def test_optimizer_slots_identical_on_both_ranks_after_training(tmp_path, optimi
     assert len(slots) > 2  # learning rate, iterations and real slots
     assert any(np.abs(r0[k]).sum() > 0 for k in slots)
     for k in slots + [k for k in r0.files if k.startswith("var")]:
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+
+
+ACCUM_OPTIMIZERS = "sgd,momentum,adam,adamw,novograd,lamb,larc"
+
+
+@pytest.mark.parametrize("extra, optimizers", [((), ACCUM_OPTIMIZERS), (("--sparse_as_dense",), "sgd,adam")])
+def test_accumulation_on_two_workers_trains_like_the_big_batch(tmp_path, extra, optimizers):
+    # One mpirun run trains every optimizer with k = 1 and k = 4 (micro-batches of 1 row per
+    # rank), with clipping and a warmup active: they must see optimizer steps, not micro-batches.
+    prefix = _run(tmp_path, "accum", 2, "--optimizer", optimizers, "--grad_accum_steps", "1,4",
+                  "--steps", "30", "--max_grad_norm", "0.5", "--warmup_epochs", "0.3", *extra)
+    for optimizer in optimizers.split(","):
+        big, _ = _load(f"{prefix}.{optimizer}.k1", 0)
+        acc0, meta0 = _load(f"{prefix}.{optimizer}.k4", 0)
+        acc1, meta1 = _load(f"{prefix}.{optimizer}.k4", 1)
+        assert meta0["size"] == 2 and meta0["steps"] == meta1["steps"] == 30
+        np.testing.assert_allclose(acc0["losses"], big["losses"], rtol=1e-5, err_msg=optimizer)
+        np.testing.assert_array_equal(acc0["losses"], acc1["losses"])
+        for k in [k for k in big.files if k.startswith(("var", "slot"))]:
+            np.testing.assert_array_equal(acc0[k], acc1[k], err_msg=f"{optimizer} {k}")
+            assert_relatively_close(acc0[k], big[k], 1e-5, f"{optimizer} {k}")
+
+
+def test_a_float16_overflow_on_one_rank_is_skipped_on_both(tmp_path):
+    prefix = _run(tmp_path, "fp16", 2, "--precision", "mixed_float16", "--bomb_at", "5", "--bomb_rank", "1",
+                  "--steps", "20", "--optimizer", "adam", "--learning_rate", "0.03")
+    ranks = [_load(prefix, r) for r in (0, 1)]
+    for data, meta in ranks:
+        losses = data["losses"]
+        assert np.isnan(losses[4]) and np.isfinite(np.delete(losses, 4)).all()  # step 5 skipped ...
+        assert meta["skipped_steps"] == 1 and meta["loss_scale"] == 32768.0 / 2  # ... and the scale halved
+        assert losses[-5:].mean() < losses[:4].mean()  # training went on
+    (r0, _), (r1, _) = ranks
+    for k in [k for k in r0.files if k.startswith(("var", "slot"))]:
         np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
