@@ -123,10 +123,11 @@ class TrainConfig:
     train_file: str = ""  # data = "text": UTF-8 text, one sentence or paragraph a line
     valid_file: str = ""  # optional; evaluated by rank 0 after every epoch
     test_file: str = ""  # optional; evaluated by rank 0 at the end
-    tokenizer: str = "word"  # data = "text": word | sentencepiece | char | byte
+    tokenizer: str = "word"  # data = "text": word | sentencepiece | char | byte | hf (with init_from)
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
     min_count: int = 1  # word tokenizer: drop words seen fewer times
     spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: vocab_size)
+    init_from: str = ""  # a Hugging Face GPT-2 folder: its weights, sizes and tokenizer start the run
     # --- distributed -------------------------------------------------------
     backend: str = "auto"  # auto | horovod | native | local (lmkit.dist.BACKENDS)
     num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)
@@ -206,7 +207,7 @@ class TrainConfig:
         for key in ("loss_scale_growth_interval", "max_consecutive_skips"):
             if getattr(self, key) < 1:
                 bad(key, "must be a positive integer")
-        if self.model == "transformer":
+        if self.model in ("transformer", "gpt2"):
             try:
                 check_heads("hidden_size", self.hidden_size, self.num_heads)
             except UsageError as exc:
@@ -240,12 +241,17 @@ class TrainConfig:
                 "must be >= 0 (0 = no limit)" if self.max_vocab < 0 else "must be >= 1")
         if self.spm_model_type not in SPM_MODEL_TYPES:
             bad("spm_model_type", f"is not one of {', '.join(SPM_MODEL_TYPES)}")
+        if self.tokenizer == "hf" and not self.init_from:
+            bad("tokenizer", "comes with a pretrained model; pass --init_from <a Hugging Face GPT-2 folder>")
+        if self.init_from and (self.model != "gpt2" or self.data != "text"):
+            bad("init_from", "starts a gpt2 model on text data; pass --train_file (and leave model to "
+                "--init_from)")
 
     @property
     def tokenizer_options(self) -> Dict[str, Any]:
         """The options of ``lmkit.data.train_tokenizer`` this config asks for."""
         return {"vocab_size": self.vocab_size, "max_vocab": self.max_vocab or None,
-                "min_count": self.min_count, "model_type": self.spm_model_type}
+                "min_count": self.min_count, "model_type": self.spm_model_type, "source": self.init_from}
 
     def replace(self, **changes: Any) -> "TrainConfig":
         """A checked copy with some values changed (unknown keys are errors)."""

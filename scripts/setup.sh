@@ -114,8 +114,9 @@ if [ "$MODE" = "main" ]; then
 
   # The package's own metadata (pyproject.toml); TensorFlow and Horovod are already
   # here, the versions this environment pins (Horovod builds against nothing newer).
-  STEP="pip install -e .[test,bench]"
-  "${PIP[@]}" install -e ".[test,bench]" "tensorflow-cpu==${TF_VERSION}" || fail "pip install -e .[test,bench]"
+  STEP="pip install -e .[test,bench,hf,test-hf]"
+  "${PIP[@]}" install -e ".[test,bench,hf,test-hf]" "tensorflow-cpu==${TF_VERSION}" \
+    || fail "pip install -e .[test,bench,hf,test-hf]"
   STEP="check the environment"
   "$VPY" -c "import tensorflow as tf, horovod.tensorflow as h, sys; sys.exit(0 if tf.__version__ == '${TF_VERSION}' and h.mpi_built() else 1)" \
     || fail "tensorflow ${TF_VERSION} with horovod does not import after the install; delete $VENV and run make setup again"
@@ -123,8 +124,8 @@ else
   STEP="install newest tensorflow-cpu (${LMKIT_TF_LATEST:-2.21.*}) without horovod"
   "${PIP[@]}" install --upgrade pip setuptools wheel || fail "pip could not upgrade itself"
   "${PIP[@]}" install "tensorflow-cpu==${LMKIT_TF_LATEST:-2.21.*}" || fail "pip install tensorflow-cpu==${LMKIT_TF_LATEST:-2.21.*}"
-  STEP="pip install -e .[test] (no horovod) in $VENV"
-  "${PIP[@]}" install -e ".[test]" || fail "pip install -e .[test]"
+  STEP="pip install -e .[test,hf] (no horovod) in $VENV"
+  "${PIP[@]}" install -e ".[test,hf]" || fail "pip install -e .[test,hf]"
 fi
 
 STEP="pip check in $VENV"

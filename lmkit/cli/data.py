@@ -145,9 +145,14 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
                                    for name, f in zip(("train", "valid", "test"), files) if f])
     tokenizer = tokenizer_everywhere(config, model_dir)
     text = _everywhere(readable, lambda: load_text_data(tokenizer, *files))
-    said = "" if tokenizer.vocab_size == config.vocab_size else \
-        f" (the model's vocabulary; the config said vocab_size = {config.vocab_size})"
+    if config.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
+        from lmkit.hf import check_vocabulary
+        check_vocabulary(tokenizer, config.vocab_size, config.init_from)
+        said = ""
+    else:
+        said = "" if tokenizer.vocab_size == config.vocab_size else \
+            f" (the model's vocabulary; the config said vocab_size = {config.vocab_size})"
+        config = config.replace(vocab_size=tokenizer.vocab_size)
     log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir}{said}")
-    config = config.replace(vocab_size=tokenizer.vocab_size)
     words = {} if tokenizer.name == "word" else {name: n for name, _, n in text.splits()}
     return RunData(text.train, text.valid, text.test, tokenizer, config, words)

@@ -6,7 +6,10 @@
 The model, its tokenizer (or PTB vocabulary) and its config are read from
 --model_dir, as the training run left them; a model of your own class is
 rebuilt from the import path stored in its config (its module must be
-importable: installed, on PYTHONPATH or in the current folder).
+importable: installed, on PYTHONPATH or in the current folder). --model_dir
+may also be a Hugging Face GPT-2 folder (config.json with model_type gpt2,
+model.safetensors, tokenizer.json or vocab.json + merges.txt): its weights
+and tokenizer are read directly (docs/gpt2.md).
 
 Output: one line per sample on stdout, ``[<prompt>.<sample>] text``: the
 prompt, then the continuation, detokenized (sentencepiece pieces joined,
@@ -32,6 +35,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.decoding.registry import SAMPLER_NAMES, SAMPLERS
 from lmkit.errors import UsageError
+from lmkit.hf import is_hf_folder, read_gpt2_config
 from lmkit.layout import resolve_checkpoint
 
 __all__ = ["build_parser", "check_args", "main"]
@@ -87,8 +91,20 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     if args.strategy == "beam" and args.num_samples > args.beam_width:
         raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
                          f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
-    check_model_dir(args.model_dir)
-    tokenizer = tokenizer_of_run(args.model_dir)
+    if is_hf_folder(args.model_dir):  # a Hugging Face GPT-2 folder, read as it is
+        from lmkit.data.errors import DataError
+        from lmkit.data.hf_tokenizer import HFTokenizer
+        if args.checkpoint:
+            raise UsageError(f"--checkpoint applies to lmkit training runs; {args.model_dir} is a Hugging Face "
+                             "folder with one set of weights")
+        read_gpt2_config(args.model_dir)
+        try:
+            tokenizer = HFTokenizer.from_hf_folder(args.model_dir)
+        except DataError as exc:
+            raise UsageError(str(exc)) from None
+    else:
+        check_model_dir(args.model_dir)
+        tokenizer = tokenizer_of_run(args.model_dir)
     vocab = getattr(tokenizer, "vocab", None) if tokenizer.name == "word" else None
     prompts, unknown = [], []
     for text in args.prompt or [None]:
@@ -144,7 +160,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     """Generates as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     args = build_parser(prog).parse_args(argv)
     tokenizer, prompts, unknown = check_args(args)
-    checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
+    hf_folder = is_hf_folder(args.model_dir)
+    checkpoint = None if hf_folder else resolve_checkpoint(args.model_dir, args.checkpoint)
     user_modules_importable()
 
     from lmkit import decoding, dist
@@ -152,7 +169,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
     start = time.perf_counter()
-    model, _, config = load_model(args.model_dir, checkpoint)
+    if hf_folder:
+        from lmkit.hf import load_gpt2
+        model, _, _ = load_gpt2(args.model_dir)
+        model_name = "gpt2 (Hugging Face folder)"
+    else:
+        model, _, config = load_model(args.model_dir, checkpoint)
+        model_name = config.model
     loaded = time.perf_counter() - start
 
     # Starting after an end-of-sentence token makes the prompt the beginning
@@ -205,7 +228,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
         generated += len(ids) - len(prompts[i])
         print(f"[{i}.{j}] {one_line(tokenizer.decode(ids))}", flush=True)
     if args.verbose:
-        sys.stderr.write(f"model {config.model} loaded in {loaded:.1f} s; generated {generated} tokens "
+        sys.stderr.write(f"model {model_name} loaded in {loaded:.1f} s; generated {generated} tokens "
                          f"in {seconds:.2f} s (first call, compilation included): "
                          f"{generated / max(seconds, 1e-9):.0f} tokens/sec\n")
     return 0

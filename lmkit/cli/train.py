@@ -5,6 +5,7 @@
     lmkit train --config config_transformer --train_file train.txt \\
         --valid_file valid.txt --tokenizer sentencepiece --vocab_size 8000
     lmkit train --config config_transformer --model my_pkg.my_lm:MyLM --train_file train.txt
+    mpirun -np 2 lmkit train --init_from gpt2_folder --train_file train.txt --model_dir runs/ft  # GPT-2
     python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- lmkit train --backend native ...
 
 The config names the model and the data (``data = "ptb"`` or ``"text"``);
@@ -37,9 +38,14 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
 
     p = Parser(prog=prog, description=__doc__.split("\n\n")[0],
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default="config_small",
+    p.add_argument("--config", default=None,
                    help="config name in configs/ (config_small, config_medium, config_large, "
-                        "config_transformer, ...) or a path to a .py file")
+                        "config_transformer, config_gpt2_finetune, ...) or a path to a .py file; default "
+                        "config_small, or config_gpt2_finetune with --init_from")
+    p.add_argument("--init_from", default=None,
+                   help="fine-tune a pretrained GPT-2: a Hugging Face folder (config.json, model.safetensors, "
+                        "tokenizer.json or vocab.json + merges.txt) or hf:<name> to download one (e.g. "
+                        "hf:gpt2); its sizes, weights and tokenizer replace the config's; needs --train_file")
     p.add_argument("--model", default=None,
                    help="the model: a registered name (lstm, gru, transformer) or your own class "
                         "as package.module:Class; default: the config's model")
@@ -146,7 +152,15 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
       ConfigError: an unknown config or key, or a bad value.
     """
     from lmkit.config import load_config
-    return load_config(args.config, _flag_overrides(args, distributed))
+    if args.config is None:
+        args.config = "config_gpt2_finetune" if args.init_from else "config_small"
+    overrides = _flag_overrides(args, distributed)
+    if not args.init_from:
+        return load_config(args.config, overrides)
+    from lmkit.hf import resolve_source, training_config
+    folder = resolve_source(args.init_from)  # a download only for hf:<name>
+    config = load_config(args.config, {**overrides, "data": "text"} if args.train_file else overrides)
+    return training_config(config, folder)
 
 
 def _model_dir(args: argparse.Namespace) -> str:
@@ -194,6 +208,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     tf.random.set_seed(config.seed)  # same initial values everywhere; rank 0's win anyway
     with dist.scope():  # DIST: native backend: one copy of each variable per replica
         model = build_model(config.model_config())
+        if config.init_from:  # the pretrained weights (a checkpoint in --model_dir, if any, wins when fit resumes)
+            from lmkit.hf import load_gpt2_weights
+            load_gpt2_weights(model, config.init_from)
     trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
     result = trainer.fit(data.train, data.valid, data.test, max_steps=args.max_steps,
                          num_epochs=args.num_epochs, words=data.words)

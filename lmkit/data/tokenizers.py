@@ -11,9 +11,12 @@ and ``save(folder)``. The kinds, by registry name (:data:`TOKENIZERS`):
   model, ``model_type`` unigram or BPE, ``vocab_size`` pieces, files
   ``spm.model`` and ``spm.vocab``;
 * ``char``: the Unicode characters of the training text, file ``chars.txt``;
-* ``byte``: the 256 byte values of UTF-8, no training and no file.
+* ``byte``: the 256 byte values of UTF-8, no training and no file;
+* ``hf`` (:mod:`lmkit.data.hf_tokenizer`): the tokenizer of a pretrained
+  Hugging Face model (GPT-2's byte-level BPE), read with the ``tokenizers``
+  package from the folder ``--init_from`` names, file ``hf_tokenizer.json``.
 
-All four have the special symbols unknown, end and start of sentence, and
+The first four have the special symbols unknown, end and start of sentence, and
 padding (``<unk> <eos> <bos> <pad>``; SentencePiece calls the middle two
 ``</s>`` and ``<s>``). A line break in the text is the end-of-sentence id,
 both ways: ``encode`` turns ``"\\n"`` into ``eos_id``, ``decode`` turns
@@ -417,6 +420,7 @@ TOKENIZERS: Dict[str, str] = {
     "sentencepiece": "lmkit.data.sentencepiece:SentencePieceTokenizer",
     "char": "lmkit.data.tokenizers:CharTokenizer",
     "byte": "lmkit.data.tokenizers:ByteTokenizer",
+    "hf": "lmkit.data.hf_tokenizer:HFTokenizer",  # a pretrained model's (GPT-2's byte-level BPE); not trained
 }
 
 
@@ -432,7 +436,7 @@ def tokenizer_class(name: str) -> Type[Tokenizer]:
 
 def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
                     vocab_size: Optional[int] = None, max_vocab: Optional[int] = None,
-                    min_count: int = 1, model_type: str = "unigram") -> Tokenizer:
+                    min_count: int = 1, model_type: str = "unigram", source: str = "") -> Tokenizer:
     """Trains a tokenizer into ``folder``, or reuses the one saved there.
 
     When ``folder/tokenizer.json`` exists with the same kind and options it
@@ -450,6 +454,7 @@ def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
       max_vocab: largest word vocabulary, specials included (``word``).
       min_count: drop words seen fewer times (``word``).
       model_type: ``"unigram"`` or ``"bpe"`` (``sentencepiece``).
+      source: the pretrained model folder the ``hf`` kind is read from.
 
     Options a kind does not take are ignored.
 
@@ -463,7 +468,7 @@ def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
         for (naming both).
     """
     kind = tokenizer_class(name)
-    options = kind.check_options({"vocab_size": vocab_size, "max_vocab": max_vocab,
+    options = kind.check_options({"vocab_size": vocab_size, "max_vocab": max_vocab, "source": source,
                                   "min_count": min_count, "model_type": model_type})
     folder = os.fspath(folder)
     if os.path.isfile(os.path.join(folder, TOKENIZER_FILE)):

@@ -49,6 +49,11 @@ MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "lstm": ("lmkit.models.rnn:RNNLanguageModel", {"cell": "lstm"}),
     "gru": ("lmkit.models.rnn:RNNLanguageModel", {"cell": "gru"}),
     "transformer": ("lmkit.models.transformer:TransformerLanguageModel", {}),
+    # GPT-2's architecture (tied softmax without bias, learned positions, pre-LN); lmkit.hf maps
+    # Hugging Face GPT-2 checkpoints onto it.
+    "gpt2": ("lmkit.models.transformer:TransformerLanguageModel",
+             {"tie_weights": True, "pre_layer_norm": True, "position_embedding": "learned",
+              "output_bias": False}),
 }
 
 _LAZY = {

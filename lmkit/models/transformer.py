@@ -31,6 +31,11 @@ class TransformerLanguageModel(LanguageModel):
 
     Dropout (rate ``dropout``) acts on the embedding sum, the attention
     probabilities and each residual branch, only while training.
+
+    With ``tie_weights=True``, ``pre_layer_norm=True``, learned positions and
+    ``output_bias=False`` this is GPT-2's architecture (the ``gpt2`` entry of
+    :data:`lmkit.models.MODELS`), which :mod:`lmkit.hf` loads from and
+    exports to Hugging Face checkpoints.
     """
 
     stateful = False
@@ -49,6 +54,8 @@ class TransformerLanguageModel(LanguageModel):
                  init_scale: float = 0.1,
                  embedding_dim: int = 0,
                  position_embedding: str = "learned",
+                 layer_norm_epsilon: float = 1e-5,
+                 output_bias: bool = True,
                  name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 
@@ -65,6 +72,8 @@ class TransformerLanguageModel(LanguageModel):
           init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
           embedding_dim: must be 0 or ``hidden_size`` (kept for config parity).
           position_embedding: ``"learned"`` (GPT-2) or ``"sinusoid"``.
+          layer_norm_epsilon: added to the variance in every layer norm.
+          output_bias: give the softmax layer a bias (GPT-2 has none).
           name: module name.
 
         Raises:
@@ -98,14 +107,20 @@ class TransformerLanguageModel(LanguageModel):
             self.decoder = TransformerDecoder(num_layers=num_layers, dim=hidden_size, num_heads=num_heads,
                                               ffn_dim=ffn_dim, dropout=dropout, pre_layer_norm=pre_layer_norm,
                                               max_positions=max_positions, init_scale=init_scale,
-                                              name="decoder")
+                                              layer_norm_epsilon=layer_norm_epsilon, name="decoder")
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.embedder if self.tie_weights else None,
-                                               initializer=initializer, name="projection")
+                                               use_bias=output_bias, initializer=initializer, name="projection")
 
     @property
     def max_positions(self) -> int:
         return self.decoder.max_positions
+
+    @property
+    def is_gpt2(self) -> bool:
+        """Whether this is GPT-2's architecture (what a Hugging Face GPT-2 checkpoint holds)."""
+        return (self.tie_weights and self.decoder.pre_layer_norm and self.position_embedding == "learned"
+                and self.projection.bias is None and self.decoder.layers[0].activation == "gelu")
 
     def initial_state(self, batch_size: Union[int, tf.Tensor],
                       max_length: Optional[int] = None) -> TransformerState:
@@ -155,8 +170,10 @@ class TransformerLanguageModel(LanguageModel):
         return self.projection(outputs), state
 
     def get_config(self) -> Dict[str, Any]:
-        """``TrainConfig.model_config()`` keys, plus ``position_embedding`` when not "learned"."""
-        config = {"model": "transformer", "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+        """``TrainConfig.model_config()`` keys (model ``gpt2`` for GPT-2's architecture), plus
+        ``position_embedding``, ``layer_norm_epsilon`` and ``output_bias`` when not the defaults."""
+        config = {"model": "gpt2" if self.is_gpt2 else "transformer", "vocab_size": self.vocab_size,
+                  "hidden_size": self.hidden_size,
                   "num_layers": self.decoder.num_layers, "init_scale": self.init_scale,
                   "keep_prob": keep_prob_of(self.dropout), "tie_weights": self.tie_weights,
                   "embedding_dim": self.hidden_size, "num_heads": self.decoder.num_heads,
@@ -164,4 +181,9 @@ class TransformerLanguageModel(LanguageModel):
                   "pre_layer_norm": self.decoder.pre_layer_norm}
         if self.position_embedding != "learned":
             config["position_embedding"] = self.position_embedding
+        epsilon = self.decoder.layers[0].attention_norm.epsilon
+        if epsilon != 1e-5:
+            config["layer_norm_epsilon"] = epsilon
+        if self.projection.bias is None and not self.is_gpt2:
+            config["output_bias"] = False
         return config

@@ -23,8 +23,8 @@ __all__ = ["OutputProjection"]
 class OutputProjection(Module):
     """``logits = x @ kernel + bias`` with ``kernel`` optionally the tied embeddings.
 
-    Variables: ``kernel`` [dim, vocab_size] (untied only) and ``bias``
-    [vocab_size] (always its own).
+    Variables: ``kernel`` [dim, vocab_size] (untied only) and, with
+    ``use_bias``, ``bias`` [vocab_size] (always its own).
 
     ``get_config`` cannot hold the embedder: rebuild a tied projection by
     passing ``tied_embedder`` again (``tied`` tells whether it had one).
@@ -35,6 +35,7 @@ class OutputProjection(Module):
                  dim: int,
                  vocab_size: int,
                  tied_embedder: Optional[WordEmbedder] = None,
+                 use_bias: bool = True,
                  init_scale: float = 0.1,
                  initializer: Optional[Initializer] = None,
                  bias_initializer: Optional[Initializer] = None,
@@ -46,6 +47,7 @@ class OutputProjection(Module):
           vocab_size: number of logits.
           tied_embedder: a :class:`WordEmbedder` of shape [vocab_size, dim]
             whose table doubles as the (transposed) kernel.
+          use_bias: add a bias (GPT-2's output layer has none).
           init_scale: kernel values from uniform(-init_scale, init_scale) when
             ``initializer`` is None.
           initializer: kernel initializer (overrides ``init_scale``).
@@ -74,7 +76,8 @@ class OutputProjection(Module):
         with self.name_scope:
             if tied_embedder is None:
                 self.kernel = tf.Variable(initializer([dim, vocab_size], tf.float32), name="kernel")
-            self.bias = tf.Variable(bias_initializer([vocab_size], tf.float32), name="bias")
+            self.bias = (tf.Variable(bias_initializer([vocab_size], tf.float32), name="bias")
+                         if use_bias else None)
 
     @property
     def tied(self) -> bool:
@@ -98,4 +101,5 @@ class OutputProjection(Module):
         return tf.cast(logits, tf.float32) if logits.dtype != tf.float32 else logits
 
     def get_config(self) -> Dict[str, Any]:
-        return {"dim": self.dim, "vocab_size": self.vocab_size, "init_scale": self.init_scale, "name": self.name}
+        return {"dim": self.dim, "vocab_size": self.vocab_size, "use_bias": self.bias is not None,
+                "init_scale": self.init_scale, "name": self.name}

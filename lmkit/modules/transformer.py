@@ -235,6 +235,7 @@ class TransformerLayer(Module):
                  pre_layer_norm: bool = True,
                  activation: str = "gelu",
                  init_scale: float = 0.1,
+                 layer_norm_epsilon: float = 1e-5,
                  name: Optional[str] = None) -> None:
         """Creates the sub-modules.
 
@@ -247,6 +248,7 @@ class TransformerLayer(Module):
           pre_layer_norm: normalize before (True) or after (False) each block.
           activation: ``"gelu"`` or ``"relu"``.
           init_scale: kernels from uniform(-init_scale, init_scale).
+          layer_norm_epsilon: added to the variance in both layer norms.
           name: module name.
 
         Raises:
@@ -268,10 +270,10 @@ class TransformerLayer(Module):
         with self.name_scope:
             self.attention = MultiHeadAttention(dim=dim, num_heads=num_heads, dropout=self.attention_dropout,
                                                 init_scale=init_scale, name="attention")
-            self.attention_norm = LayerNorm(dim=dim, name="attention_norm")
+            self.attention_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="attention_norm")
             self.ffn_inner = Linear(input_size=dim, output_size=ffn_dim, init_scale=init_scale, name="ffn_inner")
             self.ffn_outer = Linear(input_size=ffn_dim, output_size=dim, init_scale=init_scale, name="ffn_outer")
-            self.ffn_norm = LayerNorm(dim=dim, name="ffn_norm")
+            self.ffn_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="ffn_norm")
 
     def _feed_forward(self, x: tf.Tensor) -> tf.Tensor:
         return self.ffn_outer(_ACTIVATIONS[self.activation](self.ffn_inner(x)))  # [batch, time, dim]
@@ -301,7 +303,8 @@ class TransformerLayer(Module):
         return {"dim": self.dim, "num_heads": self.num_heads, "ffn_dim": self.ffn_dim,
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
                 "pre_layer_norm": self.pre_layer_norm, "activation": self.activation,
-                "init_scale": self.init_scale, "name": self.name}
+                "init_scale": self.init_scale, "layer_norm_epsilon": self.attention_norm.epsilon,
+                "name": self.name}
 
 
 class TransformerDecoder(Module):
@@ -327,6 +330,7 @@ class TransformerDecoder(Module):
                  max_positions: int = 512,
                  activation: str = "gelu",
                  init_scale: float = 0.1,
+                 layer_norm_epsilon: float = 1e-5,
                  name: Optional[str] = None) -> None:
         """Creates the layers.
 
@@ -341,6 +345,8 @@ class TransformerDecoder(Module):
           max_positions: default and largest cache length of ``initial_state``.
           activation: ``"gelu"`` or ``"relu"``.
           init_scale: kernels from uniform(-init_scale, init_scale).
+          layer_norm_epsilon: added to the variance in every layer norm
+            (GPT-2's ``layer_norm_epsilon``).
           name: module name.
 
         Raises:
@@ -361,10 +367,12 @@ class TransformerDecoder(Module):
             self.layers = [
                 TransformerLayer(dim=dim, num_heads=num_heads, ffn_dim=self.ffn_dim, dropout=dropout,
                                  attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm,
-                                 activation=activation, init_scale=init_scale, name=f"layer_{i}")
+                                 activation=activation, init_scale=init_scale,
+                                 layer_norm_epsilon=layer_norm_epsilon, name=f"layer_{i}")
                 for i in range(num_layers)
             ]
-            self.final_norm = LayerNorm(dim=dim, name="final_norm") if pre_layer_norm else None
+            self.final_norm = (LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="final_norm")
+                               if pre_layer_norm else None)
 
     def initial_state(self, batch_size: Union[int, tf.Tensor],
                       max_length: Optional[int] = None) -> TransformerState:
@@ -448,5 +456,6 @@ class TransformerDecoder(Module):
         return {"num_layers": self.num_layers, "dim": self.dim, "num_heads": self.num_heads,
                 "ffn_dim": self.ffn_dim, "dropout": layer.dropout,
                 "attention_dropout": layer.attention_dropout, "pre_layer_norm": self.pre_layer_norm,
+                "layer_norm_epsilon": layer.attention_norm.epsilon,
                 "max_positions": self.max_positions, "activation": layer.activation,
                 "init_scale": layer.init_scale, "name": self.name}

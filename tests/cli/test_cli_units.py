@@ -41,7 +41,7 @@ def test_train_file_switches_a_ptb_config_to_text():
         "text", "t.txt", "sentencepiece", 300)
     assert (config.model, config.backend) == ("my_pkg.lm:LM", "native")
     assert config.tokenizer_options == {"vocab_size": 300, "max_vocab": None, "min_count": 1,
-                                        "model_type": "unigram"}
+                                        "model_type": "unigram", "source": ""}
 
 
 @pytest.mark.parametrize("overrides, message", [

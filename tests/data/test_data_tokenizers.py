@@ -309,8 +309,12 @@ def test_decode_rejects_ids_out_of_range():
 
 
 def test_one_registry():
-    assert list(TOKENIZERS) == ["word", "sentencepiece", "char", "byte"]
+    from lmkit.data.hf_tokenizer import HFTokenizer
+    assert list(TOKENIZERS) == ["word", "sentencepiece", "char", "byte", "hf"]
     classes = [tokenizer_class(name) for name in TOKENIZERS]
     for name, cls in zip(TOKENIZERS, classes):
         assert cls.name == name and issubclass(cls, Tokenizer)
-    assert set(classes) == {WordTokenizer, SentencePieceTokenizer, CharTokenizer, ByteTokenizer}
+    assert set(classes) == {WordTokenizer, SentencePieceTokenizer, CharTokenizer, ByteTokenizer, HFTokenizer}
+    # The pretrained kind is not trained: asking for it without a model to take it from is one clear error.
+    with pytest.raises(DataError, match=r"tokenizer = 'hf' comes with a pretrained model .* --init_from"):
+        HFTokenizer.train("train.txt", "folder")

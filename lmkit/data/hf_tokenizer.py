@@ -1,0 +1,166 @@
+"""The tokenizer of a Hugging Face model folder (GPT-2's byte-level BPE and the like), through ``tokenizers``.
+
+lmkit does not train this kind: it comes with a pretrained model. It is
+read from the folder ``--init_from`` names (:meth:`HFTokenizer.from_hf_folder`:
+``tokenizer.json``, or GPT-2's ``vocab.json`` + ``merges.txt``), saved into
+the run's model folder as ``hf_tokenizer.json`` (lmkit's own
+``tokenizer.json`` describes it there, as for every kind) and written back
+in Hugging Face's layout by :meth:`HFTokenizer.save_hf` when a run is
+exported. The ``tokenizers`` package does the work; nothing here
+re-implements BPE.
+
+Special ids in lmkit's sense: ``eos_id`` is the token of a line break
+(``"\\n"``, which lmkit's text pipeline puts at the end of every line, as a
+GPT-2 text has it) and ``bos_id`` the model's ``<|endoftext|>`` (GPT-2's
+document separator); there is no unknown or padding token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional
+
+from lmkit.data.errors import DataError
+from lmkit.data.tokenizers import Tokenizer
+from lmkit.fileio import atomic_write_text
+
+__all__ = ["HFTokenizer", "HF_TOKENIZER_FILE", "END_OF_TEXT"]
+
+HF_TOKENIZER_FILE = "hf_tokenizer.json"  # in an lmkit run folder (lmkit's tokenizer.json is the record)
+END_OF_TEXT = "<|endoftext|>"
+
+
+def _tokenizers():
+    try:
+        import tokenizers
+    except ImportError:
+        raise DataError("reading a Hugging Face tokenizer needs the tokenizers package; "
+                        "pip install 'lmkit[hf]' (or pip install tokenizers)") from None
+    return tokenizers
+
+
+class HFTokenizer(Tokenizer):
+    """A ``tokenizers.Tokenizer`` behind lmkit's :class:`Tokenizer` interface.
+
+    Args:
+      tokenizer: the ``tokenizers.Tokenizer``.
+      source: where it came from (shown in messages; kept in ``tokenizer.json``).
+    """
+
+    name = "hf"
+    OPTIONS: Mapping[str, Any] = {"source": ""}
+    READS_TEXT = False
+
+    def __init__(self, tokenizer: Any, source: str = "") -> None:
+        self.hf = tokenizer
+        self.source = source
+        newline = tokenizer.encode("\n", add_special_tokens=False).ids
+        self._newline = newline[0] if len(newline) == 1 else None
+        self._end_of_text = tokenizer.token_to_id(END_OF_TEXT)
+
+    # -- the vocabulary ---------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf.get_vocab_size(with_added_tokens=True))
+
+    def _special_id(self, role: str) -> Optional[int]:
+        return {"eos": self._newline, "bos": self._end_of_text}.get(role)
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        return {"source": self.source}
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.hf.to_str().encode("utf-8")).hexdigest()[:16]
+
+    # -- text <-> ids -----------------------------------------------------------------------------
+    def _encode_line(self, line: str) -> List[int]:
+        return list(self.hf.encode(line, add_special_tokens=False).ids)
+
+    def _decode_line(self, ids: List[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+    def encode_batch(self, texts: List[str]) -> List[List[int]]:
+        if self._newline is None:
+            return [list(e.ids) for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        return super().encode_batch(texts)
+
+    # -- files ------------------------------------------------------------------------------------
+    def _write_files(self, folder: str) -> None:
+        atomic_write_text(os.path.join(folder, HF_TOKENIZER_FILE), self.hf.to_str())
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> Dict[str, Any]:
+        return {"source": str(options.get("source") or "")}
+
+    @classmethod
+    def train(cls, train_file: str, folder: str, **options: Any) -> "HFTokenizer":
+        """Not trained: read from the pretrained model's folder (``source``, set by ``--init_from``)."""
+        source = options.get("source") or ""
+        if not source:
+            raise DataError("tokenizer = 'hf' comes with a pretrained model and is not trained by lmkit; "
+                            "pass --init_from <a Hugging Face model folder> (or use tokenizer = "
+                            "'sentencepiece' to train one on your text)")
+        return cls.from_hf_folder(source)
+
+    @classmethod
+    def load(cls, folder: str, options: Mapping[str, Any]) -> "HFTokenizer":
+        path = os.path.join(folder, HF_TOKENIZER_FILE)
+        if not os.path.isfile(path):
+            raise DataError(f"{path} is missing")
+        try:
+            return cls(_tokenizers().Tokenizer.from_file(path), str(options.get("source") or ""))
+        except Exception as exc:  # the tokenizers package raises its own exception types
+            raise DataError(f"{path} is not a tokenizers file ({exc})") from None
+
+    @classmethod
+    def from_hf_folder(cls, folder: str) -> "HFTokenizer":
+        """The tokenizer of a Hugging Face model folder.
+
+        Reads ``tokenizer.json`` when present, else ``vocab.json`` and
+        ``merges.txt`` as GPT-2's byte-level BPE (its pre-tokenizer and
+        decoder, ``<|endoftext|>`` a special token).
+
+        Raises:
+          DataError: neither is there, or a file is broken (naming it).
+        """
+        tk = _tokenizers()
+        path = os.path.join(folder, "tokenizer.json")
+        if os.path.isfile(path):
+            try:
+                return cls(tk.Tokenizer.from_file(path), os.path.abspath(folder))
+            except Exception as exc:
+                raise DataError(f"{path} is not a Hugging Face tokenizers file ({exc}); "
+                                "save the tokenizer again with save_pretrained") from None
+        vocab, merges = os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt")
+        missing = [p for p in (vocab, merges) if not os.path.isfile(p)]
+        if missing:
+            raise DataError(f"{folder} holds no tokenizer: neither tokenizer.json nor vocab.json + "
+                            f"merges.txt ({missing[0]} is missing); save the model's tokenizer there with "
+                            "tokenizer.save_pretrained(folder)")
+        try:
+            model = tk.models.BPE.from_file(vocab, merges)
+        except Exception as exc:
+            raise DataError(f"{vocab} / {merges} are not a BPE vocabulary and merges ({exc})") from None
+        tokenizer = tk.Tokenizer(model)
+        tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = tk.decoders.ByteLevel()
+        if tokenizer.token_to_id(END_OF_TEXT) is not None:
+            tokenizer.add_special_tokens([END_OF_TEXT])
+        return cls(tokenizer, os.path.abspath(folder))
+
+    def save_hf(self, folder: str, model_max_length: int) -> None:
+        """Writes the tokenizer as ``transformers`` reads it: ``tokenizer.json``, ``vocab.json``,
+        ``merges.txt`` (BPE models), ``tokenizer_config.json`` and ``special_tokens_map.json``."""
+        os.makedirs(folder, exist_ok=True)
+        self.hf.save(os.path.join(folder, "tokenizer.json"))
+        if type(self.hf.model).__name__ == "BPE":
+            self.hf.model.save(folder)  # vocab.json, merges.txt
+        special = {} if self._end_of_text is None else {
+            "bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": END_OF_TEXT}
+        config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length,
+                  "add_prefix_space": False, **special}
+        atomic_write_text(os.path.join(folder, "tokenizer_config.json"), json.dumps(config, indent=2) + "\n")
+        atomic_write_text(os.path.join(folder, "special_tokens_map.json"), json.dumps(special, indent=2) + "\n")

@@ -1,0 +1,342 @@
+"""Hugging Face GPT-2 checkpoints in and out: lmkit's ``gpt2`` model from a folder, and back.
+
+A Hugging Face GPT-2 folder holds ``config.json`` (``model_type: gpt2``),
+the weights (``model.safetensors``, or ``pytorch_model.bin``) and the
+tokenizer (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``), as
+``save_pretrained`` writes them. lmkit reads the weights with the
+``safetensors`` package's NumPy API (no PyTorch; a folder with only
+``pytorch_model.bin`` needs PyTorch installed) and the tokenizer with the
+``tokenizers`` package (:class:`lmkit.data.hf_tokenizer.HFTokenizer`).
+
+The model is lmkit's transformer in GPT-2's shape (``MODELS["gpt2"]``): the
+sizes come from the folder's ``config.json`` (``n_layer``, ``n_head``,
+``n_embd``, ``n_positions``, ``n_inner``, ``vocab_size``,
+``layer_norm_epsilon``), so distilgpt2 through gpt2-xl load alike. The
+parameters map one to one (:func:`parameter_map`; ``docs/gpt2.md`` has the
+table): GPT-2's ``Conv1D`` weights are stored [in, out], as lmkit's kernels.
+
+Nothing is downloaded unless asked: ``hf:<name>`` (``--init_from hf:gpt2``)
+fetches the files with ``huggingface_hub`` into its cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+from lmkit.errors import UsageError
+
+__all__ = ["export_gpt2", "gpt2_model_config", "is_hf_folder", "load_gpt2", "load_gpt2_weights",
+           "parameter_map", "read_gpt2_config", "read_weights", "resolve_source", "training_config"]
+
+HF_CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+PYTORCH_BIN = "pytorch_model.bin"
+_HUB_FILES = ["config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt",
+              "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+# GPT-2 activations that are the tanh approximation of GELU (lmkit's "gelu").
+_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+# Buffers some checkpoints carry that are not parameters (the causal mask).
+_BUFFERS = (".attn.bias", ".attn.masked_bias")
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path} is not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a JSON object")
+    return data
+
+
+def is_hf_folder(path: str) -> bool:
+    """Whether ``path`` is a Hugging Face model folder (its ``config.json`` has ``model_type``)."""
+    config = os.path.join(path, HF_CONFIG)
+    if not os.path.isfile(config):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return "model_type" in json.load(f)
+    except (OSError, ValueError):
+        return False
+
+
+def read_gpt2_config(folder: str) -> Dict[str, Any]:
+    """The folder's ``config.json``, checked to be a GPT-2 that lmkit's ``gpt2`` model can hold.
+
+    Raises:
+      UsageError: no config, another model type, a missing size or an
+        activation other than GELU's tanh approximation (naming the file).
+    """
+    path = os.path.join(folder, HF_CONFIG)
+    if not os.path.isfile(path):
+        raise UsageError(f"{folder} is not a Hugging Face model folder: {path} is missing")
+    config = _read_json(path)
+    model_type = config.get("model_type")
+    if model_type != "gpt2":
+        raise UsageError(f"{path}: model_type {model_type!r} is not 'gpt2'; lmkit loads GPT-2 checkpoints "
+                         "(gpt2, distilgpt2, gpt2-medium/large/xl and fine-tunes of them)")
+    for key in ("vocab_size", "n_embd", "n_layer", "n_head", "n_positions"):
+        if not isinstance(config.get(key), int) or config[key] < 1:
+            raise UsageError(f"{path}: {key} = {config.get(key)!r} must be a positive integer")
+    activation = config.get("activation_function", "gelu_new")
+    if activation not in _GELU_TANH:
+        raise UsageError(f"{path}: activation_function {activation!r} is not GPT-2's gelu_new; lmkit's gpt2 "
+                         f"computes {', '.join(_GELU_TANH)}")
+    if config.get("scale_attn_by_inverse_layer_idx") or config.get("reorder_and_upcast_attn"):
+        raise UsageError(f"{path}: scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not "
+                         "supported (GPT-2 checkpoints leave them off)")
+    return config
+
+
+def gpt2_model_config(config: Dict[str, Any]) -> Dict[str, Any]:
+    """``lmkit.models.build_model`` keys of the GPT-2 that ``config`` (a ``config.json``) describes."""
+    dropout = float(config.get("resid_pdrop", 0.1))
+    return {"model": "gpt2", "vocab_size": config["vocab_size"], "hidden_size": config["n_embd"],
+            "num_layers": config["n_layer"], "num_heads": config["n_head"],
+            "max_positions": config["n_positions"], "ffn_dim": config.get("n_inner") or 0,
+            "keep_prob": round(1.0 - dropout, 12), "init_scale": float(config.get("initializer_range", 0.02)),
+            "layer_norm_epsilon": float(config.get("layer_norm_epsilon", 1e-5))}
+
+
+def training_config(config: Any, folder: str) -> Any:
+    """``config`` (a :class:`lmkit.config.TrainConfig`) for fine-tuning the GPT-2 in ``folder``.
+
+    The model keys come from the checkpoint (they must fit its weights);
+    the tokenizer is the checkpoint's; the rest (optimizer, schedule, batch,
+    window) stays the config's.
+    """
+    hf = gpt2_model_config(read_gpt2_config(folder))
+    epsilon = hf.pop("layer_norm_epsilon")
+    return config.replace(
+        model="gpt2", init_from=os.path.abspath(folder), tokenizer="hf", data="text", tie_weights=True,
+        pre_layer_norm=True, embedding_dim=0, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        num_layers=hf["num_layers"], num_heads=hf["num_heads"], max_positions=hf["max_positions"],
+        ffn_dim=hf["ffn_dim"], keep_prob=hf["keep_prob"], init_scale=hf["init_scale"],
+        model_params={**config.model_params, "layer_norm_epsilon": epsilon})
+
+
+def resolve_source(spec: str) -> str:
+    """A local folder for ``spec``: a folder path, or ``hf:<name>`` fetched from the Hugging Face Hub.
+
+    Raises:
+      UsageError: a missing folder, or a download that fails (no network,
+        unknown name, no huggingface_hub), with what to do instead.
+    """
+    if not spec.startswith("hf:"):
+        if not os.path.isdir(spec):
+            raise UsageError(f"--init_from {spec} is not a folder; pass a Hugging Face GPT-2 folder "
+                             "(config.json, model.safetensors, tokenizer files) or hf:<name> to download one")
+        return spec
+    name = spec[3:]
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UsageError(f"--init_from {spec} downloads with huggingface_hub, which is not installed; "
+                         "pip install 'lmkit[hf]', or pass a folder") from None
+    try:
+        return snapshot_download(repo_id=name, allow_patterns=_HUB_FILES)
+    except Exception as exc:  # network, unknown repository, offline mode: all mean "cannot get it"
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--init_from {spec}: could not download {name!r} from the Hugging Face Hub "
+                         f"({type(exc).__name__}: {first}); without a network, download the folder "
+                         "elsewhere (huggingface-cli download NAME --local-dir DIR), copy it here and "
+                         "pass --init_from DIR") from None
+
+
+def read_weights(folder: str) -> Tuple[Dict[str, Any], str]:
+    """The folder's tensors as NumPy arrays (names without a ``transformer.`` prefix), and the file read.
+
+    Raises:
+      UsageError: no weights file, or only ``pytorch_model.bin`` without PyTorch.
+    """
+    import numpy as np
+
+    path = os.path.join(folder, SAFETENSORS)
+    if os.path.isfile(path):
+        try:
+            from safetensors.numpy import load_file
+        except ImportError:
+            raise UsageError(f"reading {path} needs the safetensors package; pip install 'lmkit[hf]'") from None
+        try:
+            tensors = load_file(path)
+        except Exception as exc:
+            raise UsageError(f"{path} is not a readable safetensors file ({exc})") from None
+    else:
+        path = os.path.join(folder, PYTORCH_BIN)
+        if not os.path.isfile(path):
+            raise UsageError(f"{folder} holds no weights: {SAFETENSORS} (or {PYTORCH_BIN}) is missing; save "
+                             "the model there with model.save_pretrained(folder)")
+        try:
+            import torch
+        except ImportError:
+            raise UsageError(f"{folder} holds only {PYTORCH_BIN}, which needs PyTorch to read, and PyTorch is "
+                             "not installed; convert it once where PyTorch is: python -c \"from transformers "
+                             f"import GPT2LMHeadModel as M; M.from_pretrained('{folder}').save_pretrained("
+                             f"'{folder}')\" (writes {SAFETENSORS}), or pip install torch") from None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise UsageError(f"{path} is not a readable PyTorch state dict ({exc})") from None
+        tensors = {k: v.detach().float().numpy() for k, v in state.items()}
+    out = {}
+    for name, value in tensors.items():
+        if name.endswith(_BUFFERS) or name == "lm_head.weight":  # a mask buffer; the tied softmax
+            continue
+        key = name[len("transformer."):] if name.startswith("transformer.") else name
+        out[key] = np.asarray(value, dtype=np.float32)
+    return out, path
+
+
+def parameter_map(model: Any) -> Dict[str, Any]:
+    """Hugging Face parameter name -> lmkit variable, for a ``gpt2`` model."""
+    decoder = model.decoder
+    names: Dict[str, Any] = {"wte.weight": model.embedder.embeddings,
+                             "wpe.weight": model.position_embedder.embeddings,
+                             "ln_f.weight": decoder.final_norm.scale, "ln_f.bias": decoder.final_norm.offset}
+    for i, layer in enumerate(decoder.layers):
+        pairs = {"ln_1": (layer.attention_norm.scale, layer.attention_norm.offset),
+                 "attn.c_attn": (layer.attention.qkv.kernel, layer.attention.qkv.bias),
+                 "attn.c_proj": (layer.attention.output.kernel, layer.attention.output.bias),
+                 "ln_2": (layer.ffn_norm.scale, layer.ffn_norm.offset),
+                 "mlp.c_fc": (layer.ffn_inner.kernel, layer.ffn_inner.bias),
+                 "mlp.c_proj": (layer.ffn_outer.kernel, layer.ffn_outer.bias)}
+        for hf_name, (weight, bias) in pairs.items():
+            names[f"h.{i}.{hf_name}.weight"] = weight
+            names[f"h.{i}.{hf_name}.bias"] = bias
+    return names
+
+
+def _check_gpt2(model: Any, what: str) -> None:
+    if not getattr(model, "is_gpt2", False):
+        raise UsageError(f"{what} needs a model of GPT-2's shape (model = 'gpt2': tied softmax without bias, "
+                         f"learned positions, pre-layer-norm, GELU); this one is {type(model).__name__} with "
+                         f"model = {model.get_config().get('model')!r}")
+
+
+def load_gpt2_weights(model: Any, folder: str) -> str:
+    """Assigns the folder's weights to ``model`` (a ``gpt2`` model of the same sizes).
+
+    Returns:
+      The weights file read.
+
+    Raises:
+      UsageError: a missing or unexpected tensor, or a shape that differs
+        from the model's (naming the file, the tensor and both shapes).
+    """
+    _check_gpt2(model, "loading a GPT-2 checkpoint")
+    weights, path = read_weights(folder)
+    targets = parameter_map(model)
+    missing = [name for name in targets if name not in weights]
+    if missing:
+        raise UsageError(f"{path} lacks {missing[0]} ({len(missing)} of GPT-2's tensors missing); it is not "
+                         f"the checkpoint of the GPT-2 that {os.path.join(folder, HF_CONFIG)} describes")
+    unexpected = sorted(set(weights) - set(targets))
+    if unexpected:
+        raise UsageError(f"{path} holds {unexpected[0]}, which GPT-2 has no use for ({len(unexpected)} "
+                         "unexpected tensors); is it the checkpoint of another architecture?")
+    for name, variable in targets.items():
+        if tuple(weights[name].shape) != tuple(variable.shape):
+            raise UsageError(f"{path}: {name} has shape {list(weights[name].shape)} but "
+                             f"{os.path.join(folder, HF_CONFIG)} gives {list(variable.shape)}; the weights "
+                             "and the config come from different models")
+    for name, variable in targets.items():
+        variable.assign(weights[name])
+    return path
+
+
+def load_gpt2(folder: str) -> Tuple[Any, Any, Dict[str, Any]]:
+    """The GPT-2 of a Hugging Face folder as an lmkit model, with its tokenizer and config.json.
+
+    Raises:
+      UsageError: any problem with the folder (one message naming the file).
+    """
+    from lmkit.data.errors import DataError
+    from lmkit.data.hf_tokenizer import HFTokenizer
+    from lmkit.models import build_model
+
+    config = read_gpt2_config(folder)
+    try:
+        tokenizer = HFTokenizer.from_hf_folder(folder)
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
+    check_vocabulary(tokenizer, config["vocab_size"], folder)
+    model = build_model(gpt2_model_config(config))
+    load_gpt2_weights(model, folder)
+    return model, tokenizer, config
+
+
+def check_vocabulary(tokenizer: Any, vocab_size: int, folder: str) -> None:
+    """A tokenizer with ids beyond the model's vocabulary is refused (naming the tokenizer file)."""
+    if tokenizer.vocab_size > vocab_size:
+        name = "tokenizer.json" if os.path.isfile(os.path.join(folder, "tokenizer.json")) else "vocab.json"
+        raise UsageError(f"{os.path.join(folder, name)} has {tokenizer.vocab_size} tokens but the model's "
+                         f"vocab_size is {vocab_size} ({os.path.join(folder, HF_CONFIG)}); the tokenizer "
+                         "belongs to another model")
+
+
+def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -> List[str]:
+    """Writes ``model`` and ``tokenizer`` as a folder ``transformers.GPT2LMHeadModel.from_pretrained`` loads.
+
+    Files: ``config.json``, ``model.safetensors`` (float32, ``transformer.``
+    names; the softmax is tied to ``wte``), ``generation_config.json`` and
+    the tokenizer's files. Written into a temporary folder next to
+    ``output`` and renamed into place, so a failed export leaves nothing.
+
+    Returns:
+      The names of the files written.
+
+    Raises:
+      UsageError: not a GPT-2-shaped model, a tokenizer that is not a
+        Hugging Face one, or an ``output`` that exists and is not empty.
+    """
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lmkit.data.hf_tokenizer import END_OF_TEXT, HFTokenizer
+
+    _check_gpt2(model, "export --format hf")
+    if not isinstance(tokenizer, HFTokenizer):
+        raise UsageError(f"export --format hf writes GPT-2's tokenizer files, but this run's tokenizer is "
+                         f"{tokenizer.name!r}; export runs started with --init_from a Hugging Face GPT-2")
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise UsageError(f"--output {output} exists and is not an empty folder; pass a new folder")
+    layer = model.decoder.layers[0]
+    end = tokenizer.hf.token_to_id(END_OF_TEXT)
+    config = {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": model.vocab_size,
+        "n_positions": model.max_positions, "n_embd": model.hidden_size, "n_layer": model.decoder.num_layers,
+        "n_head": model.decoder.num_heads,
+        "n_inner": None if model.decoder.ffn_dim == 4 * model.hidden_size else model.decoder.ffn_dim,
+        "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout,
+        "layer_norm_epsilon": layer.attention_norm.epsilon, "initializer_range": model.init_scale,
+        "bos_token_id": end, "eos_token_id": end, "tie_word_embeddings": True, "use_cache": True}
+    tensors = {f"transformer.{name}": np.ascontiguousarray(v.numpy(), dtype=np.float32)
+               for name, v in parameter_map(model).items()}
+    parent = os.path.dirname(os.path.abspath(output)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
+        with open(os.path.join(tmp, HF_CONFIG), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+        with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"bos_token_id": end, "eos_token_id": end}, f, indent=2)
+        tokenizer.save_hf(tmp, model.max_positions)
+        if os.path.isdir(output):
+            os.rmdir(output)  # empty (checked above)
+        os.rename(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(os.listdir(output))
+
+
+def default_dropout(config: Optional[Any]) -> float:
+    """The dropout an exported config.json states: the run's, or GPT-2's 0.1."""
+    return 0.1 if config is None else round(1.0 - float(config.keep_prob), 12)
