@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Generated tokens/sec of lmkit.decoding, cached decoding against recomputing the prefix.
+"""Generated tokens/sec of lmkit.decoding: the XLA-compiled loop, the plain loop, no cache, and transformers.
 
 Two decoders at the shapes of their configs, randomly initialised (speed
 does not depend on the weights), vocabulary 10000:
@@ -12,10 +12,16 @@ For every decoder, batch size (1, 8) and output length (32, 64, 128 tokens,
 the start token included; the transformer stops at its max_positions) the
 same greedy :func:`lmkit.decoding.decode` call runs two ways:
 
-* ``cached`` (``use_cache=True``): one token per step through ``model.step``,
-  reusing the RNN state or the transformer's key/value cache;
+* ``cached_xla`` (the default of ``decode``): one token per step through
+  ``model.step`` with the RNN state or the key/value cache, the whole loop
+  compiled with XLA (``jit_compile=True``);
+* ``cached`` (``jit_compile=False``): the same loop as a plain ``tf.function``;
 * ``uncached`` (``use_cache=False``): ``model(prefix)`` on the whole prefix at
-  every step, then the last position's logits (quadratic in the length).
+  every step, then the last position's logits (quadratic in the length);
+* ``transformers`` (transformer only): Hugging Face ``GPT2LMHeadModel`` of the
+  same shape on PyTorch, ``generate`` greedy with its key/value cache, the
+  same threads; skipped with a message when ``transformers`` or ``torch`` is
+  not installed (``pip install -e '.[test-hf]'``).
 
 Greedy decoding isolates the model's cost; ``eos_id`` is None, so every row
 generates exactly ``length - 1`` tokens. After one untimed call per mode
@@ -49,7 +55,7 @@ from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine
                                 median_ratio, summarize, write_json)
 
 CONFIGS = {"lstm": "config_small", "transformer": "config_transformer"}
-MODES = {"cached": True, "uncached": False}
+MODES = {"cached_xla": (True, True), "cached": (True, False), "uncached": (False, False)}  # (cache, XLA)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -93,40 +99,78 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def bench_shape(model: Any, sampler: Any, batch_size: int, length: int, repeats: int) -> Dict[str, Any]:
-    """Times cached and uncached decoding of one shape, alternating the modes."""
+def bench_shape(model: Any, sampler: Any, batch_size: int, length: int, repeats: int,
+                reference: Any = None) -> Dict[str, Any]:
+    """Times every mode (and ``reference``, a transformers model) on one shape, alternating them."""
+    import numpy as np
+
     from lmkit import decoding
 
-    def call(use_cache: bool):
+    def call(mode: str):
+        if mode == "transformers":
+            return reference_generate(reference, batch_size, length)
+        use_cache, jit = MODES[mode]
         # start_id 0 and no eos_id: every row generates length - 1 tokens.
         return decoding.decode(model, length, sampler, batch_size=batch_size, start_id=0,
-                               seed=0, use_cache=use_cache)
+                               seed=0, use_cache=use_cache, jit_compile=jit).ids
 
+    modes = list(MODES) + (["transformers"] if reference is not None else [])
     load_before = load_average()
     first_call, outputs = {}, {}
-    for mode, use_cache in MODES.items():  # the first call traces the loop
+    for mode in modes:  # the first call traces (and compiles) the loop
         start = time.perf_counter()
-        outputs[mode] = call(use_cache).ids
+        outputs[mode] = np.asarray(call(mode))
         first_call[mode] = time.perf_counter() - start
-    times: Dict[str, List[float]] = {mode: [] for mode in MODES}
+    times: Dict[str, List[float]] = {mode: [] for mode in modes}
     for r in range(repeats):
-        order = list(MODES) if r % 2 == 0 else list(reversed(list(MODES)))
+        order = modes if r % 2 == 0 else list(reversed(modes))
         for mode in order:
-            times[mode].append(timed(lambda: call(MODES[mode])))
+            times[mode].append(timed(lambda: call(mode)))
     tokens = batch_size * (length - 1)
     row = {"batch_size": batch_size, "length": length, "generated_tokens": tokens,
            "load_average_before": load_before, "load_average_after": load_average(),
-           # Both modes run the same model on the same tokens; they differ only
+           # The modes run the same model on the same tokens; they differ only
            # by float rounding, which could flip a near-tie of the greedy argmax.
            "same_tokens": bool((outputs["cached"] == outputs["uncached"]).all()),
-           "cache_speedup": median_ratio(times["uncached"], times["cached"])}
-    for mode in MODES:
+           "xla_same_tokens": bool((outputs["cached_xla"] == outputs["cached"]).all()),
+           "cache_speedup": median_ratio(times["uncached"], times["cached"]),
+           "xla_speedup": median_ratio(times["cached"], times["cached_xla"])}
+    if reference is not None:
+        row["xla_vs_transformers"] = median_ratio(times["transformers"], times["cached_xla"])
+    for mode in modes:
         stats = summarize(times[mode])
         row[mode] = {"times_s": [round(t, 5) for t in times[mode]], "median_s": stats["median"],
                      "min_s": stats["min"], "max_s": stats["max"],
                      "first_call_s": round(first_call[mode], 3),
                      "tokens_per_sec": tokens / stats["median"]}
     return row
+
+
+def reference_model(config: Any, threads: int) -> Any:
+    """transformers' GPT2LMHeadModel of the transformer config's shape, or None (said why)."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        print("transformers/torch not installed: no transformers column (pip install -e '.[test-hf]')",
+              flush=True)
+        return None
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    shape = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.max_positions,
+                                    n_embd=config.hidden_size, n_layer=config.num_layers, n_head=config.num_heads,
+                                    n_inner=config.ffn_dim or None)
+    return transformers.GPT2LMHeadModel(shape).eval()
+
+
+def reference_generate(reference: Any, batch_size: int, length: int) -> Any:
+    """Greedy generation with transformers: a one-token prompt, then length - 1 tokens, with the cache."""
+    import torch
+    prompt = torch.zeros(batch_size, 1, dtype=torch.long)
+    with torch.no_grad():
+        out = reference.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                 max_new_tokens=length - 1, min_new_tokens=length - 1, pad_token_id=0)
+    return out.numpy()
 
 
 def plot(results: Dict[str, Any], path: str) -> Optional[str]:
@@ -145,9 +189,12 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
     for ax, batch in zip(axes[0], batch_sizes):
         for name, model in results["models"].items():
             rows = [r for r in model["rows"] if r["batch_size"] == batch]
-            for mode, style in (("cached", "-o"), ("uncached", "--s")):
-                ax.plot([r["length"] for r in rows], [r[mode]["tokens_per_sec"] for r in rows], style,
-                        color=colors.get(name), label=f"{name}, {mode}")
+            for mode, style in (("cached_xla", "-^"), ("cached", "-o"), ("uncached", "--s"),
+                                ("transformers", ":d")):
+                if rows and mode in rows[0]:
+                    ax.plot([r["length"] for r in rows], [r[mode]["tokens_per_sec"] for r in rows], style,
+                            color=colors.get(name) if mode != "transformers" else "tab:red",
+                            label=f"{name}, {mode}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")  # the uncached rate falls with the length, the cached one does not
         lengths = sorted({r["length"] for m in results["models"].values() for r in m["rows"]})
@@ -173,12 +220,17 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
 
 def markdown_table(results: Dict[str, Any]) -> str:
     """The results as a Markdown table (pasted into docs/generation.md)."""
-    lines = ["| decoder | batch | length | cached tok/s | uncached tok/s | cache speed-up | load (1 min) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| decoder | batch | length | XLA tok/s | plain tok/s | uncached tok/s | transformers tok/s | "
+             "XLA / plain | XLA / transformers | load (1 min) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, model in results["models"].items():
         for r in model["rows"]:
-            lines.append(f"| {name} | {r['batch_size']} | {r['length']} | {r['cached']['tokens_per_sec']:,.0f} | "
-                         f"{r['uncached']['tokens_per_sec']:,.0f} | {r['cache_speedup']:.1f}x | "
+            hf = r.get("transformers")
+            lines.append(f"| {name} | {r['batch_size']} | {r['length']} | {r['cached_xla']['tokens_per_sec']:,.0f} | "
+                         f"{r['cached']['tokens_per_sec']:,.0f} | {r['uncached']['tokens_per_sec']:,.0f} | "
+                         f"{'-' if hf is None else format(hf['tokens_per_sec'], ',.0f')} | "
+                         f"{r['xla_speedup']:.1f}x | "
+                         f"{'-' if hf is None else format(r['xla_vs_transformers'], '.1f') + 'x'} | "
                          f"{r['load_average_before'][0]:.1f}-{r['load_average_after'][0]:.1f} |")
     return "\n".join(lines)
 
@@ -204,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "threads": {"tf_intra_op": dist.threads().intra_op, "tf_inter_op": dist.threads().inter_op},
         "settings": {"sampler": "greedy", "repeats": args.repeats, "warmup_calls": 1,
                      "batch_sizes": args.batch_sizes, "lengths": args.lengths, "quick": args.quick,
-                     "order": "cached and uncached alternate; cached first in even rounds"},
+                     "order": "the modes alternate, reversed in odd rounds"},
         "models": {},
     }
     started = time.perf_counter()
@@ -219,14 +271,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{name}: lengths {skipped} exceed max_positions {config.max_positions}; skipped",
                   flush=True)
         rows = []
+        reference = reference_model(config, args.threads) if name == "transformer" else None
         for batch_size in args.batch_sizes:
             for length in lengths:
-                row = bench_shape(model, sampler, batch_size, length, args.repeats)
+                row = bench_shape(model, sampler, batch_size, length, args.repeats, reference)
                 rows.append(row)
-                print(f"{name:11s} batch {batch_size:2d} length {length:4d}: cached "
-                      f"{row['cached']['tokens_per_sec']:8.0f} tok/s, uncached "
-                      f"{row['uncached']['tokens_per_sec']:8.0f} tok/s, speed-up "
-                      f"{row['cache_speedup']:5.1f}x (load {row['load_average_after'][0]})", flush=True)
+                hf = row.get("transformers")
+                print(f"{name:11s} batch {batch_size:2d} length {length:4d}: XLA "
+                      f"{row['cached_xla']['tokens_per_sec']:7.0f}, plain {row['cached']['tokens_per_sec']:7.0f}, "
+                      f"uncached {row['uncached']['tokens_per_sec']:7.0f}"
+                      + ("" if hf is None else f", transformers {hf['tokens_per_sec']:7.0f}")
+                      + f" tok/s (load {row['load_average_after'][0]})", flush=True)
         results["models"][name] = {
             "config": CONFIGS[name], "model_config": config.model_config(),
             "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),

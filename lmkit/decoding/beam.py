@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit.decoding.prompts import NO_EOS, DecodeResult, prepare_prompts
-from lmkit.decoding.sampler import Sampler
+from lmkit.decoding.sampler import Sampler, pick_loop
 from lmkit.errors import UsageError
 
 __all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty"]
@@ -94,7 +94,8 @@ class BeamSampler(Sampler):
 
     def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
                  max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int] = None,
-                 use_cache: bool = True, compiled: bool = True) -> "BeamSearchResult":
+                 use_cache: bool = True, compiled: bool = True,
+                 jit_compile: Optional[bool] = None) -> "BeamSearchResult":
         """Finds high-scoring continuations of the prompts (arguments as in ``Sampler.generate``).
 
         The model state is built for ``batch * beam_width`` rows.
@@ -107,7 +108,8 @@ class BeamSampler(Sampler):
         if seed is not None or not use_cache:
             raise UsageError("beam search is deterministic and always uses the cache; "
                              "drop seed and use_cache when sampler is a BeamSampler")
-        search = _beam_search_compiled if compiled else _beam_search
+        search = pick_loop(_beam_search, _beam_search_compiled, _beam_search_xla, compiled, use_cache,
+                           jit_compile)
         ids, lengths, scores, log_probs = search(
             model, tf.constant(prompt_ids), tf.constant(prompt_lengths), beam_width=self.beam_width,
             max_length=max_length, alpha=self.length_penalty,
@@ -129,7 +131,8 @@ def beam_search(model: Any,
                 eos_id: Optional[int] = None,
                 start_id: Optional[int] = None,
                 pad_id: Optional[int] = None,
-                compiled: bool = True) -> BeamSearchResult:
+                compiled: bool = True,
+                jit_compile: Optional[bool] = None) -> BeamSearchResult:
     """``decode(model, max_length, BeamSampler(beam_width, length_penalty), ...)``.
 
     Args:
@@ -141,6 +144,7 @@ def beam_search(model: Any,
       batch_size, prompts, eos_id, start_id, pad_id: as in
         :func:`lmkit.decoding.decode`.
       compiled: run inside ``tf.function``; False runs eagerly, for debugging.
+      jit_compile: compile the search with XLA (default: when ``compiled``).
 
     Returns:
       A :class:`BeamSearchResult`.
@@ -153,7 +157,7 @@ def beam_search(model: Any,
         model, max_length, batch_size=batch_size, prompts=prompts, eos_id=eos_id,
         start_id=start_id, pad_id=pad_id)
     return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
-                            pad_id=pad_id, compiled=compiled)
+                            pad_id=pad_id, compiled=compiled, jit_compile=jit_compile)
 
 
 def _beam_search(model: Any,
@@ -268,3 +272,4 @@ def _beam_search(model: Any,
 
 
 _beam_search_compiled = tf.function(_beam_search)
+_beam_search_xla = tf.function(_beam_search, jit_compile=True)

@@ -16,6 +16,15 @@ whole loop is one ``tf.while_loop`` inside one ``tf.function`` with fixed
 shapes: the output buffer is pre-allocated at ``[batch, max_length]`` and the
 model state (the RNN state or the transformer's key/value cache) is sized for
 ``max_length``. Softmax runs in float32.
+
+With the cache (the default) the loop is compiled with XLA
+(``jit_compile``): the whole loop becomes a few fused kernels instead of a
+few hundred TensorFlow ops per token, and the key/value cache is updated in
+place. Measured in ``docs/generation.md``: 5-8x more tokens/sec for the
+transformer at batch 1, 2x for the LSTM, the same tokens and, for a fixed
+seed, the same samples as without XLA (tested). Inputs keep one shape per
+(batch size, max_length), so a second call with other prompts reuses the
+compiled loop (``trace_count`` counts the traces).
 """
 
 from __future__ import annotations
@@ -54,7 +63,7 @@ class Sampler:
 
     def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
                  max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int],
-                 use_cache: bool, compiled: bool) -> DecodeResult:
+                 use_cache: bool, compiled: bool, jit_compile: Optional[bool] = None) -> DecodeResult:
         """Runs the decode loop with this sampler (``lmkit.decoding.decode`` checks the arguments).
 
         Args:
@@ -68,14 +77,16 @@ class Sampler:
           use_cache: feed one token per step through ``model.step`` (True) or
             recompute the prefix each step (False, a reference).
           compiled: run inside ``tf.function``.
+          jit_compile: compile the loop with XLA; None: when ``compiled`` and
+            ``use_cache`` (the uncached reference grows its input every step).
 
         Returns:
           A :class:`DecodeResult`.
         """
         seed = check_seed(seed)
-        loop = _decode_loop_compiled if compiled else _decode_loop
+        loop = pick_loop(_decode_loop, _decode_loop_compiled, _decode_loop_xla, compiled, use_cache, jit_compile)
         ids, lengths, log_probs = loop(
-            model, self, tf.constant(prompt_ids), tf.constant(prompt_lengths),
+            model, self.canonical(), tf.constant(prompt_ids), tf.constant(prompt_lengths),
             tf.constant([seed, 0], tf.int64), max_length=max_length,
             eos_id=NO_EOS if eos_id is None else eos_id, pad_id=pad_id, use_cache=use_cache)
         return DecodeResult(ids=ids.numpy(), lengths=lengths.numpy(), prompt_lengths=prompt_lengths,
@@ -84,6 +95,16 @@ class Sampler:
     def get_config(self) -> Dict[str, Any]:
         """The constructor arguments (for logs and equality)."""
         return {}
+
+    def canonical(self) -> "Sampler":
+        """The first sampler of this type and settings seen in this process.
+
+        ``tf.function`` keys its traces on the sampler object, not on its
+        settings; passing the canonical one lets a new ``get_sampler(...)``
+        per call reuse the compiled loop.
+        """
+        key = (type(self), tuple(sorted(self.get_config().items())))
+        return _CANONICAL.setdefault(key, self)
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
@@ -152,3 +173,28 @@ def _decode_loop(model: Any,
 # The model and sampler are Python arguments: TensorFlow traces once per model
 # object, sampler object and shape, and drops the trace when they die.
 _decode_loop_compiled = tf.function(_decode_loop)
+_decode_loop_xla = tf.function(_decode_loop, jit_compile=True)
+_CANONICAL: Dict[Any, Sampler] = {}  # (type, settings) -> the sampler object the traces are keyed on
+
+
+def pick_loop(eager: Any, graph: Any, xla: Any, compiled: bool, use_cache: bool,
+              jit_compile: Optional[bool]) -> Any:
+    """The loop to run: eager, a ``tf.function``, or one compiled with XLA (default with the cache).
+
+    Raises:
+      UsageError: XLA asked for without ``compiled`` or without the cache.
+    """
+    if jit_compile is None:
+        jit_compile = compiled and use_cache
+    if jit_compile and not (compiled and use_cache):
+        from lmkit.errors import UsageError
+        raise UsageError("jit_compile=True needs compiled=True and use_cache=True (the uncached reference "
+                         "grows its input every step, which XLA cannot compile once)")
+    return xla if jit_compile else graph if compiled else eager
+
+
+def trace_count() -> int:
+    """How many times the decode loops were traced (compiled) in this process (tests, benchmarks)."""
+    from lmkit.decoding import beam
+    loops = (_decode_loop_compiled, _decode_loop_xla, beam._beam_search_compiled, beam._beam_search_xla)
+    return sum(int(f.experimental_get_tracing_count()) for f in loops)

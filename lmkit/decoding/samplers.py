@@ -125,7 +125,39 @@ class TopPSampler(Sampler):
         return tf.gather(order, choice, batch_dims=1)  # [batch]
 
 
+def _mix(x: tf.Tensor) -> tf.Tensor:
+    """MurmurHash3's 32-bit finalizer: every input bit flips about half the output bits."""
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+    x = x * tf.constant(0x85EBCA6B, tf.uint32)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 13))
+    x = x * tf.constant(0xC2B2AE35, tf.uint32)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+
+
+def _uniform(shape: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """Uniform floats in (0, 1) of ``shape`` from an int64 ``[2]`` seed: a counter hashed with the seed.
+
+    Plain integer arithmetic, so the XLA-compiled decode loop and the
+    uncompiled one draw bit-identical numbers (TensorFlow's stateless random
+    ops do not: XLA implements them with another stream, whatever ``alg``
+    says). 24 random bits per number.
+    """
+    words = tf.cast(tf.bitwise.bitwise_and(
+        tf.stack([seed[0], tf.bitwise.right_shift(seed[0], 32), seed[1], tf.bitwise.right_shift(seed[1], 32)]),
+        0xFFFFFFFF), tf.uint32)  # the seed's four 32-bit words
+    x = tf.cast(tf.range(tf.reduce_prod(shape)), tf.uint32) * tf.constant(0x9E3779B9, tf.uint32)
+    for i in range(4):
+        x = _mix(x + words[i] + tf.constant(0x7F4A7C15 * (i + 1) & 0xFFFFFFFF, tf.uint32))
+    u = (tf.cast(tf.bitwise.right_shift(x, 8), tf.float32) + 0.5) * (1.0 / 16777216.0)
+    return tf.reshape(u, shape)
+
+
 def _draw(logits: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """One stateless categorical draw per row of float32 `[batch, n]` logits."""
-    sample = tf.random.stateless_categorical(logits, num_samples=1, seed=seed, dtype=tf.int32)
-    return sample[:, 0]  # [batch]
+    """One stateless categorical draw per row of float32 `[batch, n]` logits.
+
+    The Gumbel-max draw, ``argmax(logits - log(-log(u)))``, with ``u`` from
+    :func:`_uniform`: XLA compiles it and, compiled or not, the same seed gives
+    the same sample.
+    """
+    u = _uniform(tf.shape(logits), seed)  # [batch, n]
+    return tf.argmax(logits - tf.math.log(-tf.math.log(u)), axis=-1, output_type=tf.int32)  # [batch]

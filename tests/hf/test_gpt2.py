@@ -10,6 +10,7 @@ loads with the same logits. Bad folders exit 2 with one message naming the file.
 import json
 import os
 import random
+import re
 import shutil
 import sys
 
@@ -251,7 +252,9 @@ def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, 
     np.testing.assert_allclose(reference_logits(exported, ids), logits.numpy()[0], atol=1e-4, rtol=0)
     # lmkit generate reads the exported Hugging Face folder directly.
     res = run(LMKIT + ["generate", "--model_dir", exported, "--prompt", PROMPTS[0], "--strategy", "greedy",
-                       "--max_length", "12"], timeout=240)
+                       "--max_length", "12", "--verbose"], timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"first call \(compiling the decode loop included\) [\d.]+ s; compiled: \d+ tokens in "
+                     r"[\d.]+ s, \d+ tokens/sec", res.stderr), res.stderr[-2000:]
     line = res.stdout.strip().splitlines()[-1]
     assert line.startswith("[0.0] " + PROMPTS[0]) and len(line) > len("[0.0] " + PROMPTS[0])
