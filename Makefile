@@ -77,7 +77,7 @@ bench: setup bench-deps
 	    --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 --repeats 3 \
 	    --output benchmarks/results/train_precision_accum.json
 	$(PYTHON) benchmarks/scaling.py --variants accum --rounds 2 --output benchmarks/results/scaling_accum.json
-	$(PYTHON) benchmarks/generation.py --repeats 3
+	$(PYTHON) benchmarks/generation.py --repeats 5
 	$(PYTHON) benchmarks/gpt2.py
 	$(PYTHON) benchmarks/profile_step.py --config config_small
 	LMKIT_INTER_OP_THREADS=1 $(PYTHON) benchmarks/profile_step.py --config config_small --threads 1 \
