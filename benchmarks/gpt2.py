@@ -151,8 +151,7 @@ def main(argv=None) -> int:
             f"{train['transformers'][-1]:.0f} tokens/sec (load {load_average()[:1]})")
 
     # ---- generation
-    torch_model.eval()
-    model_eval = model  # dropout off: decode calls the model with training=False
+    torch_model.eval()  # lmkit's decode calls the model with training=False
     generation: Dict[str, Dict[str, List[float]]] = {}
     for batch in (1, 8):
         prompts = rng.randint(0, args.vocab, size=(batch, args.prompt)).astype(np.int32)
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
 
         def lmkit_generate() -> float:
             start = time.perf_counter()
-            decoding.decode(model_eval, length, prompts=prompts.tolist())
+            decoding.decode(model, length, prompts=prompts.tolist())
             return time.perf_counter() - start
 
         def torch_generate() -> float:

@@ -29,8 +29,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 
-__all__ = ["export_gpt2", "gpt2_model_config", "is_hf_folder", "load_gpt2", "load_gpt2_weights",
-           "parameter_map", "read_gpt2_config", "read_weights", "resolve_source", "training_config"]
+__all__ = ["check_new_folder", "export_gpt2", "gpt2_model_config", "is_hf_folder", "load_gpt2",
+           "load_gpt2_weights", "parameter_map", "read_gpt2_config", "read_tokenizer", "read_weights",
+           "resolve_source", "training_config"]
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -250,21 +251,30 @@ def load_gpt2_weights(model: Any, folder: str) -> str:
     return path
 
 
-def load_gpt2(folder: str) -> Tuple[Any, Any, Dict[str, Any]]:
+def read_tokenizer(folder: str) -> Any:
+    """The folder's tokenizer (:meth:`HFTokenizer.from_hf_folder`), a problem as a :class:`UsageError`."""
+    from lmkit.data.errors import DataError
+    from lmkit.data.hf_tokenizer import HFTokenizer
+    try:
+        return HFTokenizer.from_hf_folder(folder)
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def load_gpt2(folder: str, tokenizer: Any = None) -> Tuple[Any, Any, Dict[str, Any]]:
     """The GPT-2 of a Hugging Face folder as an lmkit model, with its tokenizer and config.json.
+
+    Args:
+      folder: the Hugging Face folder.
+      tokenizer: its tokenizer when already read (:func:`read_tokenizer`); read here otherwise.
 
     Raises:
       UsageError: any problem with the folder (one message naming the file).
     """
-    from lmkit.data.errors import DataError
-    from lmkit.data.hf_tokenizer import HFTokenizer
     from lmkit.models import build_model
 
     config = read_gpt2_config(folder)
-    try:
-        tokenizer = HFTokenizer.from_hf_folder(folder)
-    except DataError as exc:
-        raise UsageError(str(exc)) from None
+    tokenizer = tokenizer if tokenizer is not None else read_tokenizer(folder)
     check_vocabulary(tokenizer, config["vocab_size"], folder)
     model = build_model(gpt2_model_config(config))
     load_gpt2_weights(model, folder)
@@ -278,6 +288,12 @@ def check_vocabulary(tokenizer: Any, vocab_size: int, folder: str) -> None:
         raise UsageError(f"{os.path.join(folder, name)} has {tokenizer.vocab_size} tokens but the model's "
                          f"vocab_size is {vocab_size} ({os.path.join(folder, HF_CONFIG)}); the tokenizer "
                          "belongs to another model")
+
+
+def check_new_folder(output: str) -> None:
+    """Raises unless ``output`` is missing or an empty folder (an export never overwrites)."""
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise UsageError(f"--output {output} exists and is not an empty folder; pass a new folder")
 
 
 def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -> List[str]:
@@ -304,8 +320,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
     if not isinstance(tokenizer, HFTokenizer):
         raise UsageError(f"export --format hf writes GPT-2's tokenizer files, but this run's tokenizer is "
                          f"{tokenizer.name!r}; export runs started with --init_from a Hugging Face GPT-2")
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        raise UsageError(f"--output {output} exists and is not an empty folder; pass a new folder")
+    check_new_folder(output)
     layer = model.decoder.layers[0]
     end = tokenizer.hf.token_to_id(END_OF_TEXT)
     config = {

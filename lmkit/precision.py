@@ -38,7 +38,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator
 
-__all__ = ["PRECISIONS", "Precision", "cast_like", "cast_to_compute", "compute_dtype", "get", "scope"]
+__all__ = ["PRECISIONS", "Precision", "cast_like", "cast_to_compute", "compute_dtype", "get", "scope",
+           "state_in_dtype_of"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +117,25 @@ def cast_like(value: Any, reference: Any) -> Any:
     if value.dtype.base_dtype == dtype or not dtype.is_floating:
         return value
     return tf.cast(value, dtype)
+
+
+def state_in_dtype_of(reference: Any, state: Any, run: Any) -> Any:
+    """``run(state)`` with ``state`` cast to ``reference``'s dtype; its new state cast back to the old dtypes.
+
+    A recurrent state carried as float32 between windows computes in the
+    compute dtype inside a time loop (or one step) and leaves as float32.
+
+    Args:
+      reference: a tensor in the dtype to compute in.
+      state: a nest of tensors.
+      run: ``state -> (output, new_state)``.
+
+    Returns:
+      ``(output, new_state)``, the new state in ``state``'s dtypes.
+    """
+    import tensorflow as tf
+    dtypes = tf.nest.map_structure(lambda s: s.dtype, state)
+    output, new_state = run(tf.nest.map_structure(lambda s: cast_like(s, reference), state))
+    new_state = tf.nest.map_structure(lambda s, dtype: s if s.dtype == dtype else tf.cast(s, dtype),
+                                      new_state, dtypes)
+    return output, new_state

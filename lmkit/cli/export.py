@@ -35,14 +35,11 @@ def build_parser(prog: str = "lmkit export"):
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> int:
     """Exports as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
-    import os
-
-    from lmkit.errors import UsageError
+    from lmkit.hf import check_new_folder
 
     args = build_parser(prog).parse_args(argv)
     check_model_dir(args.model_dir)
-    if os.path.exists(args.output) and (not os.path.isdir(args.output) or os.listdir(args.output)):
-        raise UsageError(f"--output {args.output} exists and is not an empty folder; pass a new folder")
+    check_new_folder(args.output)  # before TensorFlow loads
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
     user_modules_importable()
 

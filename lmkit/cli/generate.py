@@ -37,7 +37,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.decoding.registry import SAMPLER_NAMES, SAMPLERS
 from lmkit.errors import UsageError
-from lmkit.hf import is_hf_folder, read_gpt2_config
+from lmkit.hf import is_hf_folder, read_gpt2_config, read_tokenizer
 from lmkit.layout import resolve_checkpoint
 
 __all__ = ["build_parser", "check_args", "main"]
@@ -94,16 +94,11 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
                          f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
     if is_hf_folder(args.model_dir):  # a Hugging Face GPT-2 folder, read as it is
-        from lmkit.data.errors import DataError
-        from lmkit.data.hf_tokenizer import HFTokenizer
         if args.checkpoint:
             raise UsageError(f"--checkpoint applies to lmkit training runs; {args.model_dir} is a Hugging Face "
                              "folder with one set of weights")
         read_gpt2_config(args.model_dir)
-        try:
-            tokenizer = HFTokenizer.from_hf_folder(args.model_dir)
-        except DataError as exc:
-            raise UsageError(str(exc)) from None
+        tokenizer = read_tokenizer(args.model_dir)
     else:
         check_model_dir(args.model_dir)
         tokenizer = tokenizer_of_run(args.model_dir)
@@ -173,7 +168,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     start = time.perf_counter()
     if hf_folder:
         from lmkit.hf import load_gpt2
-        model, _, _ = load_gpt2(args.model_dir)
+        model, _, _ = load_gpt2(args.model_dir, tokenizer)  # the tokenizer check_args read
         model_name = "gpt2 (Hugging Face folder)"
     else:
         model, _, config = load_model(args.model_dir, checkpoint)

@@ -159,8 +159,7 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
         return load_config(args.config, overrides)
     from lmkit.hf import resolve_source, training_config
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
-    config = load_config(args.config, {**overrides, "data": "text"} if args.train_file else overrides)
-    return training_config(config, folder)
+    return training_config(load_config(args.config, overrides), folder)  # --train_file set data = "text"
 
 
 def _model_dir(args: argparse.Namespace) -> str:

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from lmkit.modules.base import (Module, check_float, check_positive_float, check_positive_int,
                                 matmul_last_axis, uniform_initializer)
-from lmkit.precision import cast_like
+from lmkit.precision import cast_like, state_in_dtype_of
 
 __all__ = ["CellState", "GRUCell", "LSTMCell", "LSTMState", "RecurrentCell"]
 
@@ -103,10 +103,7 @@ class RecurrentCell(Module):
           dtypes (float32 when the inputs are in a mixed-precision dtype).
         """
         projected = self.project_inputs(inputs)
-        dtypes = tf.nest.map_structure(lambda s: s.dtype, state)
-        output, state = self.step_projected(projected, tf.nest.map_structure(lambda s: cast_like(s, projected),
-                                                                             state))
-        return output, tf.nest.map_structure(lambda s, dtype: tf.cast(s, dtype), state, dtypes)
+        return state_in_dtype_of(projected, state, lambda s: self.step_projected(projected, s))
 
     def unroll_projected(self, projected: tf.Tensor, state: CellState) -> Tuple[tf.Tensor, CellState]:
         """Runs the cell over a window of precomputed input projections.

@@ -24,7 +24,7 @@ from lmkit.errors import UsageError
 from lmkit.modules.base import (Module, Training, check_float, check_positive_float, check_positive_int,
                                 check_rate, dropout)
 from lmkit.modules.cells import CellState, GRUCell, LSTMCell, LSTMState, RecurrentCell
-from lmkit.precision import cast_like
+from lmkit.precision import state_in_dtype_of
 
 __all__ = [
     "GRUCell",
@@ -60,14 +60,14 @@ def unroll(cell: RecurrentCell, inputs: tf.Tensor, state: CellState) -> Tuple[tf
       runs in a mixed-precision compute dtype inside and leaves as float32).
     """
     projected = cell.project_inputs(inputs)  # [batch, time, gates]
-    state_dtypes = tf.nest.map_structure(lambda s: s.dtype, state)
-    state = tf.nest.map_structure(lambda s: cast_like(s, projected), state)
     num_steps = projected.shape[1]
     if num_steps is not None and 0 < num_steps <= MAX_STATIC_UNROLL:
-        outputs, state = cell.unroll_projected(projected, state)
-    else:
-        time_major = tf.transpose(projected, [1, 0, 2])  # [time, batch, gates]
-        length = tf.shape(time_major)[0]
+        return state_in_dtype_of(projected, state, lambda s: cell.unroll_projected(projected, s))
+
+    time_major = tf.transpose(projected, [1, 0, 2])  # [time, batch, gates]
+    length = tf.shape(time_major)[0]
+
+    def loop(state):
         outputs_ta = tf.TensorArray(projected.dtype, size=length,
                                     element_shape=tf.TensorShape([None, cell.hidden_size]))
 
@@ -77,10 +77,9 @@ def unroll(cell: RecurrentCell, inputs: tf.Tensor, state: CellState) -> Tuple[tf
 
         _, state, outputs_ta = tf.while_loop(lambda t, *_: t < length, body,
                                              (tf.constant(0), state, outputs_ta))
-        outputs = tf.transpose(outputs_ta.stack(), [1, 0, 2])  # [batch, time, hidden]
-    state = tf.nest.map_structure(lambda s, dtype: s if s.dtype == dtype else tf.cast(s, dtype),
-                                  state, state_dtypes)
-    return outputs, state
+        return tf.transpose(outputs_ta.stack(), [1, 0, 2]), state  # [batch, time, hidden]
+
+    return state_in_dtype_of(projected, state, loop)
 
 
 class StackedRNN(Module):

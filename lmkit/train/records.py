@@ -90,6 +90,10 @@ class EpochRun:
     preempted: bool = False  # the ranks agreed to stop (a signal): checkpoint written
     save_at_end: bool = False  # a save or stop fell on the epoch's last step
 
+    def token_loss(self, num_steps: int) -> float:
+        """Mean loss per token of the applied steps so far (windows of ``num_steps`` tokens)."""
+        return self.loss_sum / max((self.steps - self.skipped) * num_steps, 1)
+
 
 class StepResult(NamedTuple):
     """What :meth:`Trainer.train_step` returns."""

@@ -499,7 +499,7 @@ class Trainer:
             if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
                 drain(i)
                 elapsed = time.perf_counter() - t0
-                bar.update(i + 1, f"ppl {perplexity(run.loss_sum / (max(run.steps - run.skipped, 1) * cfg.num_steps)):.2f} "
+                bar.update(i + 1, f"ppl {perplexity(run.token_loss(cfg.num_steps)):.2f} "
                            f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
                            "tokens/s")
             actions = self._boundaries.after_step(out.agreed, step_count)
@@ -528,7 +528,7 @@ class Trainer:
         """
         cfg = self.config
         lr = float(self.optimizer.learning_rate.numpy())
-        train_loss = run.loss_sum / max((run.steps - run.skipped) * cfg.num_steps, 1)
+        train_loss = run.token_loss(cfg.num_steps)
         completed = not run.stopped
         if completed:
             self.progress.epoch.assign(epoch + 1)
