@@ -113,6 +113,10 @@ def training_config(config: Any, folder: str) -> Any:
     window) stays the config's.
     """
     hf = gpt2_model_config(read_gpt2_config(folder))
+    if config.num_steps > hf["max_positions"]:  # the checkpoint fixes max_positions: the window must fit it
+        raise UsageError(f"num_steps = {config.num_steps} (the training window) exceeds n_positions = "
+                         f"{hf['max_positions']} of {os.path.join(folder, HF_CONFIG)}; pass --set "
+                         f"num_steps={hf['max_positions']} or less")
     epsilon = hf.pop("layer_norm_epsilon")
     return config.replace(
         model="gpt2", init_from=os.path.abspath(folder), tokenizer="hf", data="text", tie_weights=True,

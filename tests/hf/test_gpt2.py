@@ -205,6 +205,15 @@ def test_bad_folders_exit_2_naming_the_file(folder, tmp_path):
         check_one_error(res, pattern)
 
 
+def test_a_window_longer_than_the_checkpoint_allows_is_one_clear_error(folder, tmp_path):
+    corpus = os.path.join(folder, "corpus.txt")
+    res = run(LMKIT + ["train", "--init_from", folder, "--train_file", corpus, "--model_dir", str(tmp_path / "m")],
+              timeout=120)  # config_gpt2_finetune's 128-token windows; this GPT-2 has 64 positions
+    check_one_error(res, r"num_steps = 128 \(the training window\) exceeds n_positions = 64 of \S+config\.json; "
+                         r"pass --set num_steps=64 or less")
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_download_without_a_network_is_one_clear_error(tmp_path):
     env = subprocess_env({"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hub")})
     res = run(LMKIT + ["train", "--init_from", "hf:gpt2", "--train_file", __file__,
