@@ -112,3 +112,12 @@ def median_ratio(numerators: Iterable[float], denominators: Iterable[float]) -> 
     """Median of the per-round ratios (each round measured back to back)."""
     ratios = [a / b for a, b in zip(numerators, denominators) if b > 0]
     return statistics.median(ratios) if ratios else float("nan")
+
+
+def save_figure(fig: Any, path: str) -> str:
+    """Writes a matplotlib figure to ``path`` (PNG) and closes it; returns ``path``."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -22,7 +22,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -55,8 +55,9 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _time_collectives_alone(trainer, inputs, targets, calls: int) -> List[float]:
-    """Milliseconds per call of the training step's collectives with nothing else running.
+def _time_collectives_alone(trainer, inputs, targets, calls: int) -> Tuple[List[float], float]:
+    """Milliseconds per call of the training step's collectives with nothing else running,
+    and the CPU time this process spent per call (all its threads: the transport's too).
 
     The gradients of one real batch (dense tensors and the embedding's
     ``IndexedSlices``) and the loss are averaged over the ranks the way the
@@ -69,34 +70,43 @@ def _time_collectives_alone(trainer, inputs, targets, calls: int) -> List[float]
     from lmkit import dist
     from lmkit.losses import window_loss
 
-    if calls <= 0 or dist.backend_name() != "horovod":
-        return []
+    if calls <= 0 or dist.local_replicas() != 1:
+        return [], float("nan")
     variables = list(trainer.model.trainable_variables)
-    state = trainer.initial_state()  # horovod: one replica, a plain state
+    state = dist.first(trainer.initial_state())  # one replica in this process: a plain state
     with tf.GradientTape() as tape:
         logits, _ = trainer.model(tf.constant(inputs), state, training=True)
         loss = window_loss(tf.constant(targets), logits)
     grads = tape.gradient(loss, variables)
 
-    @tf.function
-    def communicate(grads, loss):
-        return (dist.average_gradients(grads, sparse_as_dense=trainer.config.sparse_as_dense,
-                                       compression=trainer.config.compression),
+    # IndexedSlices enter the replicas as their parts (a strategy takes plain tensors).
+    parts = [(g.values, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+    def replica_communicate(parts, loss):
+        grads = [tf.IndexedSlices(*p) if isinstance(p, tuple) else p for p in parts]
+        averaged = dist.average_gradients(grads, sparse_as_dense=trainer.config.sparse_as_dense,
+                                          compression=trainer.config.compression)
+        # Plain tensors out (a strategy returns no IndexedSlices from its replicas).
+        return ([g.values if isinstance(g, tf.IndexedSlices) else g for g in averaged if g is not None],
                 dist.allreduce(loss, op="average", name="lmkit.bench.loss"))
 
+    @tf.function
+    def communicate(parts, loss):  # in the backend's replica context, as the step does it
+        return dist.first(dist.run(replica_communicate, (parts, loss)))
+
     for _ in range(3):  # trace, negotiate, fill Horovod's response cache
-        communicate(grads, loss)[1].numpy()
+        communicate(parts, loss)[1].numpy()
     times: List[float] = []
     dist.barrier()
+    cpu_start = time.process_time()
     for _ in range(calls):
         start = time.perf_counter()
-        averaged, mean = communicate(grads, loss)
+        averaged, mean = communicate(parts, loss)
         for g in averaged:
-            if g is not None:
-                (g.values if isinstance(g, tf.IndexedSlices) else g).numpy()
+            g.numpy()
         mean.numpy()
         times.append(1000 * (time.perf_counter() - start))
-    return times
+    return times, 1000 * (time.process_time() - cpu_start) / calls
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -121,7 +131,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = load_config(args.config, overrides)
     rss_after_import = _rss_mib()
     tf.random.set_seed(cfg.seed)
-    model = build_model(cfg.model_config())
+    with dist.scope():  # the native backend's variables live in its strategy
+        model = build_model(cfg.model_config())
     trainer = Trainer(model, cfg, log=lambda s: None)
     total_steps = args.warmup + args.steps * args.repeats
     ids = np.random.RandomState(0).randint(0, cfg.vocab_size, cfg.batch_size * cfg.num_steps * (total_steps + 2) + 1)
@@ -155,7 +166,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         windows_us.append([window_start, time.time() * 1e6])
         run_seconds.append(max(dist.allgather_object(mine)))  # the slowest rank sets the pace
     rss_trace.append([position, round(_rss_mib(), 1)])
-    collectives_ms = _time_collectives_alone(trainer, inputs[0], targets[0], args.collective_calls)
+    collectives_ms, collectives_cpu_ms = _time_collectives_alone(trainer, inputs[0], targets[0],
+                                                                 args.collective_calls)
     memory = {"peak_rss_mib": round(_peak_rss_mib(), 1), "rss_start_mib": round(rss_start, 1),
               "rss_after_import_mib": round(rss_after_import, 1), "rss_end_mib": round(_rss_mib(), 1),
               "rss_trace": rss_trace}
@@ -182,6 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "words_per_sec": [round(words / s, 1) for s in step_seconds],
             "mean_loss": round(sum(losses) / len(losses), 3),
             "collectives_alone_ms": [round(ms, 3) for ms in collectives_ms],
+            "collectives_alone_cpu_ms_per_call": round(collectives_cpu_ms, 3),
             "ranks": everyone,
             "horovod_env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
         }

@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                median_ratio, summarize, write_json)
+                                median_ratio, save_figure, summarize, write_json)
 
 CONFIGS = {"lstm": "config_small", "transformer": "config_transformer"}
 MODES = {"cached_xla": (True, True), "cached": (True, False), "uncached": (False, False)}  # (cache, XLA)
@@ -212,10 +212,7 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
     fig.suptitle(f"lmkit greedy decoding, vocab 10000, {results['threads']['tf_intra_op']} threads, "
                  f"{machine['nproc']} cores; load avg {machine['load_average_at_start'][0]} at start, "
                  f"{results['load_average_at_end'][0]} at end", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def markdown_table(results: Dict[str, Any]) -> str:

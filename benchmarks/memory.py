@@ -26,7 +26,8 @@ from typing import Any, Dict, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import scaling  # noqa: E402
-from benchmarks._common import RESULTS_DIR, command_line, load_average, machine_info, write_json  # noqa: E402
+from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info, save_figure,  # noqa: E402
+                                write_json)
 
 STEPS = {"config_small": 300, "config_medium": 40}
 QUICK_STEPS = {"config_small": 100, "config_medium": 12}
@@ -78,10 +79,7 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
     trace_ax.set_ylabel("RSS (MiB)")
     trace_ax.set_title("RSS while training (flat = no growth)", fontsize=9)
     trace_ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -70,7 +70,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (REPO, RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                summarize, write_json)
+                                save_figure, summarize, write_json)
 
 WORKER = os.path.join(REPO, "benchmarks", "_scaling_worker.py")
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
@@ -348,10 +348,7 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
                      f"2-rank step - half-batch step = {coll.get('step_minus_half_batch_step_ms', float('nan')):.1f} ms; "
                      f"collectives alone {coll.get('collectives_alone_ms', {}).get('median', float('nan')):.1f} ms",
                      fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

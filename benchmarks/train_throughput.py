@@ -63,11 +63,11 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                median_ratio, summarize, write_json)
+                                median_ratio, save_figure, summarize, write_json)
 
 DEFAULT_FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
 BASELINES = ("keras", "torch")
@@ -625,10 +625,7 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
     fig.suptitle(f"lmkit vs tf.keras vs PyTorch, one process, {threads.get('tf_intra_op')} threads each "
                  f"({results['machine']['cpu_model']}, {results['machine']['nproc']} cores); "
                  "(x) = lmkit / column", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -20,10 +20,15 @@ and then
 * passes SIGTERM, SIGINT and SIGUSR1 on to the workers of this host, which
   then stop together at a step boundary after a checkpoint (exit status 75,
   "preempted, rerun to continue"), and waits for all of them;
+* binds each worker of this host to its share of the cores this launcher
+  may use (``--bind cores``, the default, as ``mpirun --bind-to core``
+  does; ``--bind none`` leaves them free);
 * for every other host prints the exact command to run there (start them by
   hand or from a scheduler), or with ``--ssh`` runs it through ``ssh host``
   in the same directory (needs password-less SSH and the same checkout and
-  virtual environment on every host, as Horovod does).
+  virtual environment on every host, as Horovod does), or with ``--rsh AGENT``
+  through ``AGENT host command`` (as Open MPI's ``plm_rsh_agent``; e.g.
+  ``scripts/two_hosts.py``'s agent enters a network namespace).
 
 Worker ``i`` of ``N`` runs on host ``i // (N / number of hosts)``, or as many
 as ``host:slots`` says; its port is ``--port`` + its index on that host (on a
@@ -48,7 +53,7 @@ from lmkit.dist.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV
 from lmkit.errors import UsageError
 from lmkit.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
 
-__all__ = ["Worker", "plan", "worker_env", "remote_command", "main"]
+__all__ = ["Worker", "plan", "worker_env", "remote_command", "core_sets", "main"]
 
 DEFAULT_PORT = 23456
 # How long the other workers may take to finish a preemption stop after the first one left.
@@ -176,9 +181,27 @@ def worker_env(worker: Worker, workers: Sequence[Worker]) -> Dict[str, str]:
 
 def remote_command(worker: Worker, workers: Sequence[Worker], command: Sequence[str],
                    cwd: str) -> str:
-    """The shell command that starts ``worker`` on its host (run from any shell there)."""
+    """The shell command that starts ``worker`` on its host (run from any shell there).
+
+    The worker replaces the shell (``exec``), so a signal sent to the process
+    that runs this command reaches the worker itself.
+    """
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in worker_env(worker, workers).items())
-    return f"cd {shlex.quote(cwd)} && env {env} {' '.join(shlex.quote(c) for c in command)}"
+    return f"cd {shlex.quote(cwd)} && exec env {env} {' '.join(shlex.quote(c) for c in command)}"
+
+
+def core_sets(count: int, cpus: Optional[Sequence[int]] = None) -> List[Optional[List[int]]]:
+    """Each of ``count`` workers' share of ``cpus`` (default: the cores this process may use).
+
+    Consecutive blocks of equal size, as ``mpirun --bind-to core`` places its
+    ranks; None for every worker when there are fewer cores than workers
+    (then binding would put two workers on one core).
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    per = len(cpus) // count if count else 0
+    if per < 1:
+        return [None] * count
+    return [cpus[i * per:(i + 1) * per] for i in range(count)]
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace: float = 10.0) -> None:
@@ -212,6 +235,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help=f"first port on each host (default: free ports on this host, else {DEFAULT_PORT})")
     parser.add_argument("--ssh", action="store_true",
                         help="start the workers of other hosts through ssh (else print their commands)")
+    parser.add_argument("--rsh", default=None, metavar="AGENT",
+                        help="start the workers of other hosts as `AGENT host command` "
+                             "(like mpirun's plm_rsh_agent; --ssh is `ssh -o BatchMode=yes`)")
+    parser.add_argument("--bind", choices=("cores", "none"), default="cores",
+                        help="bind each worker of this host to its share of the cores (default), "
+                             "or leave them free")
     parser.add_argument("--dry_run", action="store_true", help="print every worker's command and exit")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- followed by the training command")
@@ -230,8 +259,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for w in workers:
             print(f"# worker {w.rank} on {w.host}\n{remote_command(w, workers, command, cwd)}")
         return 0
+    agent = shlex.split(args.rsh) if args.rsh else (["ssh", "-o", "BatchMode=yes"] if args.ssh else None)
     remote = [w for w in workers if not is_local_host(w.host)]
-    if remote and not args.ssh:
+    local = [w for w in workers if is_local_host(w.host)]
+    cores = dict(zip((w.rank for w in local),
+                     core_sets(len(local)) if args.bind == "cores" else [None] * len(local)))
+    if remote and not agent:
         print("[launch] start these workers on their hosts (same checkout and venv):", file=sys.stderr)
         for w in remote:
             print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd)}", file=sys.stderr)
@@ -251,10 +284,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         for w in workers:
             if is_local_host(w.host):
-                procs.append(subprocess.Popen(command, env={**os.environ, **worker_env(w, workers)}))
-            elif args.ssh:
+                bind = cores[w.rank]
                 procs.append(subprocess.Popen(
-                    ["ssh", "-o", "BatchMode=yes", w.host, remote_command(w, workers, command, cwd)]))
+                    command, env={**os.environ, **worker_env(w, workers)},
+                    preexec_fn=(lambda c=bind: os.sched_setaffinity(0, c)) if bind else None))
+            elif agent:
+                procs.append(subprocess.Popen([*agent, w.host, remote_command(w, workers, command, cwd)]))
         return _wait(procs, signalled)
     except KeyboardInterrupt:
         _stop(procs)

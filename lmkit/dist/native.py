@@ -37,10 +37,16 @@ from lmkit.dist.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
 from lmkit.dist.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, launched_by_mpi_or_horovodrun,
                             thread_settings)
 
-__all__ = ["NativeBackend", "tf_config_cluster"]
+__all__ = ["NativeBackend", "tf_config_cluster", "communication_options", "DEFAULT_PACK_BYTES", "PACK_BYTES_ENV"]
 
 _REPLICA_REDUCE = {"average": tf.distribute.ReduceOp.MEAN, "sum": tf.distribute.ReduceOp.SUM}  # NATIVE
 _COLLECTIVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+# Dense gradients are all-reduced in packs of about this many bytes (LMKIT_PACK_BYTES;
+# 0 = one pack): small enough that the first pack starts during the backward pass,
+# large enough that a pack is not dominated by the collective's fixed cost.
+# docs/performance.md has the measurement.
+DEFAULT_PACK_BYTES = 4 << 20
+PACK_BYTES_ENV = "LMKIT_PACK_BYTES"
 
 
 def _reduce_stacked(stacked: tf.Tensor, op: str) -> tf.Tensor:
@@ -54,6 +60,44 @@ def _reduce_stacked(stacked: tf.Tensor, op: str) -> tf.Tensor:
     if op == "max":
         return tf.reduce_max(stacked, axis=0)
     raise AssertionError(op)  # checked by the caller
+
+
+def _on_replica_device(value):
+    """``value`` made inside the replica: a value handed to the replica unchanged has no
+    device yet, and the strategy reduces to the device of the value."""
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(value.values), tf.identity(value.indices), value.dense_shape)
+    return tf.identity(value)
+
+
+def communication_options(gpus: bool) -> "tf.distribute.experimental.CommunicationOptions":
+    """How the workers of a multi-worker job all-reduce: NCCL between GPUs, else TensorFlow's ring.
+
+    The strategy's default (AUTO) leaves GPUs on the ring too, unless NCCL is
+    asked for by name.
+    """
+    impl = tf.distribute.experimental.CommunicationImplementation  # NATIVE
+    return tf.distribute.experimental.CommunicationOptions(  # NATIVE
+        implementation=impl.NCCL if gpus else impl.RING)
+
+
+def _packable_slices(g: Any) -> bool:
+    """True for IndexedSlices that :meth:`NativeBackend._replica_average` gathers in one call:
+    2-D float32 values and int32/int64 indices, all with static shapes."""
+    return (isinstance(g, tf.IndexedSlices) and g.values.dtype == tf.float32
+            and g.indices.dtype in (tf.int32, tf.int64) and g.values.shape.rank == 2
+            and g.values.shape.is_fully_defined() and g.indices.shape.is_fully_defined())
+
+
+def _indices_as(indices: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """[rows] integer indices as [rows, words] of ``dtype`` (exact: a bitcast)."""
+    words = tf.bitcast(indices, dtype)  # int32 -> [rows], int64 -> [rows, 2]
+    return words[:, tf.newaxis] if words.shape.rank == 1 else words
+
+
+def _indices_from(words: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """The inverse of :func:`_indices_as`."""
+    return tf.bitcast(words[:, 0] if dtype == tf.int32 else words, dtype)
 
 
 class _AveragingTape:
@@ -90,8 +134,9 @@ class NativeBackend(Backend):
     name = "native"
 
     def __init__(self, strategy: tf.distribute.Strategy, rank: int, size: int,
-                 local_rank: int, local_size: int) -> None:
+                 local_rank: int, local_size: int, pack_bytes: int = DEFAULT_PACK_BYTES) -> None:
         self.strategy = strategy
+        self.pack_bytes = pack_bytes
         self._rank = rank
         self._size = size
         self._local_rank = local_rank
@@ -112,6 +157,11 @@ class NativeBackend(Backend):
         if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:
             raise UsageError(f"num_gpus = {num_gpus!r} must be an integer >= 0 "
                              "(0 = every GPU of the host, or one CPU replica)")
+        pack = os.environ.get(PACK_BYTES_ENV, "").strip()
+        if pack and not pack.isdigit():
+            raise UsageError(f"{PACK_BYTES_ENV}={pack!r} must be a number of bytes >= 0 "
+                             f"(default {DEFAULT_PACK_BYTES}; 0 = all dense gradients in one all-reduce)")
+        pack_bytes = int(pack) if pack else DEFAULT_PACK_BYTES
         cluster = tf_config_cluster()
         if cluster is None and launched_by_mpi_or_horovodrun():
             raise DistributedError(
@@ -161,8 +211,9 @@ class NativeBackend(Backend):
             rank, size = 0, 1
         else:
             rank, size = cluster
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()  # NATIVE: reads TF_CONFIG
-        backend = cls(strategy, rank, size, local_rank, local_size)
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(  # NATIVE: reads TF_CONFIG
+                communication_options=communication_options(bool(gpus)))
+        backend = cls(strategy, rank, size, local_rank, local_size, pack_bytes=pack_bytes)
         backend.threads = threads
         return backend
 
@@ -302,6 +353,7 @@ class NativeBackend(Backend):
         check_choice("allreduce op", op, REDUCE_OPS)
         if self._in_replica_context():  # over all replicas
             ctx = tf.distribute.get_replica_context()  # NATIVE
+            tensor = _on_replica_device(tensor)
             if op in _REPLICA_REDUCE:
                 return ctx.all_reduce(_REPLICA_REDUCE[op], tensor)  # NATIVE
             stacked = ctx.all_gather(tf.convert_to_tensor(tensor)[tf.newaxis], axis=0)  # NATIVE
@@ -364,6 +416,39 @@ class NativeBackend(Backend):
             v.assign(value)
 
     # ------------------------------------------------------------ gradients
+    def _replica_average(self, grads: List[Any]) -> List[Any]:
+        """The mean over every replica of ``grads`` (tensors and IndexedSlices), in replica context.
+
+        Dense tensors go in one call of the strategy, which packs them into
+        all-reduces of about ``pack_bytes`` each, issued in the order the
+        backward pass produces them (the last layer's first): a pack starts
+        while the rest of the backward pass still runs, as Horovod's fused
+        all-reduces do. An ``IndexedSlices`` whose rows have the same static
+        shape on every replica travels as one all-gather of its values with
+        its indices bitcast alongside (the strategy's own path makes three
+        collectives: lengths, values, indices); others take that path.
+        """
+        ctx = tf.distribute.get_replica_context()  # NATIVE
+        grads = [_on_replica_device(g) for g in grads]
+        out: List[Any] = [None] * len(grads)
+        dense = [i for i, g in enumerate(grads) if not _packable_slices(g)]
+        if dense:
+            options = tf.distribute.experimental.CommunicationOptions(  # NATIVE
+                bytes_per_pack=self.pack_bytes)
+            for i, r in zip(dense, ctx.all_reduce(tf.distribute.ReduceOp.MEAN,  # NATIVE
+                                                   [grads[i] for i in dense], options=options)):
+                out[i] = r
+        n = self.num_replicas()
+        for i, g in enumerate(grads):
+            if out[i] is None:
+                rows = tf.concat([g.values, _indices_as(g.indices, g.values.dtype)], axis=1)
+                every = ctx.all_gather(rows, axis=0)  # NATIVE: [n * rows, width + index words]
+                width = g.values.shape[1]
+                out[i] = tf.IndexedSlices(every[:, :width] / n,
+                                          _indices_from(every[:, width:], g.indices.dtype),
+                                          g.dense_shape)
+        return out
+
     def gradient_tape(self, tape, sparse_as_dense: bool, compression: str):
         return _AveragingTape(tape, self, sparse_as_dense, compression)
 
@@ -383,9 +468,7 @@ class NativeBackend(Backend):
             todo.append(g)
             casts.append(cast_back)
         if self._in_replica_context():
-            # One batched call; IndexedSlices are all-gathered (rows of every replica, values / n).
-            reduced = tf.distribute.get_replica_context().all_reduce(  # NATIVE
-                tf.distribute.ReduceOp.MEAN, todo) if todo else []
+            reduced = self._replica_average(todo)
         else:
             reduced = [self.allreduce(tf.convert_to_tensor(g), "average", None) for g in todo]
         reduced = [r if c is None else tf.cast(r, c) for r, c in zip(reduced, casts)]

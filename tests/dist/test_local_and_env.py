@@ -7,7 +7,7 @@ import pytest
 from lmkit import dist
 from lmkit.dist import env as dist_env
 from lmkit.dist.local import LocalBackend
-from tests.helpers import ROOT, have_horovod, mpirun_cmd, run, subprocess_env
+from tests.helpers import mpirun_cmd, run, subprocess_env
 
 PROBE = ("from lmkit import dist; b = dist.init(); import tensorflow as tf; "
          "print(b, dist.rank(), dist.size(), dist.local_size(), dist.threads().intra_op, "

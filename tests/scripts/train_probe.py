@@ -15,6 +15,7 @@ or only on ``--bomb_rank``.
 import argparse
 import json
 import os
+import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -110,6 +111,7 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
     np.savez(f"{out}.rank{dist.rank()}.npz", losses=np.array(result.step_losses), **arrays)
     with open(f"{out}.rank{dist.rank()}.json", "w") as f:
         json.dump({"size": dist.size(), "rank": dist.rank(), "steps": result.global_step,
+                   "host": socket.gethostname(), "local_size": dist.local_size(),
                    "backend": dist.backend_name(), "replicas": dist.num_replicas(),
                    "resumed_from": result.resumed_from, "skipped_steps": result.skipped_steps,
                    "loss_scale": result.loss_scale,

@@ -4,6 +4,7 @@ Nothing here starts a job; the backend object is built directly on one CPU
 device, so the process-wide ``lmkit.dist`` state of other tests is untouched.
 """
 import json
+import os
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def test_worker_env_is_a_tf_config_cluster():
     assert (env["LMKIT_BACKEND"], env["RANK"], env["LMKIT_LOCAL_RANK"], env["LMKIT_LOCAL_SIZE"]) == (
         "native", "1", "0", "1")
     cmd = launch.remote_command(workers[1], workers, ["python", "train.py", "--x", "a b"], "/srv/lm")
-    assert cmd.startswith("cd /srv/lm && env TF_CONFIG=")
+    assert cmd.startswith("cd /srv/lm && exec env TF_CONFIG=")
     assert cmd.endswith("python train.py --x 'a b'")
 
 
@@ -159,3 +160,87 @@ def test_fp16_compression_rounds_like_float16(native):
     np.testing.assert_array_equal(out[0].numpy(), np.float16([1.0 + 2 ** -12, 3.0]).astype(np.float32))
     with pytest.raises(ValueError, match="compression 'zip'"):
         native.average_gradients(grads, False, "zip")
+
+
+@pytest.mark.parametrize("count, cpus, expected", [
+    (2, [0, 1], [[0], [1]]),
+    (2, [4, 5, 6, 7], [[4, 5], [6, 7]]),
+    (3, [0, 1, 2, 3, 4, 5, 6], [[0, 1], [2, 3], [4, 5]]),
+    (4, [0, 1], [None, None, None, None]),  # fewer cores than workers: no binding
+])
+def test_core_sets_split_the_cores_like_mpirun(count, cpus, expected):
+    assert launch.core_sets(count, cpus) == expected
+
+
+def _affinity_script(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text("import os\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK']), 'w').write(\n"
+                      "    ','.join(map(str, sorted(os.sched_getaffinity(0)))))\n")
+    return str(script)
+
+
+def test_launch_binds_each_local_worker_to_its_share_of_the_cores(tmp_path):
+    import sys
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--", sys.executable,
+                        _affinity_script(tmp_path)]) == 0
+    every = sorted(os.sched_getaffinity(0))
+    for rank, share in enumerate(launch.core_sets(2, every)):
+        assert (tmp_path / f"rank{rank}").read_text() == ",".join(map(str, share or every))
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--bind", "none", "--",
+                        sys.executable, _affinity_script(tmp_path)]) == 0
+    assert (tmp_path / "rank1").read_text() == ",".join(map(str, every))
+
+
+def test_launch_starts_the_workers_of_other_hosts_through_the_rsh_agent(tmp_path):
+    # The "agent" runs the command in a local shell, as ssh would on the other host.
+    agent = tmp_path / "agent.sh"
+    agent.write_text('#!/bin/sh\necho "$1" >> "$(dirname "$0")/hosts.txt"\nexec sh -c "$2"\n')
+    agent.chmod(0o755)
+    import sys
+    assert launch.main(["--hosts", "127.0.0.1,remote-host", "--num_workers", "2", "--port", "3000",
+                        "--rsh", str(agent), "--", sys.executable, _affinity_script(tmp_path)]) == 0
+    assert (tmp_path / "hosts.txt").read_text().split() == ["remote-host"]
+    assert (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists()
+
+
+@pytest.mark.parametrize("dtype, values", [
+    (tf.int64, [0, 1, 9999, 2 ** 40 + 3, -5]),
+    (tf.int32, [0, 7, 2 ** 31 - 1, -1]),
+])
+def test_sparse_indices_ride_with_the_values_exactly(dtype, values):
+    # The native backend gathers an embedding gradient's indices bitcast next to its values.
+    indices = tf.constant(values, dtype)
+    words = native_backend._indices_as(indices, tf.float32)
+    assert words.shape == (len(values), 2 if dtype == tf.int64 else 1)
+    rows = tf.concat([tf.ones([len(values), 3]), words], axis=1)
+    back = native_backend._indices_from(rows[:, 3:], dtype)
+    assert back.dtype == dtype and back.numpy().tolist() == values
+
+
+def test_only_static_float32_slices_take_the_one_gather_path():
+    s = tf.IndexedSlices(tf.ones([4, 3]), tf.constant([0, 1, 2, 3]), tf.constant([10, 3]))
+    assert native_backend._packable_slices(s)
+    assert not native_backend._packable_slices(tf.ones([4, 3]))
+    assert not native_backend._packable_slices(
+        tf.IndexedSlices(tf.ones([4, 3], tf.float16), s.indices, s.dense_shape))
+    spec = tf.TensorSpec([None, 3], tf.float32)
+
+    @tf.function(input_signature=[spec])
+    def unknown_rows(v):
+        return tf.constant(native_backend._packable_slices(
+            tf.IndexedSlices(v, tf.range(tf.shape(v)[0]), tf.constant([10, 3]))))
+
+    assert not unknown_rows(tf.ones([4, 3])).numpy()
+
+
+def test_a_bad_pack_size_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("LMKIT_PACK_BYTES", "4MB")
+    with pytest.raises(Exception, match="LMKIT_PACK_BYTES='4MB' must be a number of bytes"):
+        native_backend.NativeBackend.create()
+
+
+def test_workers_all_reduce_with_nccl_between_gpus_and_the_ring_on_cpus():
+    impl = tf.distribute.experimental.CommunicationImplementation
+    assert native_backend.communication_options(gpus=True).implementation == impl.NCCL
+    assert native_backend.communication_options(gpus=False).implementation == impl.RING

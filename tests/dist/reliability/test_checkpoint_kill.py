@@ -27,7 +27,7 @@ def test_kill_during_a_save_then_resume(corpus, model_copy):
     out = run_streamed([sys.executable, FAULTY, "--fault", "kind=slow_save", "--", *flags], timeout=300,
                        on_line=kill_in_the_save)
     assert out.returncode == -signal.SIGKILL, out.output[-4000:]
-    assert "Epoch 2/2" in out.output  # killed after the epoch, in the save
+    assert "epoch 2/2 step 64/64" in out.output  # killed after the epoch's last step, in the save
     leftovers = sorted(os.listdir(ckpts))
     assert leftovers[0] == "ckpt-000000064" and len(leftovers) == 2, leftovers
     assert re.fullmatch(r"ckpt-000000128\.tmp-\d+", leftovers[1]), leftovers  # never renamed into place
