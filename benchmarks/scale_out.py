@@ -62,14 +62,14 @@ PLACEMENTS = {  # label -> link rate (None: one host)
 }
 VARIANTS = {  # label -> config overrides ("{4B}": 4x the config's batch)
     "plain": {},
-    "fp16 compression": {"compression": "fp16"},
-    "accum 4, 4x batch": {"batch_size": "{4B}", "grad_accum_steps": 4},
-    "accum 4, 4x batch, fp16": {"batch_size": "{4B}", "grad_accum_steps": 4, "compression": "fp16"},
+    "fp16": {"compression": "fp16"},
+    "accum 4 over 4x batch": {"batch_size": "{4B}", "grad_accum_steps": 4},
+    "accum 4 over 4x batch + fp16": {"batch_size": "{4B}", "grad_accum_steps": 4, "compression": "fp16"},
 }
 BASELINES = {  # 1-worker rows
     "1 worker": {},
     "1 worker, half batch": {"batch_size": "{B/2}"},
-    "1 worker, accum 4, 4x batch": {"batch_size": "{4B}", "grad_accum_steps": 4},
+    "1 worker, accum 4 over 4x batch": {"batch_size": "{4B}", "grad_accum_steps": 4},
 }
 BACKENDS = ("horovod", "native")
 
@@ -112,7 +112,7 @@ def rows(args: argparse.Namespace) -> List[Dict[str, Any]]:
     """Every launch of one round: 1-worker baselines, then placement x backend x variant."""
     out = [{"label": label, "workers": 1, "backend": "horovod", "placement": "1 worker", "variant": label,
             "overrides": ov, "python": PYTHON} for label, ov in BASELINES.items()
-           if label != "1 worker, accum 4, 4x batch" or any(v.startswith("accum") for v in args.variants)]
+           if label != "1 worker, accum 4 over 4x batch" or any(v.startswith("accum") for v in args.variants)]
     for placement in args.placements:
         for backend in args.backends:
             for variant in args.variants:
@@ -178,7 +178,7 @@ def launch(row: Dict[str, Any], args: argparse.Namespace, batch: int, workdir: s
 
 def reference(variant: str) -> str:
     """The 1-worker row a 2-worker row is compared with (the same global batch per step)."""
-    return "1 worker, accum 4, 4x batch" if variant.startswith("accum 4, 4x batch") else "1 worker"
+    return "1 worker, accum 4 over 4x batch" if variant.startswith("accum 4 over 4x batch") else "1 worker"
 
 
 def summarize_rows(specs: List[Dict[str, Any]], runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, Any]:
