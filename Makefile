@@ -25,7 +25,7 @@ help:
 	@echo "make setup      only the set-up of .venv (TF 2.18.1 + Horovod 0.28.1)"
 	@echo "make setup-native  the second env .venv-tf-latest (newest TF, no Horovod)"
 	@echo "make wheel      build dist/lmkit-<version>-py3-none-any.whl (pure Python; pick TensorFlow with [cpu] or [gpu])"
-	@echo "make bench      set up (+ the PyTorch baseline), then every benchmark (about 55 minutes; docs/performance.md)"
+	@echo "make bench      set up (+ the PyTorch baseline), then every benchmark (about 100 minutes, as root; docs/performance.md)"
 	@echo "make bench-deps only the benchmark extras: torch==2.13.0 (CPU) for the PyTorch column"
 	@echo "variables: NP CONFIG DATA_PATH MODEL_DIR ARGS"
 
@@ -71,6 +71,9 @@ bench: setup bench-deps
 	$(PYTHON) benchmarks/scaling.py --rounds 3
 	$(PYTHON) benchmarks/scaling.py --rounds 4 --variants "1 rank,2 ranks,2 ranks + no fusion,2 ranks + fp16" \
 	    --output benchmarks/results/scaling_comm.json
+	$(PYTHON) benchmarks/scale_out.py --rounds 2 --pack_bytes 0,1048576 --native_latest
+	$(PYTHON) benchmarks/scale_out.py --placements "one host" --variants plain --rounds 6 \
+	    --pack_bytes 0,1048576 --native_latest --output benchmarks/results/scale_out_one_host.json
 	$(PYTHON) benchmarks/memory.py
 	$(PYTHON) benchmarks/preemption.py --rounds 3
 	$(PYTHON) benchmarks/train_throughput.py --configs config_small,config_transformer \

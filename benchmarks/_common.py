@@ -23,6 +23,8 @@ __all__ = [
     "load_average",
     "machine_info",
     "median_ratio",
+    "ratio_spread",
+    "save_figure",
     "summarize",
     "write_json",
 ]
@@ -112,6 +114,17 @@ def median_ratio(numerators: Iterable[float], denominators: Iterable[float]) -> 
     """Median of the per-round ratios (each round measured back to back)."""
     ratios = [a / b for a, b in zip(numerators, denominators) if b > 0]
     return statistics.median(ratios) if ratios else float("nan")
+
+
+def ratio_spread(numerators: Sequence[float], denominators: Sequence[float]) -> Dict[str, Any]:
+    """The ratio of two columns measured round by round: of the medians, and per round
+    (median, min, max and every round's), so a reader sees how far one run can be trusted."""
+    rounds = [a / b for a, b in zip(numerators, denominators) if b > 0]
+    return {"of_medians": round(statistics.median(numerators) / statistics.median(denominators), 3),
+            "median_of_rounds": round(statistics.median(rounds), 3) if rounds else float("nan"),
+            "min_of_rounds": round(min(rounds), 3) if rounds else float("nan"),
+            "max_of_rounds": round(max(rounds), 3) if rounds else float("nan"),
+            "rounds": [round(r, 3) for r in rounds]}
 
 
 def save_figure(fig: Any, path: str) -> str:

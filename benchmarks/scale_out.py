@@ -29,6 +29,7 @@ Usage (as root, on a quiet machine)::
     .venv/bin/python benchmarks/scale_out.py                      # ~25 min: every row, 2 rounds
     .venv/bin/python benchmarks/scale_out.py --rounds 1 --rows quick
     .venv/bin/python benchmarks/scale_out.py --placements "one host" --variants plain --rounds 5
+    .venv/bin/python benchmarks/scale_out.py --report benchmarks/results/scale_out.json   # markdown table
 
 Writes ``benchmarks/results/scale_out.json`` and ``.png``.
 """
@@ -243,7 +244,46 @@ def plot(table: Dict[str, Any], path: str) -> Optional[str]:
     return save_figure(fig, path)
 
 
+def markdown(table: Dict[str, Any]) -> str:
+    """The table as docs/performance.md shows it (medians; [min-max] over every timed run)."""
+    def fmt(entry: Dict[str, Any], key: str, digits: int = 0) -> str:
+        s = entry.get(key) or {}
+        if not s.get("n"):
+            return "-"
+        return f"{s['median']:,.{digits}f} [{s['min']:,.{digits}f}-{s['max']:,.{digits}f}]"
+
+    lines = ["| workers | backend | variant | words/sec | step (ms) | communication (ms) | collectives alone: "
+             "wall / CPU (ms) | efficiency | native / Horovod |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    places = ["1 worker", *PLACEMENTS]
+    variants = [*BASELINES, *VARIANTS]
+
+    def order(item):
+        label, e = item
+        return (places.index(e["placement"]) if e["placement"] in places else len(places),
+                label.split(" | ")[1] if e["workers"] == 2 else "",
+                variants.index(e["variant"]) if e["variant"] in variants else len(variants))
+
+    for label, e in sorted(table.items(), key=order):
+        where = e["placement"] if e["workers"] == 2 else "1 worker"
+        backend = label.split(" | ")[1] if e["workers"] == 2 else "-"
+        variant = e["variant"] if e["workers"] == 2 else label[len("1 worker"):].lstrip(", ") or "plain"
+        alone = e.get("collectives_alone_ms") or {}
+        cpu = e.get("collectives_alone_cpu_ms") or {}
+        lines.append(" | ".join([
+            f"| {where}", backend, variant, fmt(e, "words_per_sec"), fmt(e, "step_ms", 1),
+            f"{e['communication_ms']:.1f}" if "communication_ms" in e else "-",
+            f"{alone['median']:.1f} / {cpu['median']:.1f}" if alone.get("n") and cpu.get("n") else "-",
+            f"{e['efficiency']:.2f}" if "efficiency" in e else "-",
+            f"{e['native_vs_horovod']:.2f}" if "native_vs_horovod" in e else "-"]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--report":
+        with open(sys.argv[2]) as f:  # the markdown table of an earlier run
+            print(markdown(json.load(f)["table"]))
+        return 0
     args = parse_args(argv)
     from lmkit.config import load_config
     batch = load_config(args.config).batch_size

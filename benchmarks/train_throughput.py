@@ -67,7 +67,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                median_ratio, save_figure, summarize, write_json)
+                                ratio_spread, save_figure, summarize, write_json)
 
 DEFAULT_FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
 BASELINES = ("keras", "torch")
@@ -582,15 +582,10 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
     for lm in LMKIT_VARIANTS:
         for base in BASELINES:
             if lm in wps and base in wps:
-                out["ratios"][f"{lm}/{base}"] = {
-                    "of_medians": round(summarize(wps[lm])["median"] / summarize(wps[base])["median"], 3),
-                    "median_of_rounds": round(median_ratio(wps[lm], wps[base]), 3),
-                }
+                out["ratios"][f"{lm}/{base}"] = ratio_spread(wps[lm], wps[base])
     for variant in LMKIT_VARIANTS:
         if variant != "lmkit" and "lmkit" in wps and variant in wps:
-            out["ratios"][f"{variant}/lmkit"] = {
-                "of_medians": round(summarize(wps[variant])["median"] / summarize(wps["lmkit"])["median"], 3),
-                "median_of_rounds": round(median_ratio(wps[variant], wps["lmkit"]), 3)}
+            out["ratios"][f"{variant}/lmkit"] = ratio_spread(wps[variant], wps["lmkit"])
     return out
 
 
@@ -676,7 +671,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 1
         for key, ratio in results["configs"][name]["ratios"].items():
             log(f"[{name}] {key}: {ratio['of_medians']:.2f} (ratio of medians), "
-                f"{ratio['median_of_rounds']:.2f} (median of per-round ratios)")
+                f"{ratio['median_of_rounds']:.2f} (median of per-round ratios, "
+                f"{ratio['min_of_rounds']:.2f}-{ratio['max_of_rounds']:.2f})")
     results["load_average_at_end"] = load_average()
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
     path = write_json(args.output, results)

@@ -91,3 +91,10 @@ def test_the_throughput_benchmark_drives_the_real_trainer_step(variant):
     assert runner.run(3) > 0
     assert len(runner.losses) == 3 and all(loss > 0 for loss in runner.losses)
     assert runner.trainer.config.grad_accum_steps == (2 if variant == "lmkit_k2" else 1)
+
+
+def test_ratio_spread_reports_every_round():
+    spread = _common.ratio_spread([10, 20, 33], [5, 10, 10])  # ratios 2, 2, 3.3
+    assert spread["rounds"] == [2.0, 2.0, 3.3]
+    assert (spread["median_of_rounds"], spread["min_of_rounds"], spread["max_of_rounds"]) == (2.0, 2.0, 3.3)
+    assert spread["of_medians"] == 2.0
