@@ -260,8 +260,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"# worker {w.rank} on {w.host}\n{remote_command(w, workers, command, cwd)}")
         return 0
     agent = shlex.split(args.rsh) if args.rsh else (["ssh", "-o", "BatchMode=yes"] if args.ssh else None)
-    remote = [w for w in workers if not is_local_host(w.host)]
     local = [w for w in workers if is_local_host(w.host)]
+    remote = [w for w in workers if w not in local]
     cores = dict(zip((w.rank for w in local),
                      core_sets(len(local)) if args.bind == "cores" else [None] * len(local)))
     if remote and not agent:
@@ -283,7 +283,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(sig, forward)
     try:
         for w in workers:
-            if is_local_host(w.host):
+            if w.rank in cores:  # this host's (is_local_host, asked once per worker above)
                 bind = cores[w.rank]
                 procs.append(subprocess.Popen(
                     command, env={**os.environ, **worker_env(w, workers)},

@@ -95,6 +95,14 @@ def _state_path(name: str) -> str:
     return os.path.join(STATE_DIR, f"{name}.json")
 
 
+def _agent_path(name: str) -> str:
+    return os.path.join(STATE_DIR, f"{name}-rsh")
+
+
+def _namespaces(name: str) -> List[str]:
+    return [f"{name}-h1", f"{name}-h2"]
+
+
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(list(cmd), capture_output=True, text=True)
     if check and proc.returncode != 0:
@@ -136,10 +144,10 @@ def up(name: str = DEFAULT_NAME, subnet: str = DEFAULT_SUBNET, rate: Optional[st
     cpus = sorted(os.sched_getaffinity(0))
     half = max(1, len(cpus) // 2)
     shares = [cpus[:half], cpus[half:2 * half] or cpus[:half]]
-    hosts = [Host(namespace=f"{name}-h{i + 1}", link=f"{name}-v{i + 1}"[:15],
-                  address=f"{subnet}.{i + 1}", cpus=shares[i]) for i in range(2)]
+    hosts = [Host(namespace=ns, link=f"{name}-v{i + 1}"[:15], address=f"{subnet}.{i + 1}", cpus=shares[i])
+             for i, ns in enumerate(_namespaces(name))]
     os.makedirs(STATE_DIR, exist_ok=True)
-    agent = os.path.join(STATE_DIR, f"{name}-rsh")
+    agent = _agent_path(name)
     state = Hosts(name=name, hosts=hosts, rate=rate, delay=delay, agent=agent)
     # The state goes first: `down` can then undo a half-built set.
     _write(_state_path(name), json.dumps(asdict(state), indent=2))
@@ -192,7 +200,7 @@ def load(name: str = DEFAULT_NAME) -> Hosts:
 def down(name: str = DEFAULT_NAME) -> None:
     """Kills every process in the hosts' namespaces and removes them (no error if absent)."""
     require_root()
-    namespaces = [f"{name}-h1", f"{name}-h2"]
+    namespaces = _namespaces(name)
     for ns in namespaces:
         pids = _sh("ip", "netns", "pids", ns, check=False).stdout.split()
         for pid in pids:
@@ -202,7 +210,7 @@ def down(name: str = DEFAULT_NAME) -> None:
                 pass
     for ns in namespaces:
         _sh("ip", "netns", "del", ns, check=False)  # takes its end of the veth pair, and so both
-    for path in (_state_path(name), os.path.join(STATE_DIR, f"{name}-rsh")):
+    for path in (_state_path(name), _agent_path(name)):
         try:
             os.remove(path)
         except FileNotFoundError:

@@ -431,22 +431,22 @@ class NativeBackend(Backend):
         ctx = tf.distribute.get_replica_context()  # NATIVE
         grads = [_on_replica_device(g) for g in grads]
         out: List[Any] = [None] * len(grads)
-        dense = [i for i, g in enumerate(grads) if not _packable_slices(g)]
-        if dense:
+        gathered = [i for i, g in enumerate(grads) if _packable_slices(g)]
+        by_strategy = [i for i in range(len(grads)) if i not in gathered]  # dense, and other slices
+        if by_strategy:
             options = tf.distribute.experimental.CommunicationOptions(  # NATIVE
                 bytes_per_pack=self.pack_bytes)
-            for i, r in zip(dense, ctx.all_reduce(tf.distribute.ReduceOp.MEAN,  # NATIVE
-                                                   [grads[i] for i in dense], options=options)):
+            for i, r in zip(by_strategy, ctx.all_reduce(tf.distribute.ReduceOp.MEAN,  # NATIVE
+                                                         [grads[i] for i in by_strategy], options=options)):
                 out[i] = r
         n = self.num_replicas()
-        for i, g in enumerate(grads):
-            if out[i] is None:
-                rows = tf.concat([g.values, _indices_as(g.indices, g.values.dtype)], axis=1)
-                every = ctx.all_gather(rows, axis=0)  # NATIVE: [n * rows, width + index words]
-                width = g.values.shape[1]
-                out[i] = tf.IndexedSlices(every[:, :width] / n,
-                                          _indices_from(every[:, width:], g.indices.dtype),
-                                          g.dense_shape)
+        for i in gathered:
+            g = grads[i]
+            rows = tf.concat([g.values, _indices_as(g.indices, g.values.dtype)], axis=1)
+            every = ctx.all_gather(rows, axis=0)  # NATIVE: [n * rows, width + index words]
+            width = g.values.shape[1]
+            out[i] = tf.IndexedSlices(every[:, :width] / n,
+                                      _indices_from(every[:, width:], g.indices.dtype), g.dense_shape)
         return out
 
     def gradient_tape(self, tape, sparse_as_dense: bool, compression: str):
