@@ -168,3 +168,54 @@ def assert_relatively_close(actual, desired, rtol: float, name: str = "") -> Non
     error, scale = float(np.linalg.norm(a - d)), float(np.linalg.norm(d))
     assert error <= rtol * scale, (f"{name}: relative error {error / max(scale, 1e-300):.3g} > {rtol:g} "
                                    f"(largest element difference {float(np.max(np.abs(a - d))):.3g})")
+
+
+def rounding_envelope(run, ref, names) -> "tuple":
+    """How far ``run`` strays from ``ref``: the running maximum over the steps of the relative
+    loss difference, and the relative 2-norm difference of each final array in ``names``."""
+    import numpy as np
+    losses = np.maximum.accumulate(np.abs(run["losses"] - ref["losses"]) / np.abs(ref["losses"]))
+    arrays = {k: float(np.linalg.norm(np.asarray(run[k], np.float64) - ref[k]))
+              / max(float(np.linalg.norm(np.asarray(ref[k], np.float64))), 1e-30) for k in names}
+    return losses, arrays
+
+
+# Differences below this (16 float32 ulps, relative) are rounding whatever the controls show.
+ROUNDING_FLOOR = 16 * 2.0 ** -24
+# How much further than the controls a run that computes the same arithmetic may stray.
+ROUNDING_FACTOR = 10.0
+
+
+def assert_within_rounding(run, ref, controls, names) -> None:
+    """``run`` trained like ``ref`` up to float32 rounding as training amplifies it on this CPU.
+
+    Two ranks average two half-batch gradients where one process sums the
+    whole batch: the same arithmetic in another order, so their losses
+    differ by rounding, which training then amplifies (a tiny transformer
+    at SGD learning rate 0.1 turns a 1e-7 difference into 1e-4 within 50
+    steps on an AVX-512 Xeon; another CPU rounds and amplifies otherwise).
+    No fixed tolerance holds on every CPU, so the bound is measured in the
+    same test: ``controls`` are one-process runs of the same global batch
+    split into micro-batches (gradient accumulation), the same arithmetic
+    in yet other orders, amplified by the same dynamics on this CPU. At
+    every step the running maximum of ``run``'s relative loss difference
+    must stay within ``ROUNDING_FACTOR`` times the controls' (measured:
+    at most 1.15 times on that Xeon) plus ``ROUNDING_FLOOR``; likewise each
+    final variable in ``names``. A wrong average (gradients summed instead
+    of averaged, a rank's rows dropped) moves the loss by 1e-2 within a few
+    steps, when the controls are at 1e-7
+    (``test_the_rounding_bound_catches_a_wrong_average``).
+    """
+    import numpy as np
+    losses, arrays = rounding_envelope(run, ref, names)
+    measured = [rounding_envelope(c, ref, names) for c in controls]
+    bound = ROUNDING_FACTOR * np.max([m[0] for m in measured], axis=0) + ROUNDING_FLOOR
+    over = np.nonzero(losses > bound)[0]
+    assert not len(over), (
+        f"step {over[0] + 1}: relative loss difference {losses[over[0]]:.3g} is outside the rounding "
+        f"bound {bound[over[0]]:.3g} ({ROUNDING_FACTOR:g} x the controls' + {ROUNDING_FLOOR:.2g})")
+    for k in names:
+        limit = ROUNDING_FACTOR * max(m[1][k] for m in measured) + ROUNDING_FLOOR
+        assert arrays[k] <= limit, (f"{k}: relative difference {arrays[k]:.3g} is outside the rounding "
+                                    f"bound {limit:.3g} ({ROUNDING_FACTOR:g} x the controls' + "
+                                    f"{ROUNDING_FLOOR:.2g})")
