@@ -87,8 +87,19 @@ def machine_info(**versions: Optional[str]) -> Dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "utc_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **({"gpus": _gpus()} if _gpus() else {}),
         **{k: v for k, v in versions.items() if v is not None},
     }
+
+
+def _gpus() -> List[str]:
+    """The NVIDIA GPUs of this host with their memory (``nvidia-smi``), or [] without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
 def summarize(values: Sequence[float]) -> Dict[str, float]:

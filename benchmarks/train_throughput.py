@@ -53,6 +53,23 @@ Usage::
     .venv/bin/python benchmarks/train_throughput.py --configs config_small --repeats 9
 
 Writes ``benchmarks/results/train_throughput.json`` and ``.png``.
+
+On a GPU (``--device gpu``; every framework on the GPU, the CPU ones hidden
+from it otherwise) the PyTorch columns run on CUDA: ``torch`` (float32
+eager), ``torch_bf16`` (eager under ``torch.autocast`` bfloat16) and
+``torch_compile`` / ``torch_compile_bf16`` (``torch.compile``); lmkit's
+``lmkit`` is the default step (``jit_compile="auto"``: XLA on a GPU),
+``lmkit_plain`` the uncompiled one, ``lmkit_bf16`` / ``lmkit_xla_bf16`` in
+``mixed_bfloat16``. ``--peak_probe`` first measures the GPU's bfloat16
+matmul rate (8192^3 products) and each transformer column's model FLOPs
+utilisation is stated against it (6 x parameters + 12 x layers x context x
+width FLOPs per token, as nanoGPT counts)::
+
+    python benchmarks/train_throughput.py --device gpu --threads 16 --peak_probe \
+        --configs config_small,config_medium,config_transformer,config_gpt2_124m_shape \
+        --frameworks lmkit,lmkit_plain,lmkit_bf16,torch,torch_bf16,torch_compile_bf16
+
+writes ``benchmarks/results/train_throughput_gpu.json`` (with the GPU's name).
 """
 
 from __future__ import annotations
@@ -63,28 +80,43 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
                                 ratio_spread, save_figure, summarize, write_json)
 
 DEFAULT_FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
-BASELINES = ("keras", "torch")
 # lmkit variants: name -> config overrides (compared with plain "lmkit")
 LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit": {},
+    "lmkit_plain": {"jit_compile": False},
     "lmkit_xla": {"jit_compile": True},
     "lmkit_bf16": {"precision": "mixed_bfloat16"},
+    "lmkit_xla_bf16": {"jit_compile": True, "precision": "mixed_bfloat16"},
     "lmkit_fp16": {"precision": "mixed_float16"},
     "lmkit_k2": {"grad_accum_steps": 2},
     "lmkit_k4": {"grad_accum_steps": 4},
 }
+# PyTorch columns: name -> (bfloat16 autocast, torch.compile)
+TORCH_VARIANTS: Dict[str, Tuple[bool, bool]] = {
+    "torch": (False, False),
+    "torch_bf16": (True, False),
+    "torch_compile": (False, True),
+    "torch_compile_bf16": (True, True),
+}
+BASELINES = ("keras",) + tuple(TORCH_VARIANTS)
 FRAMEWORKS = tuple(LMKIT_VARIANTS) + BASELINES
+DEVICES = ("cpu", "gpu")
 DEFAULT_CONFIGS = ("config_small", "config_medium", "config_transformer")
 # Timed steps per run: a run lasts a few seconds on 2 cores.
-STEPS = {"config_small": 40, "config_medium": 4, "config_transformer": 3}
-QUICK_STEPS = {"config_small": 20, "config_medium": 2, "config_transformer": 2}
+STEPS = {"config_small": 40, "config_medium": 4, "config_transformer": 3, "config_tiny_transformer": 40,
+         "config_gpt2_124m_shape": 1}
+QUICK_STEPS = {"config_small": 20, "config_medium": 2, "config_transformer": 2, "config_tiny_transformer": 20,
+               "config_gpt2_124m_shape": 1}
+# On a GPU a step takes milliseconds: runs of this many steps last seconds there.
+GPU_STEPS = {"config_small": 200, "config_medium": 100, "config_transformer": 100,
+             "config_tiny_transformer": 200, "config_gpt2_124m_shape": 20}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -103,8 +135,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="seconds of idle between runs, so that spinning worker threads of the "
                              "previous framework go to sleep")
     parser.add_argument("--quick", action="store_true", help="3 repeats, fewer steps (a smoke run)")
-    parser.add_argument("--output", default=os.path.join(RESULTS_DIR, "train_throughput.json"),
-                        help="results file; the plot goes next to it as .png")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="where every framework trains (default cpu: GPUs are hidden)")
+    parser.add_argument("--peak_probe", action="store_true",
+                        help="measure the device's bfloat16 matmul rate first and state each "
+                             "transformer column's model FLOPs utilisation against it")
+    parser.add_argument("--output", default="",
+                        help="results file (default benchmarks/results/train_throughput[_gpu].json); "
+                             "the plot goes next to it as .png")
     parser.add_argument("--timeout", type=float, default=900,
                         help="seconds a worker may take to build or to finish one run")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: FRAMEWORK:CONFIG
@@ -114,6 +152,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     unknown = sorted(set(args.frameworks) - set(FRAMEWORKS))
     if unknown:
         parser.error(f"--frameworks {unknown[0]!r} is not one of {', '.join(FRAMEWORKS)}")
+    if not args.output:
+        suffix = "_gpu" if args.device == "gpu" else ""
+        args.output = os.path.join(RESULTS_DIR, f"train_throughput{suffix}.json")
     if args.quick:
         args.repeats = min(args.repeats, 3)
     if args.repeats < 1 or args.threads < 1 or args.warmup < 1:
@@ -173,6 +214,7 @@ class LmkitRunner(Runner):
         self.trainer.fit(ids, max_steps=2, num_epochs=1)
         self.setup_seconds = time.perf_counter() - start
         self.step = self.trainer.train_step
+        self.parameters = sum(int(v.shape.num_elements()) for v in self.trainer.model.trainable_variables)
         self.inputs, self.targets = inputs, targets
         self.state = self.trainer.initial_state()
 
@@ -328,16 +370,24 @@ class KerasRunner(Runner):
 
 # ----------------------------------------------------------------------------- torch
 class TorchRunner(Runner):
+    """The same model in PyTorch: eager or ``torch.compile``d, float32 or bfloat16 autocast."""
+
     name = "torch"
 
-    def __init__(self, cfg: Any, inputs, targets) -> None:
+    def __init__(self, cfg: Any, inputs, targets, variant: str = "torch", device: str = "cpu") -> None:
         super().__init__()
+        import contextlib
         import functools
 
         import torch
         from torch import nn
         from torch.nn import functional as F
         self.torch = torch
+        self.name = variant
+        bf16, compiled = TORCH_VARIANTS[variant]
+        self.device = torch.device("cuda" if device == "gpu" else "cpu")
+        self.autocast = ((lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16
+                         else contextlib.nullcontext)
         start = time.perf_counter()
         torch.manual_seed(cfg.seed)
         vocab, dim = cfg.vocab_size, cfg.hidden_size
@@ -374,24 +424,25 @@ class TorchRunner(Runner):
 
             def forward(self, ids, state):
                 length = ids.shape[1]
-                x = self.drop(self.embedding(ids) + self.positions(torch.arange(length)))
-                mask = nn.Transformer.generate_square_subsequent_mask(length)
+                x = self.drop(self.embedding(ids) + self.positions(torch.arange(length, device=ids.device)))
+                mask = nn.Transformer.generate_square_subsequent_mask(length, device=ids.device)
                 x = self.final_norm(self.blocks(x, mask=mask, is_causal=True))
                 return F.linear(x, self.embedding.weight, self.bias), None
 
+        self.model = (TorchTransformerLM() if cfg.model == "transformer" else TorchLSTMLM()).to(self.device)
         if cfg.model == "transformer":
-            self.model = TorchTransformerLM()
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                               betas=(0.9, 0.98), eps=1e-9)
         else:
-            self.model = TorchLSTMLM()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.learning_rate)
         self.model.train()
+        self.forward = torch.compile(self.model) if compiled else self.model
         self.params = list(self.model.parameters())
+        self.parameters = sum(p.numel() for p in self.params)
         self.cfg = cfg
         self.state = None
-        self.inputs = torch.from_numpy(inputs.astype("int64"))
-        self.targets = torch.from_numpy(targets.astype("int64"))
+        self.inputs = torch.from_numpy(inputs.astype("int64")).to(self.device)
+        self.targets = torch.from_numpy(targets.astype("int64")).to(self.device)
         self.run(2)
         self.losses.clear()
         self.setup_seconds = time.perf_counter() - start
@@ -405,15 +456,16 @@ class TorchRunner(Runner):
             i = self.position % len(self.inputs)
             self.position += 1
             self.optimizer.zero_grad(set_to_none=True)
-            logits, state = self.model(self.inputs[i], self.state)
-            loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), self.targets[i].reshape(-1),
-                                   reduction="sum") / cfg.batch_size
+            with self.autocast():
+                logits, state = self.forward(self.inputs[i], self.state)
+                loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size).float(),
+                                       self.targets[i].reshape(-1), reduction="sum") / cfg.batch_size
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
             self.optimizer.step()
             self.state = None if state is None else tuple(s.detach() for s in state)
             pending.append(loss.detach())
-        values = [float(v) for v in pending]
+        values = [float(v) for v in pending]  # waits for the GPU too
         elapsed = time.perf_counter() - start
         self.losses.extend(values)
         return elapsed
@@ -436,12 +488,72 @@ def set_threads(threads: int, want_torch: bool) -> Dict[str, Any]:
     return settings
 
 
-def build_runner(framework: str, cfg: Any, ids, inputs, targets) -> Runner:
+def build_runner(framework: str, cfg: Any, ids, inputs, targets, device: str = "cpu") -> Runner:
     if framework in LMKIT_VARIANTS:
         return LmkitRunner(cfg, ids, inputs, targets, variant=framework)
     if framework == "keras":
         return KerasRunner(cfg, inputs, targets)
-    return TorchRunner(cfg, inputs, targets)
+    return TorchRunner(cfg, inputs, targets, variant=framework, device=device)
+
+
+def check_device(framework: str, device: str) -> str:
+    """The device's name as the framework sees it; RuntimeError when ``--device gpu`` finds none."""
+    if framework in TORCH_VARIANTS:
+        import torch
+        if device == "gpu":
+            if not torch.cuda.is_available():
+                raise RuntimeError("--device gpu: PyTorch sees no CUDA device")
+            return torch.cuda.get_device_name(0)
+        return "cpu"
+    import tensorflow as tf
+    gpus = tf.config.list_physical_devices("GPU")
+    if device == "gpu":
+        if not gpus:
+            raise RuntimeError("--device gpu: TensorFlow sees no GPU (a CPU-only TensorFlow? see "
+                               "the README's GPU section)")
+        return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    return "cpu"
+
+
+def steps_per_run(name: str, args: argparse.Namespace) -> int:
+    """Timed steps per run: --steps, else the config's entry for this device and mode."""
+    if args.steps:
+        return args.steps
+    table = GPU_STEPS if args.device == "gpu" else (QUICK_STEPS if args.quick else STEPS)
+    return table.get(name, 10)
+
+
+def train_flops_per_token(cfg: Any, parameters: int) -> Optional[float]:
+    """Training FLOPs per token of a transformer: 6 N + 12 L T d (nanoGPT's estimate); None for others.
+
+    ``6 N``: forward and backward through every weight once per token (2 + 4
+    FLOPs per multiply-add); ``12 L T d``: the attention scores and their
+    weighted sum over ``T`` positions in each of ``L`` layers.
+    """
+    if cfg.model != "transformer":
+        return None
+    return 6.0 * parameters + 12.0 * cfg.num_layers * cfg.num_steps * cfg.hidden_size
+
+
+def matmul_tflops(size: int, chain: int = 8, repeats: int = 5, dtype: str = "bfloat16") -> float:
+    """The best rate (TFLOP/s) of ``chain`` dependent [size, size] matmuls in ``dtype`` (TensorFlow)."""
+    import tensorflow as tf
+    a = tf.cast(tf.random.normal([size, size], stddev=size ** -0.5), dtype)
+    b = tf.cast(tf.random.normal([size, size], stddev=size ** -0.5), dtype)
+
+    @tf.function
+    def products(x, b):
+        for _ in range(chain):  # each depends on the last: nothing merges or overlaps them
+            x = tf.matmul(x, b)
+        return tf.reduce_sum(tf.cast(x[:1], tf.float32))
+
+    float(products(a, b))  # trace and warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        float(products(a, b))
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size ** 3 * chain / best / 1e12
 
 
 # ----------------------------------------------------------------------------- worker processes
@@ -456,16 +568,28 @@ def _reply(payload: Dict[str, Any]) -> None:
 def worker_main(args: argparse.Namespace) -> int:
     """One framework on one config: build, warm up, then ``run N`` / ``quit`` commands from stdin."""
     framework, _, name = args.worker.partition(":")
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before TensorFlow or PyTorch start
     try:
-        threads = set_threads(args.threads, framework == "torch")
+        if framework == "probe":
+            import tensorflow as tf
+            size = int(name)
+            _reply({"ready": True, "device": check_device("lmkit", args.device),
+                    "bf16_matmul_tflops": round(matmul_tflops(size), 2),
+                    "float32_matmul_tflops": round(matmul_tflops(size, dtype="float32"), 2),
+                    "tf32": tf.config.experimental.tensor_float_32_execution_enabled(), "size": size})
+            return 0
+        threads = set_threads(args.threads, framework in TORCH_VARIANTS)
+        device_name = check_device(framework, args.device)
         from lmkit.config import load_config
         cfg = load_config(name)
-        steps = args.steps or (QUICK_STEPS if args.quick else STEPS).get(name, 10)
+        steps = steps_per_run(name, args)
         ids, inputs, targets = synthetic_batches(cfg, num_batches=max(8, steps + args.warmup))
-        runner = build_runner(framework, cfg, ids, inputs, targets)
+        runner = build_runner(framework, cfg, ids, inputs, targets, args.device)
         runner.run(args.warmup)
         runner.losses.clear()
-        _reply({"ready": True, "setup_seconds": runner.setup_seconds, "threads": threads})
+        _reply({"ready": True, "setup_seconds": runner.setup_seconds, "threads": threads,
+                "device": device_name, "parameters": getattr(runner, "parameters", None)})
     except Exception as exc:  # reported by the parent, which stops
         _reply({"error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -486,7 +610,8 @@ class Worker:
         self.framework = framework
         self.timeout = args.timeout
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{framework}:{config}",
-               "--threads", str(args.threads), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+               "--threads", str(args.threads), "--warmup", str(args.warmup), "--steps", str(args.steps),
+               "--device", args.device]
         if args.quick:
             cmd.append("--quick")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -535,10 +660,10 @@ class Worker:
 
 
 def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
-                 log: Callable[[str], None]) -> Dict[str, Any]:
+                 log: Callable[[str], None], peak_tflops: Optional[float] = None) -> Dict[str, Any]:
     from lmkit.config import load_config
     cfg = load_config(name)
-    steps = args.steps or (QUICK_STEPS if args.quick else STEPS).get(name, 10)
+    steps = steps_per_run(name, args)
     words_per_step = cfg.batch_size * cfg.num_steps
     workers: Dict[str, Worker] = {}
     try:
@@ -578,7 +703,14 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
             "setup_seconds": round(workers[fw].info["setup_seconds"], 2),
             # Sanity: every framework computes the same loss (about num_steps * ln(vocab) on random ids).
             "mean_loss": round(sum(losses[fw]) / max(1, len(losses[fw])), 3),
+            "parameters": workers[fw].info.get("parameters"),
         }
+        flops = train_flops_per_token(cfg, workers[fw].info.get("parameters") or 0)
+        if flops and peak_tflops:
+            out["frameworks"][fw]["mfu"] = round(
+                summarize(wps[fw])["median"] * flops / (peak_tflops * 1e12), 4)
+    parameters = out["frameworks"][frameworks[0]]["parameters"] if frameworks else None
+    out["train_flops_per_token"] = train_flops_per_token(cfg, parameters or 0)
     for lm in LMKIT_VARIANTS:
         for base in BASELINES:
             if lm in wps and base in wps:
@@ -617,9 +749,10 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
         ax.set_ylim(0, max(m + h for m, h in zip(med, high)) * 1.25)
         ax.tick_params(axis="x", labelrotation=20)
     threads = results["threads"]
+    where = (", ".join(results["machine"].get("gpus", [])) or "GPU") if results.get("device") == "gpu" \
+        else f"{results['machine']['cpu_model']}, {results['machine']['nproc']} cores"
     fig.suptitle(f"lmkit vs tf.keras vs PyTorch, one process, {threads.get('tf_intra_op')} threads each "
-                 f"({results['machine']['cpu_model']}, {results['machine']['nproc']} cores); "
-                 "(x) = lmkit / column", fontsize=9)
+                 f"({where}); (x) = lmkit / column", fontsize=9)
     return save_figure(fig, path)
 
 
@@ -633,12 +766,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log = lambda s: print(s, flush=True)  # noqa: E731
     frameworks = list(args.frameworks)
     notes = []
-    if "torch" in frameworks and importlib.util.find_spec("torch") is None:
-        notes.append("torch is not installed: the PyTorch column is skipped "
+    torch_columns = [f for f in frameworks if f in TORCH_VARIANTS]
+    if torch_columns and importlib.util.find_spec("torch") is None:
+        notes.append("torch is not installed: the PyTorch columns are skipped "
                      "(install the optional baseline with: make bench-deps, or "
                      ".venv/bin/python -m pip install torch==2.13.0)")
         log(notes[-1])
-        frameworks.remove("torch")
+        frameworks = [f for f in frameworks if f not in TORCH_VARIANTS]
+    has_torch = any(f in TORCH_VARIANTS for f in frameworks)
 
     def version(dist_name: str) -> Optional[str]:
         try:
@@ -651,21 +786,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "command": command_line(),
         "machine": machine_info(tensorflow=version("tensorflow-cpu") or version("tensorflow"),
                                 keras=version("keras"),
-                                torch=version("torch") if "torch" in frameworks else None),
+                                torch=version("torch") if has_torch else None),
         "threads": {"tf_intra_op": args.threads, "tf_inter_op": args.threads,
                     **({"torch_intra_op": args.threads, "torch_inter_op": args.threads}
-                       if "torch" in frameworks else {})},
+                       if has_torch else {})},
         "settings": {"repeats": args.repeats, "warmup_steps": args.warmup, "pause_seconds": args.pause,
                      "order": frameworks, "data": "synthetic uniform random ids",
                      "isolation": "one worker process per framework, one running at a time"},
+        "device": args.device,
         "notes": notes,
         "configs": {},
     }
     log(f"{args.threads} threads per framework; load {load_average()}")
     started = time.perf_counter()
+    peak = None
+    if args.peak_probe:
+        size = 8192 if args.device == "gpu" else 1024
+        try:
+            probe = Worker("probe", str(size), args).info
+        except RuntimeError as exc:
+            print(f"train_throughput: peak probe: {exc}", file=sys.stderr)
+            return 1
+        peak = probe["bf16_matmul_tflops"]
+        results["peak_probe"] = {k: v for k, v in probe.items() if k != "ready"}
+        log(f"measured matmul rate on {probe['device']}: bfloat16 {peak} TFLOP/s, "
+            f"float32 {probe['float32_matmul_tflops']} TFLOP/s ({size}^3)")
     for name in args.configs:
         try:
-            results["configs"][name] = bench_config(name, frameworks, args, log)
+            results["configs"][name] = bench_config(name, frameworks, args, log, peak)
         except RuntimeError as exc:
             print(f"train_throughput: {name}: {exc}", file=sys.stderr)
             return 1
@@ -673,6 +821,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             log(f"[{name}] {key}: {ratio['of_medians']:.2f} (ratio of medians), "
                 f"{ratio['median_of_rounds']:.2f} (median of per-round ratios, "
                 f"{ratio['min_of_rounds']:.2f}-{ratio['max_of_rounds']:.2f})")
+        for fw, entry in results["configs"][name]["frameworks"].items():
+            if "mfu" in entry:
+                log(f"[{name}] {fw}: {100 * entry['mfu']:.1f}% MFU")
     results["load_average_at_end"] = load_average()
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
     path = write_json(args.output, results)

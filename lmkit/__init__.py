@@ -9,6 +9,7 @@ The package reads like the data flow::
     lmkit.optim     optimizers, LARC, learning-rate policies, clipping
     lmkit.train     the distributed trainer, checkpoints, watchdog
     lmkit.decoding  samplers, the decode loop, beam search
+    lmkit.generation  text in, text out: lmkit.generate(model_dir, prompts, ...)
     lmkit.dist      the one package that talks to Horovod or tf.distribute
 
 Importing ``lmkit`` imports neither TensorFlow nor Horovod: the names below
@@ -47,6 +48,8 @@ _EXPORTS = {
     "build_model": "lmkit.models",
     "Trainer": "lmkit.train",
     "load_model": "lmkit.train",
+    "generate": "lmkit.generation",
+    "Generation": "lmkit.generation",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -33,6 +33,7 @@ from lmkit.data.sentencepiece import MODEL_TYPES as SPM_MODEL_TYPES
 from lmkit.data.tokenizers import TOKENIZERS
 from lmkit.models import MODELS, is_import_path
 from lmkit.precision import PRECISIONS
+from lmkit.xla import use_xla
 
 
 class ConfigError(UsageError):
@@ -142,7 +143,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     preemption_grace_seconds: float = 60.0  # signal to exit, checkpoint or not (0 = no limit)
     log_every_steps: int = 0  # 0 = about 10 lines per epoch
-    jit_compile: bool = False
+    jit_compile: Union[bool, str] = "auto"  # "auto": XLA on GPUs, plain on CPUs (lmkit.xla); True | False
 
     # --------------------------------------------------------------------------
     @classmethod
@@ -197,6 +198,10 @@ class TrainConfig:
             bad("warmup_epochs", "must be >= 0")
         if self.precision not in PRECISIONS:
             bad("precision", f"is not one of {', '.join(PRECISIONS)}")
+        try:
+            use_xla(self.jit_compile, "CPU")
+        except UsageError:
+            bad("jit_compile", "is not one of True, False, 'auto' ('auto': XLA on GPUs, the plain step on CPUs)")
         if self.grad_accum_steps < 1:
             bad("grad_accum_steps", "must be >= 1 (1 = no accumulation)")
         if self.batch_size >= 1 and self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps:
@@ -280,10 +285,19 @@ def _check_type(source: str, key: str, value: Any, hint: Any) -> Any:
     """Checks ``value`` against a field's annotation without coercing it."""
     origin = getattr(hint, "__origin__", None)
     args = getattr(hint, "__args__", ())
-    if origin is Union:  # Optional[...]
+    if origin is Union:  # Optional[...] or a choice of types
         if value is None and type(None) in args:
             return None
-        hint = next(a for a in args if a is not type(None))
+        members = [a for a in args if a is not type(None)]
+        if len(members) > 1:
+            errors = []
+            for member in members:
+                try:
+                    return _check_type(source, key, value, member)
+                except ConfigError as exc:
+                    errors.append(str(exc).rsplit(" must be ", 1)[-1])
+            raise ConfigError(f"{source}: {key} = {value!r} must be {' or '.join(errors)}")
+        hint = members[0]
         origin = getattr(hint, "__origin__", None)
     if hint is bool:
         ok = isinstance(value, bool)

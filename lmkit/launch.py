@@ -28,7 +28,10 @@ and then
   in the same directory (needs password-less SSH and the same checkout and
   virtual environment on every host, as Horovod does), or with ``--rsh AGENT``
   through ``AGENT host command`` (as Open MPI's ``plm_rsh_agent``; e.g.
-  ``scripts/two_hosts.py``'s agent enters a network namespace).
+  ``scripts/two_hosts.py``'s agent enters a network namespace); those
+  commands carry this shell's ``NCCL_*``, ``LMKIT_*``, ``TF_*``, ``CUDA_*``
+  and ``XLA_*`` variables and any named with ``--env NAME``, as
+  ``mpirun -x`` would.
 
 Worker ``i`` of ``N`` runs on host ``i // (N / number of hosts)``, or as many
 as ``host:slots`` says; its port is ``--port`` + its index on that host (on a
@@ -47,15 +50,18 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lmkit.dist.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV
 from lmkit.errors import UsageError
 from lmkit.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
 
-__all__ = ["Worker", "plan", "worker_env", "remote_command", "core_sets", "main"]
+__all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "core_sets", "main",
+           "FORWARDED_PREFIXES"]
 
 DEFAULT_PORT = 23456
+# Variables passed to the workers of other hosts, as `mpirun -x NAME` would (--env adds names).
+FORWARDED_PREFIXES = ("NCCL_", "LMKIT_", "TF_", "CUDA_", "XLA_")
 # How long the other workers may take to finish a preemption stop after the first one left.
 PREEMPTION_WAIT = 120.0
 _LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -179,14 +185,32 @@ def worker_env(worker: Worker, workers: Sequence[Worker]) -> Dict[str, str]:
             LOCAL_SIZE_ENV: str(worker.local_size)}
 
 
+def forwarded_env(environ: Optional[Mapping[str, str]] = None,
+                  names: Sequence[str] = ()) -> Dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that other hosts' workers get.
+
+    Those starting with one of :data:`FORWARDED_PREFIXES` (NCCL's, lmkit's,
+    TensorFlow's, CUDA's and XLA's settings), as ``mpirun -x`` would pass
+    them, and every name in ``names`` (``--env NAME``) that is set.
+    """
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith(FORWARDED_PREFIXES) or k in names}
+
+
 def remote_command(worker: Worker, workers: Sequence[Worker], command: Sequence[str],
-                   cwd: str) -> str:
+                   cwd: str, forwarded: Optional[Mapping[str, str]] = None) -> str:
     """The shell command that starts ``worker`` on its host (run from any shell there).
 
-    The worker replaces the shell (``exec``), so a signal sent to the process
-    that runs this command reaches the worker itself.
+    The worker's own variables (:func:`worker_env`) come first and win over
+    ``forwarded`` (default: :func:`forwarded_env`). The worker replaces the
+    shell (``exec``), so a signal sent to the process that runs this command
+    reaches the worker itself.
     """
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in worker_env(worker, workers).items())
+    own = worker_env(worker, workers)
+    forwarded = forwarded_env() if forwarded is None else forwarded
+    env = {**own, **{k: v for k, v in forwarded.items() if k not in own}}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return f"cd {shlex.quote(cwd)} && exec env {env} {' '.join(shlex.quote(c) for c in command)}"
 
 
@@ -241,6 +265,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--bind", choices=("cores", "none"), default="cores",
                         help="bind each worker of this host to its share of the cores (default), "
                              "or leave them free")
+    parser.add_argument("--env", "-x", action="append", default=[], metavar="NAME",
+                        help="also pass this variable to other hosts' workers (repeatable; those "
+                             f"starting with {', '.join(FORWARDED_PREFIXES)} always are)")
     parser.add_argument("--dry_run", action="store_true", help="print every worker's command and exit")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- followed by the training command")
@@ -255,9 +282,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     cwd = os.getcwd()
+    bad = [n for n in args.env if not n.isidentifier()]
+    if bad:
+        parser.error(f"--env {bad[0]!r} is not a variable name; give a name, e.g. --env PYTHONPATH")
+    forwarded = forwarded_env(names=args.env)
     if args.dry_run:
         for w in workers:
-            print(f"# worker {w.rank} on {w.host}\n{remote_command(w, workers, command, cwd)}")
+            print(f"# worker {w.rank} on {w.host}\n{remote_command(w, workers, command, cwd, forwarded)}")
         return 0
     agent = shlex.split(args.rsh) if args.rsh else (["ssh", "-o", "BatchMode=yes"] if args.ssh else None)
     local = [w for w in workers if is_local_host(w.host)]
@@ -267,7 +298,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if remote and not agent:
         print("[launch] start these workers on their hosts (same checkout and venv):", file=sys.stderr)
         for w in remote:
-            print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd)}", file=sys.stderr)
+            print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd, forwarded)}",
+                  file=sys.stderr)
     procs: List[subprocess.Popen] = []
     signalled: List[int] = []
 
@@ -289,7 +321,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     command, env={**os.environ, **worker_env(w, workers)},
                     preexec_fn=(lambda c=bind: os.sched_setaffinity(0, c)) if bind else None))
             elif agent:
-                procs.append(subprocess.Popen([*agent, w.host, remote_command(w, workers, command, cwd)]))
+                procs.append(subprocess.Popen([*agent, w.host,
+                                               remote_command(w, workers, command, cwd, forwarded)]))
         return _wait(procs, signalled)
     except KeyboardInterrupt:
         _stop(procs)

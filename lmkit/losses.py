@@ -25,16 +25,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import tensorflow as tf
 
 from lmkit.errors import UsageError
 
 __all__ = ["sequence_softmax_cross_entropy", "sparse_softmax_cross_entropy", "window_loss"]
-
-# Below this a float32 probability has lost precision (subnormal) or is 0.
-_SMALLEST_NORMAL = float(np.finfo(np.float32).tiny)
-
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     """``-log softmax(logits)[label]`` for every row, with its gradient.
@@ -43,13 +38,13 @@ def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Ten
     ``tf.nn.sparse_softmax_cross_entropy_with_logits``, computed differently
     because TensorFlow's fused kernel is slow on CPU (``docs/performance.md``
     compares the two). The forward pass is
-    one ``tf.nn.softmax`` and a gather of each row's label probability; the
-    loss is ``-log`` of that probability. Where a label's probability falls
-    below the smallest normal float32 (a loss above about 87), every row is
-    recomputed exactly as ``logsumexp(logits) - logits[label]``, so large
-    and infinite losses come out as the fused kernel gives them. The
-    backward pass scales the kept probabilities and subtracts at the labels
-    in one XLA-compiled pass.
+    one ``tf.nn.softmax``; the loss is ``logsumexp(logits) - logits[label]``
+    with the logsumexp read off the softmax (``max(logits) - log(max(probs))``:
+    the largest probability is at least ``1 / vocab``, so this is exact for
+    large and infinite losses too, where the label's own probability
+    underflows), and there is no branch on the data. The backward pass
+    scales the kept probabilities and subtracts at the labels in one
+    XLA-compiled pass.
 
     Args:
       labels: int tensor [...] of ids in [0, vocab).
@@ -70,14 +65,12 @@ def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Ten
     @tf.custom_gradient
     def xent(flat_logits):
         probs = tf.nn.softmax(flat_logits)  # [n, vocab]
-        picked = tf.gather(probs, flat_labels, batch_dims=1)  # [n]
-
-        def exact() -> tf.Tensor:
-            return (tf.reduce_logsumexp(flat_logits, axis=1)
-                    - tf.gather(flat_logits, flat_labels, batch_dims=1))
-
-        losses = tf.cond(tf.reduce_any(picked < _SMALLEST_NORMAL), exact,
-                         lambda: -tf.math.log(picked))  # [n]
+        # logsumexp - logit[label] with the softmax's own sum: the largest probability
+        # is exp(x_max - logsumexp) >= 1 / vocab, so log(p_max) never underflows and
+        # the loss is exact (also above 87, where the label's probability is subnormal)
+        # with no branch, which would make the host wait for a GPU's predicate.
+        losses = ((tf.reduce_max(flat_logits, axis=1) - tf.gather(flat_logits, flat_labels, batch_dims=1))
+                  - tf.math.log(tf.reduce_max(probs, axis=1)))  # [n]
 
         def grad(d_losses):
             return _xent_gradient(probs, flat_labels, d_losses)

@@ -9,6 +9,9 @@
 #   LMKIT_VENV        where the main venv lives (default: .venv)
 #   LMKIT_PYTHON      interpreter used to create the venv (default: python3.11 or python3)
 #   LMKIT_TF_LATEST   TF version for the native environment (default: 2.21.*)
+#   LMKIT_GPU         1: GPU set-up (tensorflow[and-cuda], Horovod with NCCL), 0: CPU set-up,
+#                     auto (default): GPU when `nvidia-smi -L` lists a GPU
+#   LMKIT_SETUP_PLAN  when set: print what would be installed and exit (installs nothing)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +34,43 @@ fi
 command -v "$PY" >/dev/null 2>&1 || fail "no '$PY' interpreter on PATH; install Python 3.11 or set LMKIT_PYTHON"
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3,9),(3,10),(3,11),(3,12)) else 1)' \
   || fail "$("$PY" --version 2>&1) is not supported by tensorflow ${TF_VERSION}; use Python 3.9-3.12 (LMKIT_PYTHON=...)"
+
+# --- 0. CPU or GPU ------------------------------------------------------------
+STEP="detect GPUs"
+GPU="${LMKIT_GPU:-auto}"
+GPU_NAMES=""
+case "$GPU" in
+  auto)
+    GPU=0
+    if command -v nvidia-smi >/dev/null 2>&1; then
+      GPU_NAMES="$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)"
+      [ -n "$GPU_NAMES" ] && GPU=1
+    fi ;;
+  0|1) ;;
+  *) fail "LMKIT_GPU='$GPU' is not 1, 0 or auto; use LMKIT_GPU=1 for the GPU set-up, 0 for the CPU one" ;;
+esac
+if [ "$GPU" = 1 ]; then
+  # The CUDA libraries (cuDNN, cuBLAS, NCCL, ...) come from pip with TensorFlow's and-cuda extra.
+  TF_PACKAGE="tensorflow[and-cuda]"; TF_DIST="tensorflow"; OTHER_DIST="tensorflow-cpu"
+  HOROVOD_GPU="HOROVOD_GPU_OPERATIONS=NCCL"
+else
+  TF_PACKAGE="tensorflow-cpu"; TF_DIST="tensorflow-cpu"; OTHER_DIST="tensorflow"
+  HOROVOD_GPU=""
+fi
+if [ "$MODE" = "main" ]; then TF_WANT="${TF_VERSION}"; else TF_WANT="${LMKIT_TF_LATEST:-2.21.*}"; fi
+if [ "$GPU" = 1 ]; then
+  log "GPU set-up: ${GPU_NAMES:-LMKIT_GPU=1}" | head -3
+else
+  log "CPU set-up (no GPU listed by nvidia-smi; LMKIT_GPU=1 forces the GPU set-up)"
+fi
+if [ -n "${LMKIT_SETUP_PLAN:-}" ]; then
+  log "plan: ${TF_PACKAGE}==${TF_WANT}"
+  if [ "$MODE" = "main" ]; then
+    log "plan: horovod==${HOROVOD_VERSION} with MPI + Gloo${HOROVOD_GPU:+ + NCCL ($HOROVOD_GPU)}"
+  fi
+  trap - EXIT
+  exit 0
+fi
 
 # --- 1. system packages -----------------------------------------------------
 STEP="system packages (${SYSTEM_PACKAGES[*]})"
@@ -71,7 +111,7 @@ PIP=("$VPY" -m pip --disable-pip-version-check -q)
 # The stamp records what was installed; when pyproject.toml or this script change,
 # the package steps run again (each still skips what is already there).
 STAMP="$VENV/.lmkit-setup"
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$MODE"
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$MODE-gpu$GPU"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   log "$VENV is up to date (delete $STAMP to force a re-check)"
   trap - EXIT
@@ -80,50 +120,70 @@ fi
 
 # --- 3. Python packages -----------------------------------------------------
 if [ "$MODE" = "main" ]; then
-  STEP="install tensorflow-cpu==${TF_VERSION} and build tools"
-  # A second TensorFlow distribution (e.g. `tensorflow` pulled in by some
-  # package's requirements) overwrites files of tensorflow-cpu: remove it.
-  if "$VPY" -m pip show -q tensorflow >/dev/null 2>&1; then
-    log "removing a conflicting 'tensorflow' package; reinstalling tensorflow-cpu==${TF_VERSION}"
+  STEP="install ${TF_PACKAGE}==${TF_VERSION} and build tools"
+  # A second TensorFlow distribution (e.g. `tensorflow` pulled in by some package's
+  # requirements, or the CPU one on a GPU machine) overwrites files of this one: remove it.
+  if "$VPY" -m pip show -q "$OTHER_DIST" >/dev/null 2>&1; then
+    log "removing a conflicting '$OTHER_DIST' package; reinstalling ${TF_PACKAGE}==${TF_VERSION}"
     "${PIP[@]}" uninstall -y tensorflow tensorflow-cpu keras horovod || fail "pip uninstall of the conflicting TensorFlow"
   fi
-  if ! "$VPY" -c "import tensorflow as tf, sys; sys.exit(0 if tf.__version__ == '${TF_VERSION}' else 1)" >/dev/null 2>&1; then
-    log "installing tensorflow-cpu==${TF_VERSION} (a few minutes on first run)"
+  if ! { "$VPY" -m pip show -q "$TF_DIST" >/dev/null 2>&1 && \
+         "$VPY" -c "import tensorflow as tf, sys; sys.exit(0 if tf.__version__ == '${TF_VERSION}' else 1)" >/dev/null 2>&1; }; then
+    log "installing ${TF_PACKAGE}==${TF_VERSION} (a few minutes on first run)"
     "${PIP[@]}" install --upgrade pip setuptools wheel || fail "pip could not upgrade itself"
-    "${PIP[@]}" install --force-reinstall "tensorflow-cpu==${TF_VERSION}" || fail "pip install tensorflow-cpu==${TF_VERSION}"
+    "${PIP[@]}" install --force-reinstall "${TF_PACKAGE}==${TF_VERSION}" || fail "pip install ${TF_PACKAGE}==${TF_VERSION}"
   else
-    log "tensorflow ${TF_VERSION} present"
+    log "${TF_DIST} ${TF_VERSION} present"
   fi
 
-  STEP="build horovod==${HOROVOD_VERSION} (MPI + Gloo) against tensorflow ${TF_VERSION}"
-  if ! "$VPY" -c "import horovod, horovod.tensorflow as h, sys; sys.exit(0 if horovod.__version__ == '${HOROVOD_VERSION}' and h.mpi_built() and h.gloo_built() else 1)" >/dev/null 2>&1; then
+  STEP="build horovod==${HOROVOD_VERSION} (MPI + Gloo${HOROVOD_GPU:+ + NCCL}) against tensorflow ${TF_VERSION}"
+  HVD_WANT="h.mpi_built() and h.gloo_built()"
+  HVD_ENV=()
+  HVD_PIP=()
+  if [ "$GPU" = 1 ]; then
+    HVD_WANT="$HVD_WANT and h.nccl_built()"
+    # Horovod's GPU operations are compiled with nvcc against CUDA's headers; NCCL comes
+    # from pip (nvidia-nccl-cu12, a dependency of tensorflow[and-cuda]).
+    NVCC="$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")"
+    [ -x "$NVCC" ] || fail "Horovod's NCCL build needs the CUDA toolkit (nvcc, CUDA 12): install it and set CUDA_HOME, or run LMKIT_GPU=0 make setup for a CPU-only Horovod (the native backend uses NCCL without any build)"
+    NCCL_DIR="$("$VPY" -c "import nvidia.nccl as m; print(list(m.__path__)[0])" 2>/dev/null)" \
+      || fail "no NCCL in $VENV (pip package nvidia-nccl-cu12); reinstall ${TF_PACKAGE}==${TF_VERSION}"
+    [ -e "$NCCL_DIR/lib/libnccl.so" ] || ln -s libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"  # the linker's name
+    HVD_ENV=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$(dirname "$(dirname "$NVCC")")"
+             "HOROVOD_NCCL_INCLUDE=$NCCL_DIR/include" "HOROVOD_NCCL_LIB=$NCCL_DIR/lib")
+    HVD_PIP=(--no-cache-dir)  # never reuse a cached CPU-only wheel of the same version
+  fi
+  if ! "$VPY" -c "import horovod, horovod.tensorflow as h, sys; sys.exit(0 if horovod.__version__ == '${HOROVOD_VERSION}' and ${HVD_WANT} else 1)" >/dev/null 2>&1; then
     log "building horovod==${HOROVOD_VERSION} from source (about 9 minutes on 2 cores; pip caches the wheel)"
     # Horovod's own requirements, without its `tensorflow` extra (that would
     # pull in a second, newer TensorFlow that Horovod cannot build against).
     "${PIP[@]}" install cloudpickle psutil pyyaml packaging || fail "pip install of Horovod's requirements"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+    env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 "${HVD_ENV[@]}" \
     MAKEFLAGS="-j$(nproc)" \
-      "${PIP[@]}" install --no-build-isolation --no-deps "horovod==${HOROVOD_VERSION}" \
+      "${PIP[@]}" install "${HVD_PIP[@]}" --no-build-isolation --no-deps "horovod==${HOROVOD_VERSION}" \
       || fail "horovod build failed; check that openmpi-bin, libopenmpi-dev, cmake and g++ are installed and tensorflow is ${TF_VERSION}"
-    "$VPY" -c "import horovod.tensorflow as h; assert h.mpi_built() and h.gloo_built(), 'horovod built without MPI or Gloo'" \
-      || fail "horovod imports but lacks MPI or Gloo support; reinstall with: $VPY -m pip uninstall -y horovod && make setup"
+    "$VPY" -c "import horovod.tensorflow as h; assert ${HVD_WANT}, 'horovod built without MPI, Gloo${HOROVOD_GPU:+ or NCCL}'" \
+      || fail "horovod imports but lacks MPI, Gloo${HOROVOD_GPU:+ or NCCL} support; reinstall with: $VPY -m pip uninstall -y horovod && make setup"
   else
-    log "horovod ${HOROVOD_VERSION} (MPI + Gloo) present"
+    log "horovod ${HOROVOD_VERSION} (MPI + Gloo${HOROVOD_GPU:+ + NCCL}) present"
   fi
 
   # The package's own metadata (pyproject.toml); TensorFlow and Horovod are already
   # here, the versions this environment pins (Horovod builds against nothing newer).
   STEP="pip install -e .[test,bench,hf,test-hf]"
-  "${PIP[@]}" install -e ".[test,bench,hf,test-hf]" "tensorflow-cpu==${TF_VERSION}" \
+  "${PIP[@]}" install -e ".[test,bench,hf,test-hf]" "${TF_PACKAGE}==${TF_VERSION}" \
     || fail "pip install -e .[test,bench,hf,test-hf]"
   STEP="check the environment"
   "$VPY" -c "import tensorflow as tf, horovod.tensorflow as h, sys; sys.exit(0 if tf.__version__ == '${TF_VERSION}' and h.mpi_built() else 1)" \
     || fail "tensorflow ${TF_VERSION} with horovod does not import after the install; delete $VENV and run make setup again"
 else
-  STEP="install newest tensorflow-cpu (${LMKIT_TF_LATEST:-2.21.*}) without horovod"
+  STEP="install newest ${TF_PACKAGE} (${TF_WANT}) without horovod"
   "${PIP[@]}" install --upgrade pip setuptools wheel || fail "pip could not upgrade itself"
-  "${PIP[@]}" install "tensorflow-cpu==${LMKIT_TF_LATEST:-2.21.*}" || fail "pip install tensorflow-cpu==${LMKIT_TF_LATEST:-2.21.*}"
+  if "$VPY" -m pip show -q "$OTHER_DIST" >/dev/null 2>&1; then
+    "${PIP[@]}" uninstall -y tensorflow tensorflow-cpu keras || fail "pip uninstall of the conflicting TensorFlow"
+  fi
+  "${PIP[@]}" install "${TF_PACKAGE}==${TF_WANT}" || fail "pip install ${TF_PACKAGE}==${TF_WANT}"
   STEP="pip install -e .[test,hf] (no horovod) in $VENV"
   "${PIP[@]}" install -e ".[test,hf]" || fail "pip install -e .[test,hf]"
 fi

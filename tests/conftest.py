@@ -3,6 +3,16 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# No TensorFloat-32 in tests: on Ampere or newer GPUs float32 matmuls would round to a
+# 10-bit mantissa and miss the tests' float32 tolerances. cuBLAS and cuDNN read this
+# variable in this process and in every subprocess a test starts (training keeps TF32).
+os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def pytest_configure(config):
+    import tensorflow as tf
+
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # TensorFlow's and XLA's switch

@@ -11,17 +11,26 @@ may also be a Hugging Face GPT-2 folder (config.json with model_type gpt2,
 model.safetensors, tokenizer.json or vocab.json + merges.txt): its weights
 and tokenizer are read directly (docs/gpt2.md).
 
-Output: one line per sample on stdout, ``[<prompt>.<sample>] text``: the
-prompt, then the continuation, detokenized (sentencepiece pieces joined,
-bytes decoded as UTF-8). Warnings (prompt words missing from a word
-vocabulary) and the seed of a sampled run go to stderr; with --verbose also
-the time to build and load the model, the first call's time (it compiles the
-decode loop with XLA, once per batch size, length and strategy) and the
-tokens/sec of a second call of the compiled loop.
-Every sample starts at a sentence boundary (the tokenizer's end-of-sentence
-token) and ends at the next generated one (not printed) or after
---max_length tokens. With --strategy beam the samples of a prompt are the
-best --num_samples hypotheses of one beam search.
+Output on stdout: each sample as ``[<prompt>.<sample>] text``, the prompt
+then the continuation, detokenized (sentencepiece pieces joined, bytes
+decoded as UTF-8, control characters shown escaped), with its line breaks
+(a blank line between multi-line samples; --one_line writes each sample on
+one line with ``\n`` for its breaks). Warnings (prompt words missing from a
+word vocabulary) and the seed of a sampled run go to stderr; with --verbose
+also the time to build and load the model, the first call's time (it
+compiles the decode loop with XLA, once per batch size, length and
+strategy) and the tokens/sec of a second call of the compiled loop.
+
+Line breaks are text: a sample runs to --max_length tokens (prompt
+included) or --max_new_tokens new ones, to a --stop string, or to the
+end-of-document token where the tokenizer has one (GPT-2's
+``<|endoftext|>``); --stop_at_eos ends it at its first line break instead.
+A transformer writes past its context by sliding its window (the last half
+of it kept). lmkit's own models start after a line break, as every line of
+their training text does; a Hugging Face folder reads the prompt as given
+(--start_token adds ``<|endoftext|>`` before it). With --strategy beam the
+samples of a prompt are the best --num_samples hypotheses of one beam
+search (within the model's context).
 
 Exit status: 0 done, 2 bad input (one ``error:`` line on stderr), 1 a crash.
 """
@@ -29,16 +38,14 @@ Exit status: 0 done, 2 bad input (one ``error:`` line on stderr), 1 a crash.
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
-from lmkit.decoding.registry import SAMPLER_NAMES, SAMPLERS
+from lmkit.decoding.registry import SAMPLER_NAMES
 from lmkit.errors import UsageError
 from lmkit.hf import is_hf_folder, read_gpt2_config, read_tokenizer
-from lmkit.layout import resolve_checkpoint
 
 __all__ = ["build_parser", "check_args", "main"]
 
@@ -56,6 +63,20 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
     p.add_argument("--length_penalty", type=float, default=0.6, help="GNMT alpha for beam search")
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--max_length", type=int, default=50, help="tokens per sample, prompt included")
+    p.add_argument("--max_new_tokens", type=int, default=None,
+                   help="tokens to generate after the prompt (wins over --max_length)")
+    p.add_argument("--stop", action="append", default=None, metavar="STRING",
+                   help="end a sample where this text first appears, not included (repeatable; "
+                        "backslash escapes such as '\\n\\n' are read)")
+    p.add_argument("--stop_at_eos", action="store_true",
+                   help="end each sample at its first line break (one line per sample)")
+    p.add_argument("--start_token", dest="start_token", action="store_const", const=True, default=None,
+                   help="put the start token before each prompt (default for lmkit's models; "
+                        "<|endoftext|> for a Hugging Face folder, which by default reads the prompt as given)")
+    p.add_argument("--no_start_token", dest="start_token", action="store_const", const=False,
+                   help="feed the prompt with nothing before it")
+    p.add_argument("--one_line", action="store_true",
+                   help="write each sample on one line, its line breaks as \\n")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the random strategies (default: drawn, and printed to stderr)")
     p.add_argument("--verbose", action="store_true",
@@ -81,6 +102,8 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     limits = [
         ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
         ("--max_length", args.max_length, args.max_length >= 1, "must be >= 1"),
+        ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
+         "must be >= 1"),
         ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
         ("--temperature", args.temperature, args.temperature > 0, "must be > 0 (use 1e-3 for near-greedy)"),
         ("--top_k", args.top_k, args.top_k >= 1, "must be >= 1"),
@@ -109,19 +132,31 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
             prompts.append([])
             unknown.append([])
             continue
-        ids = tokenizer.encode(text) if text.strip() else []
-        if tokenizer.eos_id is not None:  # line breaks typed in a prompt are not sentence ends
-            ids = [i for i in ids if i != tokenizer.eos_id]
+        ids = tokenizer.encode(text) if text.strip() else []  # its line breaks are text
         if not ids:
             raise UsageError(f"--prompt {text!r} is empty after tokenization; give at least one "
-                             "word, or leave --prompt out to start at a sentence boundary")
-        if len(ids) >= args.max_length:
+                             "word, or leave --prompt out to start at the beginning of a line")
+        if args.max_new_tokens is None and len(ids) >= args.max_length:
             raise UsageError(f"--prompt {text!r} has {len(ids)} tokens, leaving none to generate "
                              f"within --max_length {args.max_length} (the prompt counts); "
-                             f"use --max_length {len(ids) + 1} or more")
+                             f"use --max_length {len(ids) + 1} or more, or --max_new_tokens")
         prompts.append(ids)
         unknown.append([w for w in text.split() if w not in vocab] if vocab is not None else [])
+    args.stop = [_unescape(s) for s in args.stop or []]
+    if args.stop:
+        from lmkit.generation import check_stop_strings
+        check_stop_strings(args.stop, tokenizer)
     return tokenizer, prompts, unknown
+
+
+def _unescape(text: str) -> str:
+    """``--stop '\\n\\n'`` as two line breaks: backslash escapes of the shell-typed flag read."""
+    if "\\" not in text:
+        return text
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:
+        raise UsageError(f"--stop {text!r}: a broken backslash escape; write e.g. '\\n\\n'") from None
 
 
 # Characters that end a line for str.splitlines; a sample stays on its line.
@@ -144,90 +179,52 @@ def _describe_unknown(unknown: Sequence[str], vocab: Any) -> str:
 
 def build_sampler(args: argparse.Namespace):
     """The --strategy sampler, from the registry, with the flags its constructor takes."""
-    from lmkit.registry import import_object
-
-    flags = {"temperature": args.temperature, "k": args.top_k, "p": args.top_p,
-             "beam_width": args.beam_width, "length_penalty": args.length_penalty}
-    cls = import_object(SAMPLERS[args.strategy], "sampler")
-    takes = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in flags.items() if k in takes})
+    from lmkit.generation import _sampler
+    return _sampler(args.strategy, temperature=args.temperature, k=args.top_k, p=args.top_p,
+                    beam_width=args.beam_width, length_penalty=args.length_penalty)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> int:
     """Generates as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     args = build_parser(prog).parse_args(argv)
     tokenizer, prompts, unknown = check_args(args)
-    hf_folder = is_hf_folder(args.model_dir)
-    checkpoint = None if hf_folder else resolve_checkpoint(args.model_dir, args.checkpoint)
     user_modules_importable()
 
-    from lmkit import decoding, dist
-    from lmkit.train.checkpoint import load_model
+    from lmkit import dist
+    from lmkit.generation import generate_samples, load_for_generation, readable
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
     start = time.perf_counter()
-    if hf_folder:
-        from lmkit.hf import load_gpt2
-        model, _, _ = load_gpt2(args.model_dir, tokenizer)  # the tokenizer check_args read
-        model_name = "gpt2 (Hugging Face folder)"
-    else:
-        model, _, config = load_model(args.model_dir, checkpoint)
-        model_name = config.model
+    model, _, model_name = load_for_generation(args.model_dir, args.checkpoint)
     loaded = time.perf_counter() - start
-
-    # Starting after an end-of-sentence token makes the prompt the beginning
-    # of a sentence, as in training.
-    start_id = tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.bos_id
-    if start_id is None and any(not ids for ids in prompts):
-        raise UsageError(f"the tokenizer of {args.model_dir} has no end- or start-of-sentence token "
-                         "to start from; give a --prompt")
-    # decode counts the start token in its max_length; --max_length does not.
-    decode_length = args.max_length + (start_id is not None)
-    limit = getattr(model, "max_positions", None)
-    if limit is not None and decode_length > limit:
-        raise UsageError(f"--max_length {args.max_length} is more than the model can hold: "
-                         f"max_positions {limit}, one of them taken by the start token; use "
-                         f"--max_length {limit - (start_id is not None)} or less")
     vocab = getattr(tokenizer, "vocab", None)
     for i, words in enumerate(unknown):
         if words:
             sys.stderr.write(f"warning: prompt {i}: {_describe_unknown(words, vocab)} not in the "
                              f"vocabulary of {args.model_dir} ({len(vocab)} words); read as "
                              f"{vocab.id_to_token(vocab.unk_id)}\n")
-
-    beam = args.strategy == "beam"
-    # Beam search returns num_samples hypotheses of one search per prompt;
-    # the other strategies sample each prompt num_samples times.
-    rows = prompts if beam else [ids for ids in prompts for _ in range(args.num_samples)]
+    budget = [args.max_new_tokens if args.max_new_tokens is not None else args.max_length - len(p)
+              for p in prompts]
     sampler = build_sampler(args)
 
     def run() -> Any:
-        return decoding.decode(model, decode_length, sampler, prompts=rows, eos_id=tokenizer.eos_id,
-                               start_id=start_id, seed=None if beam else args.seed)
+        return generate_samples(model, tokenizer, prompts, max_new_tokens=budget, sampler=sampler,
+                                num_samples=args.num_samples, seed=args.seed, stop=args.stop,
+                                stop_at_eos=args.stop_at_eos, start_token=args.start_token)
 
     start = time.perf_counter()
-    result = run()
+    samples, seed = run()
     first_call = time.perf_counter() - start
-    samples: List[Tuple[int, int, List[int]]] = []  # (prompt, sample, ids with the prompt)
-    if beam:
-        for i in range(len(prompts)):
-            for j in range(args.num_samples):
-                if result.beam_scores[i, j] > -float("inf"):  # -inf marks an unused slot
-                    samples.append((i, j, result.beam_ids[i, j, :result.beam_lengths[i, j]].tolist()))
-    else:
-        if args.seed is None and args.strategy != "greedy":
-            sys.stderr.write(f"seed {result.seed} (pass --seed {result.seed} to repeat)\n")
-        for n, ids in enumerate(result.sequences(include_prompt=True)):
-            samples.append((n // args.num_samples, n % args.num_samples, ids))
-    generated = 0
-    for i, j, ids in samples:
-        if start_id is not None:
-            ids = ids[1:]
-        # Only a generated end of sentence ends a row.
-        if len(ids) > len(prompts[i]) and ids[-1] == tokenizer.eos_id:
-            ids = ids[:-1]
-        generated += len(ids) - len(prompts[i])
-        print(f"[{i}.{j}] {one_line(tokenizer.decode(ids))}", flush=True)
+    if args.seed is None and seed is not None and args.strategy != "greedy":
+        sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
+        args.seed = seed  # --verbose's second call repeats the same work
+    multi_line = not args.one_line and len(samples) > 1 and any("\n" in s.text for s in samples)
+    for n, sample in enumerate(samples):
+        body = one_line(sample.text) if args.one_line else readable(sample.text)
+        print(f"[{sample.prompt_index}.{sample.sample_index}] {body}", flush=True)
+        if multi_line and n < len(samples) - 1:
+            print(flush=True)
+    generated = sum(len(s.ids) - s.prompt_length for s in samples)
     if args.verbose:
         start = time.perf_counter()
         run()  # the compiled loop again (the same seed: the same work)

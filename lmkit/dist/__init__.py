@@ -73,7 +73,7 @@ __all__ = [
     "BACKENDS", "BACKEND_CHOICES", "Backend", "DistributedError", "ThreadSettings",
     "init", "initialized", "shutdown", "backend_name", "threads", "thread_settings",
     "launched_by_mpi_or_horovodrun", "launcher_rank",
-    "rank", "size", "local_rank", "local_size", "num_replicas", "local_replicas", "is_chief",
+    "rank", "size", "local_rank", "local_size", "num_replicas", "local_replicas", "is_chief", "device_type",
     "scope", "run", "per_replica", "first", "local_rows",
     "barrier", "allreduce", "allgather", "broadcast", "allreduce_scalar", "broadcast_scalar",
     "broadcast_object", "allgather_object", "broadcast_variables",
@@ -206,6 +206,14 @@ def num_replicas() -> int:
 def local_replicas() -> int:
     """Replicas that this process runs (1 with Horovod)."""
     return _backend().local_replicas()
+
+
+def device_type() -> str:
+    """``"GPU"`` when this process's replicas compute on GPUs, else ``"CPU"``.
+
+    Decides what runs fastest where (``jit_compile = "auto"``: XLA on GPUs).
+    """
+    return _backend().device_type()
 
 
 def scope() -> ContextManager[Any]:

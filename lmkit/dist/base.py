@@ -20,7 +20,7 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence
 
 from lmkit.dist.env import ThreadSettings
 
-__all__ = ["Backend", "DistributedError", "REDUCE_OPS", "COMPRESSIONS"]
+__all__ = ["AveragingTape", "Backend", "DistributedError", "REDUCE_OPS", "COMPRESSIONS"]
 
 REDUCE_OPS = ("average", "sum", "min", "max")
 COMPRESSIONS = ("none", "fp16")
@@ -28,6 +28,36 @@ COMPRESSIONS = ("none", "fp16")
 
 class DistributedError(RuntimeError):
     """Raised when the distributed runtime cannot be used as asked."""
+
+
+class AveragingTape:
+    """A gradient tape whose ``gradient()`` returns ``backend.average_gradients`` of its gradients.
+
+    Every backend averages through one method, so the tape a user gets from
+    :func:`lmkit.dist.DistributedGradientTape` and the trainer's step agree
+    (fp16 compression included).
+    """
+
+    def __init__(self, tape: Any, backend: "Backend", sparse_as_dense: bool,
+                 compression: str) -> None:
+        self._tape = tape
+        self._backend = backend
+        self._sparse_as_dense = sparse_as_dense
+        self._compression = compression
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 unconnected_gradients: Any = None) -> Any:
+        import tensorflow as tf  # this module stays importable without TensorFlow
+
+        grads = self._tape.gradient(
+            target, sources, output_gradients=output_gradients,
+            unconnected_gradients=unconnected_gradients or tf.UnconnectedGradients.NONE)
+        flat = tf.nest.flatten(grads)
+        averaged = self._backend.average_gradients(flat, self._sparse_as_dense, self._compression)
+        return tf.nest.pack_sequence_as(grads, averaged)
+
+    def __getattr__(self, name: str) -> Any:  # watch(), stop_recording(), ...
+        return getattr(self._tape, name)
 
 
 class Backend(abc.ABC):
@@ -94,9 +124,9 @@ class Backend(abc.ABC):
         """Overwrites ``variables`` with their values on ``root``."""
 
     # ------------------------------------------------------------ gradients
-    @abc.abstractmethod
     def gradient_tape(self, tape: Any, sparse_as_dense: bool, compression: str) -> Any:
-        """A tape whose ``gradient()`` averages over the replicas."""
+        """A tape whose ``gradient()`` averages over the replicas with :meth:`average_gradients`."""
+        return AveragingTape(tape, self, sparse_as_dense, compression)
 
     @abc.abstractmethod
     def average_gradients(self, grads: Sequence[Any], sparse_as_dense: bool,
@@ -111,6 +141,11 @@ class Backend(abc.ABC):
     def local_replicas(self) -> int:
         """Replicas in this process."""
         return 1
+
+    def device_type(self) -> str:
+        """``"GPU"`` when this process's replicas compute on GPUs, else ``"CPU"``."""
+        import tensorflow as tf
+        return "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
 
     def scope(self) -> ContextManager[Any]:
         """Where to create the variables that training updates."""

@@ -8,15 +8,16 @@ TensorFlow loads, so that a bad flag is reported once (by rank 0) at once.
   variables; :data:`LAUNCHER_SIZE_ENV` and :data:`LAUNCHER_RANK_ENV` list them.
 * Threads: :func:`thread_settings` shares a host's cores among its ranks.
 * Open MPI's busy polling: :func:`quiet_mpi_polling`.
-* Devices: :func:`configure_devices` gives each rank its own GPU (imports
-  TensorFlow when called).
+* Devices: :func:`choose_gpus` decides which GPUs a process takes (also
+  under a scheduler that shows each process its own), :func:`pin_gpus` and
+  :func:`configure_devices` apply that (they import TensorFlow when called).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from lmkit.errors import UsageError
 
@@ -35,6 +36,10 @@ __all__ = [
     "quiet_mpi_polling",
     "thread_settings",
     "configure_devices",
+    "choose_gpus",
+    "gpus_pinned",
+    "pin_gpus",
+    "GPU_PINNING_ENV",
     "cpu_count",
 ]
 
@@ -136,21 +141,112 @@ def thread_settings(local_size: int, intra_op: Optional[int] = None,
     return ThreadSettings(intra_op=intra, inter_op=inter)
 
 
-def configure_devices(local_rank: int, threads: ThreadSettings) -> None:
-    """Pins this rank to its own GPU (if the host has any) and sets CPU threads.
+# Set per process by a scheduler that gives each process its own GPUs (Slurm's
+# --gpus-per-task, a launcher's per-rank CUDA_VISIBLE_DEVICES, ROCm's equivalents).
+GPU_PINNING_ENV: Tuple[str, ...] = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
-    Must run before TensorFlow initialises its runtime (the first op); later
-    the settings stay as they are.
+
+def gpus_pinned(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True when the environment restricts which GPUs this process sees (a scheduler's doing)."""
+    environ = os.environ if environ is None else environ
+    return any(environ.get(k, "").strip() for k in GPU_PINNING_ENV)
+
+
+def choose_gpus(local_rank: int, local_size: int, visible: int, per_process: int = 1,
+                pinned: bool = False) -> List[int]:
+    """Which of the GPUs this process sees it uses (indices into its visible GPUs).
+
+    * none visible: none (the process computes on the CPU);
+    * every GPU of the host visible (``visible >= local_size * per_process``,
+      as ``mpirun`` or ``lmkit.launch`` leave them): the block of
+      ``per_process`` GPUs at its local rank;
+    * exactly ``per_process`` visible while the environment restricts them
+      (``pinned``: Slurm's ``--gpus-per-task``, a per-rank
+      ``CUDA_VISIBLE_DEVICES``): all of them, they are this process's own;
+    * anything else means processes of this host would share GPUs.
+
+    Raises:
+      UsageError: more GPUs wanted on this host than it has (the message says how to fix it).
     """
-    import tensorflow as tf
+    if visible == 0:
+        return []
+    if visible >= local_size * per_process:
+        return list(range(local_rank * per_process, (local_rank + 1) * per_process))
+    if visible == per_process and pinned:
+        return list(range(per_process))
+    want = local_size * per_process
+    why = (f"{local_size} process(es) on this host with {per_process} GPU(s) each need {want} GPUs, but "
+           f"this process sees {visible}")
+    if visible == per_process:
+        why += (" and all of them see the same ones (no CUDA_VISIBLE_DEVICES per process): they would "
+                "share GPUs")
+    raise UsageError(f"{why}; start at most {max(1, visible // per_process)} process(es) per host, or give "
+                     "each process its own GPUs (Slurm: --gpus-per-task, or CUDA_VISIBLE_DEVICES per rank)")
 
+
+def _device_names(devices: Sequence[Any]) -> List[str]:
+    return [getattr(d, "name", str(d)) for d in devices]
+
+
+def pin_gpus(local_rank: int, local_size: int, per_process: int = 1, tf_config: Any = None,
+             environ: Optional[Mapping[str, str]] = None) -> List[Any]:
+    """Makes this process see only its GPUs (:func:`choose_gpus`), with memory growth on.
+
+    Must run before TensorFlow initialises its runtime (the first op). When
+    the runtime has started already, the GPUs it sees must be the chosen
+    ones: anything else is an error, never a silent fallback.
+
+    Args:
+      tf_config: ``tf.config`` (tests pass a fake one with a device list).
+
+    Returns:
+      The GPUs (physical devices) this process uses; [] on a host without GPUs.
+
+    Raises:
+      UsageError: more processes than GPUs on this host (:func:`choose_gpus`).
+      DistributedError: TensorFlow started before with other GPUs visible.
+    """
+    if tf_config is None:
+        import tensorflow as tf
+        tf_config = tf.config
+    gpus = list(tf_config.list_physical_devices("GPU"))
+    chosen = [gpus[i] for i in choose_gpus(local_rank, local_size, len(gpus), per_process, gpus_pinned(environ))]
+    if not gpus:
+        return []
     try:
-        gpus = tf.config.list_physical_devices("GPU")
         for gpu in gpus:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        if gpus:
-            tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
-        tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
-        tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
+            tf_config.experimental.set_memory_growth(gpu, True)
+        tf_config.set_visible_devices(chosen, "GPU")
+    except RuntimeError:  # the runtime already started: checked below
+        pass
+    seen = _device_names(tf_config.get_visible_devices("GPU"))
+    if seen != _device_names(chosen):
+        from lmkit.dist.base import DistributedError
+        raise DistributedError(
+            f"local rank {local_rank} of {local_size} should use GPU(s) {_device_names(chosen)}, but TensorFlow "
+            f"started before dist.init() and sees {seen}; call dist.init() (or run an lmkit command) before "
+            "any TensorFlow op")
+    return chosen
+
+
+def configure_devices(local_rank: int, local_size: int, threads: ThreadSettings, tf_config: Any = None,
+                      environ: Optional[Mapping[str, str]] = None) -> List[Any]:
+    """Pins this rank to its own GPU (if the host has any, :func:`pin_gpus`) and sets CPU threads.
+
+    Must run before TensorFlow initialises its runtime (the first op); the
+    thread settings cannot change later (tests that created tensors first
+    keep TensorFlow's), the GPUs must already be the right ones.
+
+    Returns:
+      The GPUs this process uses ([] without GPUs).
+    """
+    if tf_config is None:
+        import tensorflow as tf
+        tf_config = tf.config
+    chosen = pin_gpus(local_rank, local_size, 1, tf_config, environ)
+    try:
+        tf_config.threading.set_intra_op_parallelism_threads(threads.intra_op)
+        tf_config.threading.set_inter_op_parallelism_threads(threads.inter_op)
     except RuntimeError:
         pass  # the runtime already started (e.g. a test created tensors first)
+    return chosen

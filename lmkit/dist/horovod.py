@@ -11,6 +11,7 @@ Started as a plain ``python script.py`` this backend is a job of size 1.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
@@ -19,7 +20,7 @@ from lmkit.checks import check_choice
 from lmkit.dist.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
 from lmkit.dist.env import configure_devices, quiet_mpi_polling, thread_settings
 
-__all__ = ["HorovodBackend", "SUPPORTED_TF_FOR_HOROVOD", "import_horovod"]
+__all__ = ["HorovodBackend", "SUPPORTED_TF_FOR_HOROVOD", "import_horovod", "nccl_warning"]
 
 SUPPORTED_TF_FOR_HOROVOD = ("2.18",)
 
@@ -45,6 +46,19 @@ def import_horovod():
     return hvd
 
 
+def nccl_warning(hvd: Any, device_type: str) -> Optional[str]:
+    """The warning for a job on GPUs whose Horovod was built without NCCL, else None.
+
+    Without NCCL Horovod averages GPU tensors through MPI or Gloo on the host:
+    every gradient is copied to the CPU and back at each step.
+    """
+    if device_type != "GPU" or hvd.size() == 1 or hvd.nccl_built():  # HVD
+        return None
+    return ("[lmkit] warning: GPUs are visible but this Horovod was built without NCCL, so "
+            "gradients are averaged through the host; rebuild it with `make setup` on a GPU "
+            "machine (HOROVOD_GPU_OPERATIONS=NCCL), see the README's GPU section")
+
+
 class HorovodBackend(Backend):
     """Horovod over MPI or Gloo; every process is one replica."""
 
@@ -62,7 +76,10 @@ class HorovodBackend(Backend):
         hvd.init()  # HVD
         backend = cls(hvd)
         backend.threads = thread_settings(backend.local_size(), intra_op_threads, inter_op_threads)
-        configure_devices(backend.local_rank(), backend.threads)
+        configure_devices(backend.local_rank(), backend.local_size(), backend.threads)
+        warning = nccl_warning(hvd, backend.device_type())
+        if warning and backend.rank() == 0:
+            print(warning, file=sys.stderr, flush=True)
         return backend
 
     # ------------------------------------------------------------- identity
@@ -121,8 +138,7 @@ class HorovodBackend(Backend):
         self._compression(compression)
         if self.size() == 1:  # nothing to average; keeps a one-process step XLA-compilable
             return tape
-        return self.hvd.DistributedGradientTape(  # HVD
-            tape, sparse_as_dense=sparse_as_dense, compression=self._compression(compression))
+        return super().gradient_tape(tape, sparse_as_dense, compression)
 
     def average_gradients(self, grads: Sequence[Any], sparse_as_dense: bool,
                           compression: str) -> List[Any]:
@@ -136,8 +152,13 @@ class HorovodBackend(Backend):
                 continue
             if isinstance(g, tf.IndexedSlices) and sparse_as_dense:
                 g = tf.convert_to_tensor(g)
-            out.append(self.hvd.allreduce(g, op=self.hvd.Average, compression=comp,  # HVD
-                                          name=f"lmkit.grad.{i}"))
+            op = self.hvd.Average  # HVD
+            if compression == "fp16" and not isinstance(g, tf.IndexedSlices):
+                # Divided by the worker count before the float16 cast and summed on the wire:
+                # a loss-scaled gradient summed over N workers in float16 would overflow
+                # (Horovod's prescale_factor applies after the cast).
+                g, op = g * tf.cast(1.0 / self.size(), g.dtype), self.hvd.Sum  # HVD
+            out.append(self.hvd.allreduce(g, op=op, compression=comp, name=f"lmkit.grad.{i}"))  # HVD
         return out
 
     # ------------------------------------------------------------ lifecycle

@@ -28,7 +28,7 @@ class LocalBackend(Backend):
         del num_gpus  # one replica on this process's device
         backend = cls()
         backend.threads = thread_settings(1, intra_op_threads, inter_op_threads)
-        configure_devices(0, backend.threads)
+        configure_devices(0, 1, backend.threads)
         return backend
 
     def rank(self) -> int:

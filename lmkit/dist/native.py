@@ -34,7 +34,7 @@ import tensorflow as tf
 from lmkit.checks import check_choice, check_divisible
 from lmkit.errors import UsageError
 from lmkit.dist.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
-from lmkit.dist.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, launched_by_mpi_or_horovodrun,
+from lmkit.dist.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, launched_by_mpi_or_horovodrun, pin_gpus,
                             thread_settings)
 
 __all__ = ["NativeBackend", "tf_config_cluster", "communication_options", "DEFAULT_PACK_BYTES", "PACK_BYTES_ENV"]
@@ -100,28 +100,6 @@ def _indices_from(words: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return tf.bitcast(words[:, 0] if dtype == tf.int32 else words, dtype)
 
 
-class _AveragingTape:
-    """A gradient tape whose ``gradient()`` averages over the replicas (native backend)."""
-
-    def __init__(self, tape: tf.GradientTape, backend: "NativeBackend", sparse_as_dense: bool,
-                 compression: str) -> None:
-        self._tape = tape
-        self._backend = backend
-        self._sparse_as_dense = sparse_as_dense
-        self._compression = compression
-
-    def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
-        grads = self._tape.gradient(target, sources, output_gradients=output_gradients,
-                                    unconnected_gradients=unconnected_gradients)
-        flat = tf.nest.flatten(grads)
-        averaged = self._backend.average_gradients(flat, self._sparse_as_dense, self._compression)
-        return tf.nest.pack_sequence_as(grads, averaged)
-
-    def __getattr__(self, name: str) -> Any:  # watch(), stop_recording(), ...
-        return getattr(self._tape, name)
-
-
 class NativeBackend(Backend):
     """TensorFlow's own distribution: a MirroredStrategy or MultiWorkerMirroredStrategy.
 
@@ -150,7 +128,7 @@ class NativeBackend(Backend):
         """Configures the devices, then builds the strategy (which starts TensorFlow's runtime).
 
         Raises:
-          UsageError: a bad ``num_gpus`` for this host.
+          UsageError: a bad ``num_gpus`` for this host, or more workers on it than GPUs.
           DistributedError: started by mpirun/horovodrun, a bad ``TF_CONFIG``,
             or TensorFlow's runtime started before with too few devices.
         """
@@ -176,18 +154,12 @@ class NativeBackend(Backend):
             raise UsageError(f"num_gpus = {num_gpus}, but on a host without GPUs each worker of a "
                              "multi-worker job is one replica; start more workers instead "
                              "(python -m lmkit.launch --num_workers N)")
+        if gpus:
+            # Workers that share a host share out its GPUs by local rank; under a scheduler
+            # that shows each worker only its own (Slurm --gpus-per-task), it takes those.
+            pin_gpus(local_rank, local_size, num_gpus or max(1, len(gpus) // local_size))
         try:
-            if gpus:
-                # Workers that share a host share out its GPUs by local rank.
-                per = num_gpus or max(1, len(gpus) // local_size)
-                mine = gpus[local_rank * per:(local_rank + 1) * per]
-                if len(mine) < per:
-                    raise UsageError(f"num_gpus = {num_gpus} with {local_size} worker(s) on this host needs "
-                                     f"{per * local_size} GPUs, but it has {len(gpus)}; lower num_gpus")
-                for gpu in gpus:
-                    tf.config.experimental.set_memory_growth(gpu, True)
-                tf.config.set_visible_devices(mine, "GPU")  # NATIVE
-            elif cluster is None and num_gpus > 1:
+            if not gpus and cluster is None and num_gpus > 1:
                 # A CPU-only host runs the replicas on logical CPU devices (tests, laptops).
                 cpu = tf.config.list_physical_devices("CPU")[0]
                 tf.config.set_logical_device_configuration(  # NATIVE
@@ -235,6 +207,10 @@ class NativeBackend(Backend):
 
     def local_replicas(self) -> int:
         return self._local
+
+    def device_type(self) -> str:
+        devices = self.strategy.extended.worker_devices  # NATIVE
+        return "GPU" if any("GPU" in d.upper() for d in devices) else "CPU"
 
     def scope(self) -> ContextManager[Any]:
         return self.strategy.scope()  # NATIVE
@@ -416,8 +392,11 @@ class NativeBackend(Backend):
             v.assign(value)
 
     # ------------------------------------------------------------ gradients
-    def _replica_average(self, grads: List[Any]) -> List[Any]:
+    def _replica_average(self, grads: List[Any], dense_summed: bool = False) -> List[Any]:
         """The mean over every replica of ``grads`` (tensors and IndexedSlices), in replica context.
+
+        With ``dense_summed`` the dense tensors come divided by the replica
+        count already (fp16 compression) and are summed.
 
         Dense tensors go in one call of the strategy, which packs them into
         all-reduces of about ``pack_bytes`` each, issued in the order the
@@ -436,9 +415,16 @@ class NativeBackend(Backend):
         if by_strategy:
             options = tf.distribute.experimental.CommunicationOptions(  # NATIVE
                 bytes_per_pack=self.pack_bytes)
-            for i, r in zip(by_strategy, ctx.all_reduce(tf.distribute.ReduceOp.MEAN,  # NATIVE
-                                                         [grads[i] for i in by_strategy], options=options)):
-                out[i] = r
+            groups = [(tf.distribute.ReduceOp.MEAN, by_strategy)]  # NATIVE
+            if dense_summed:
+                dense = [i for i in by_strategy if not isinstance(grads[i], tf.IndexedSlices)]
+                groups = [(tf.distribute.ReduceOp.SUM, dense),  # NATIVE
+                          (tf.distribute.ReduceOp.MEAN, [i for i in by_strategy if i not in dense])]
+            for op, members in groups:
+                if members:
+                    for i, r in zip(members, ctx.all_reduce(op, [grads[i] for i in members],  # NATIVE
+                                                            options=options)):
+                        out[i] = r
         n = self.num_replicas()
         for i in gathered:
             g = grads[i]
@@ -449,11 +435,9 @@ class NativeBackend(Backend):
                                       _indices_from(every[:, width:], g.indices.dtype), g.dense_shape)
         return out
 
-    def gradient_tape(self, tape, sparse_as_dense: bool, compression: str):
-        return _AveragingTape(tape, self, sparse_as_dense, compression)
-
     def average_gradients(self, grads, sparse_as_dense: bool, compression: str):
         check_choice("compression", compression, COMPRESSIONS)
+        compressed = compression == "fp16"
         grads = list(grads)
         todo, casts = [], []
         for g in grads:
@@ -462,15 +446,18 @@ class NativeBackend(Backend):
             if isinstance(g, tf.IndexedSlices) and sparse_as_dense:
                 g = tf.convert_to_tensor(g)
             cast_back = None
-            if compression == "fp16" and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating \
-                    and g.dtype != tf.float16:
-                cast_back, g = g.dtype, tf.cast(g, tf.float16)  # fp16 on the wire, as with Horovod
+            if compressed and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating:
+                # Divided by the replica count before the cast and summed on the wire: a
+                # loss-scaled gradient summed over N replicas in float16 would overflow.
+                cast_back = g.dtype
+                g = tf.cast(g * tf.cast(1.0 / self.num_replicas(), g.dtype), tf.float16)
             todo.append(g)
             casts.append(cast_back)
         if self._in_replica_context():
-            reduced = self._replica_average(todo)
+            reduced = self._replica_average(todo, dense_summed=compressed)
         else:
-            reduced = [self.allreduce(tf.convert_to_tensor(g), "average", None) for g in todo]
+            reduced = [self.allreduce(tf.convert_to_tensor(g), "sum" if c else "average", None)
+                       for g, c in zip(todo, casts)]
         reduced = [r if c is None else tf.cast(r, c) for r, c in zip(reduced, casts)]
         it = iter(reduced)
         return [None if g is None else next(it) for g in grads]

@@ -23,24 +23,24 @@ def check_betas(beta1: float, beta2: float, epsilon: float) -> Tuple[float, floa
     return b1, b2, eps
 
 
-def adam_direction(grad: tf.Tensor, slots: Dict[str, tf.Variable], step: tf.Tensor, beta1: float,
+def adam_direction(grad: tf.Tensor, slots: Dict[str, tf.Variable], ctx: StepContext, beta1: float,
                    beta2: float, epsilon: float, bias_correction: bool = True) -> tf.Tensor:
     """Updates Adam's moments ``slots["m"]``, ``slots["v"]`` and returns its direction.
 
     ``m <- beta1 m + (1 - beta1) g``, ``v <- beta2 v + (1 - beta2) g^2``, and
     the direction ``m_hat / (sqrt(v_hat) + epsilon)`` with the bias-corrected
     moments (``m / (1 - beta1^step)``) or, without ``bias_correction``, the
-    raw ones. Shared by :class:`Adam`, :class:`AdamW` and ``LAMB``.
+    raw ones (``ctx.step`` is the 1-based update number). Shared by :class:`Adam`, :class:`AdamW` and ``LAMB``.
     """
     m, v = slots["m"], slots["v"]
     m_new = beta1 * m + (1.0 - beta1) * grad
     v_new = beta2 * v + (1.0 - beta2) * tf.square(grad)
     m_hat, v_hat = m_new, v_new
     if bias_correction:
-        m_hat = m_new / (1.0 - tf.pow(beta1, step))
-        v_hat = v_new / (1.0 - tf.pow(beta2, step))
-    m.assign(m_new)
-    v.assign(v_new)
+        m_hat = m_new / (1.0 - tf.pow(beta1, ctx.step))
+        v_hat = v_new / (1.0 - tf.pow(beta2, ctx.step))
+    ctx.assign(m, m_new)
+    ctx.assign(v, v_new)
     return m_hat / (tf.sqrt(v_hat) + epsilon)
 
 
@@ -96,10 +96,10 @@ class Adam(Optimizer):
         decay = self.decays(var)
         if decay and not self.decoupled_weight_decay:
             grad = grad + self.weight_decay * var
-        update = adam_direction(grad, slots, ctx.step, self.beta1, self.beta2, self.epsilon)
+        update = adam_direction(grad, slots, ctx, self.beta1, self.beta2, self.epsilon)
         if decay and self.decoupled_weight_decay:
             update = update + self.weight_decay * var
-        var.assign_sub(ctx.lr * update)
+        ctx.assign_sub(var, ctx.lr * update)
 
     def get_config(self) -> Dict[str, object]:
         return {**super().get_config(), "beta1": self.beta1, "beta2": self.beta2,

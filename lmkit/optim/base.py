@@ -12,7 +12,10 @@ Every lmkit optimizer is a :class:`tf.Module` holding plain ``tf.Variable``s
 
 Subclasses describe their slots with :meth:`Optimizer._slot_shapes` and their
 rule with :meth:`Optimizer._apply_dense` (and, when they can do better than
-densifying, :meth:`Optimizer._apply_sparse`).
+densifying, :meth:`Optimizer._apply_sparse`); they write variables and slots
+through the :class:`StepContext` they are given (``ctx.assign(slot, value)``,
+``ctx.assign_sub(var, delta)``), which is what lets a step be skipped
+without a branch.
 """
 
 from __future__ import annotations
@@ -42,16 +45,41 @@ WeightDecayFilter = Union[None, Callable[[tf.Variable], bool], Sequence[str]]
 
 @dataclasses.dataclass(frozen=True)
 class StepContext:
-    """Values shared by all variables within one ``apply_gradients`` call.
+    """Values shared by all variables within one ``apply_gradients`` call, and its writes.
+
+    Subclasses change variables and slots only through :meth:`assign`,
+    :meth:`assign_sub` and :meth:`scatter_sub`, so that an update asked to
+    apply only if a condition holds (``apply_gradients(..., apply_if=...)``)
+    needs no branch: with a condition every write selects between the new
+    and the old value on the device, and a False condition changes nothing.
 
     Attributes:
       lr: float32 scalar, the learning rate read once for this step.
       step: float32 scalar, the 1-based number of this update (for bias
         correction: ``iterations + 1``).
+      apply_if: None (always apply) or a bool scalar tensor.
     """
 
     lr: tf.Tensor
     step: tf.Tensor
+    apply_if: Optional[tf.Tensor] = None
+
+    def assign(self, var: tf.Variable, value: tf.Tensor) -> None:
+        """``var <- value`` (kept as it was when ``apply_if`` is False)."""
+        var.assign(value if self.apply_if is None else tf.where(self.apply_if, value, var))
+
+    def assign_sub(self, var: tf.Variable, delta: tf.Tensor) -> None:
+        """``var <- var - delta`` (a non-finite ``delta`` of a step not applied does not reach ``var``)."""
+        if self.apply_if is not None:
+            delta = tf.where(self.apply_if, delta, tf.zeros_like(delta))
+        var.assign_sub(delta)
+
+    def scatter_sub(self, var: tf.Variable, delta: tf.IndexedSlices) -> None:
+        """``var[rows] -= delta.values`` for the rows of ``delta`` (duplicate rows add up)."""
+        values = delta.values
+        if self.apply_if is not None:
+            values = tf.where(self.apply_if, values, tf.zeros_like(values))
+        var.scatter_sub(tf.IndexedSlices(values, delta.indices, delta.dense_shape))
 
 
 class _SlotIndex:
@@ -219,22 +247,28 @@ class Optimizer(tf.Module):
         return out
 
     # ---------------------------------------------------------------- updates
-    def apply_gradients(self, grads_and_vars: Iterable[Tuple[GradientOrNone, tf.Variable]]) -> None:
+    def apply_gradients(self, grads_and_vars: Iterable[Tuple[GradientOrNone, tf.Variable]],
+                        apply_if: Optional[tf.Tensor] = None) -> None:
         """Applies one update and increments :attr:`iterations`.
 
-        Works eagerly and inside ``tf.function``. Pairs whose gradient is None
-        are skipped. Variables not yet built get their slots first (from
-        inside a ``tf.function`` that works on the first trace only; call
-        :meth:`build` beforehand, as the trainer does, to be safe).
+        Works eagerly and inside ``tf.function`` (also ``jit_compile=True``).
+        Pairs whose gradient is None are skipped. Variables not yet built get
+        their slots first (from inside a ``tf.function`` that works on the
+        first trace only; call :meth:`build` beforehand, as the trainer does,
+        to be safe).
 
         Args:
           grads_and_vars: ``(gradient, variable)`` pairs; a gradient may be a
             dense tensor or a ``tf.IndexedSlices`` (embedding lookups).
+          apply_if: optional bool scalar tensor: when False the call changes
+            no variable, slot or :attr:`iterations` (a skipped step). It is
+            decided on the device, with no branch: a ``tf.cond`` on a device
+            value makes the host wait for the GPU every step.
         """
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         self.build([v for _, v in pairs])
         ctx = StepContext(lr=tf.identity(self.learning_rate),  # one read for all variables
-                          step=tf.cast(self.iterations + 1, tf.float32))
+                          step=tf.cast(self.iterations + 1, tf.float32), apply_if=apply_if)
         for grad, var in pairs:
             slots = self._slots[self._index.key_of[var.ref()]]
             if isinstance(grad, tf.IndexedSlices):
@@ -243,11 +277,11 @@ class Optimizer(tf.Module):
                 self._apply_sparse(grad, var, slots, ctx)
             else:
                 self._apply_dense(tf.cast(grad, var.dtype), var, slots, ctx)
-        self.iterations.assign_add(1)
+        self.iterations.assign_add(1 if apply_if is None else tf.cast(apply_if, tf.int64))
 
     def _apply_dense(self, grad: tf.Tensor, var: tf.Variable, slots: Dict[str, tf.Variable],
                      ctx: StepContext) -> None:
-        """Updates ``var`` (and its slots) from a dense gradient."""
+        """Updates ``var`` (and its slots) from a dense gradient, writing through ``ctx``."""
         raise NotImplementedError
 
     def _apply_sparse(self, grad: tf.IndexedSlices, var: tf.Variable,

@@ -42,12 +42,15 @@ def summed_rows(grad: tf.IndexedSlices) -> tf.Tensor:
       ``[n, ...]``: one row per distinct index (the sum of its slices), then
       zero rows; the same norm as the dense gradient.
     """
-    order = tf.argsort(grad.indices)  # [n]
-    indices = tf.gather(grad.indices, order)  # [n] sorted
+    # int64 throughout: TensorFlow keeps int32 tensors in host memory on a GPU, so int32
+    # index arithmetic here would copy the indices to the host and back every step.
+    indices = tf.cast(grad.indices, tf.int64)  # [n]
+    order = tf.argsort(indices)  # [n]
+    indices = tf.gather(indices, order)  # [n] sorted
     values = tf.gather(grad.values, order)  # [n, ...]
     previous = tf.concat([indices[:1] - 1, indices[:-1]], axis=0)  # [n]; first row always new
-    segment = tf.cumsum(tf.cast(tf.not_equal(indices, previous), tf.int32)) - 1  # [n]
-    return tf.math.unsorted_segment_sum(values, segment, tf.shape(indices)[0])
+    segment = tf.cumsum(tf.cast(tf.not_equal(indices, previous), tf.int64)) - 1  # [n]
+    return tf.math.unsorted_segment_sum(values, segment, tf.shape(indices, out_type=tf.int64)[0])
 
 
 def gradient_norm(grad: GradientOrNone) -> tf.Tensor:

@@ -54,7 +54,7 @@ class LAMB(Adam):
 
     def _apply_dense(self, grad: tf.Tensor, var: tf.Variable, slots: Dict[str, tf.Variable],
                      ctx: StepContext) -> None:
-        update = adam_direction(grad, slots, ctx.step, self.beta1, self.beta2, self.epsilon,
+        update = adam_direction(grad, slots, ctx, self.beta1, self.beta2, self.epsilon,
                                 self.bias_correction)
         if self.decays(var):
             update = update + self.weight_decay * var
@@ -63,7 +63,7 @@ class LAMB(Adam):
         usable = tf.logical_and(w_norm > 0.0, u_norm > 0.0)
         # the safe denominator keeps a 0/0 NaN out of the discarded branch too
         ratio = tf.where(usable, w_norm / tf.where(usable, u_norm, 1.0), 1.0)
-        var.assign_sub(ctx.lr * ratio * update)
+        ctx.assign_sub(var, ctx.lr * ratio * update)
 
     def get_config(self) -> Dict[str, object]:
         return {**super().get_config(), "bias_correction": self.bias_correction}

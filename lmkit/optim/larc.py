@@ -175,16 +175,18 @@ class LARC(Optimizer):
                                    min_update=self.min_update, epsilon=self.epsilon))
         return out
 
-    def apply_gradients(self, grads_and_vars: Iterable[Tuple[GradientOrNone, tf.Variable]]) -> None:
+    def apply_gradients(self, grads_and_vars: Iterable[Tuple[GradientOrNone, tf.Variable]],
+                        apply_if: Optional[tf.Tensor] = None) -> None:
         """Rescales each gradient by its LARC factor, then applies the wrapped optimizer.
 
         Args:
           grads_and_vars: ``(gradient, variable)`` pairs (None gradients skipped).
+          apply_if: as in :meth:`lmkit.optim.Optimizer.apply_gradients`.
         """
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         factors = self.factors(pairs)
         self.optimizer.apply_gradients(
-            [(scale_gradient(g, f), v) for (g, v), f in zip(pairs, factors)])
+            [(scale_gradient(g, f), v) for (g, v), f in zip(pairs, factors)], apply_if=apply_if)
 
     def get_config(self) -> Dict[str, object]:
         return {"optimizer": type(self.optimizer).__name__, **self.optimizer.get_config(),

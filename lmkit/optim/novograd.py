@@ -81,9 +81,9 @@ class NovoGrad(Optimizer):
         if self.grad_averaging:
             direction = (1.0 - self.beta1) * direction
         m_new = self.beta1 * m + direction
-        v.assign(v_new)
-        m.assign(m_new)
-        var.assign_sub(ctx.lr * m_new)
+        ctx.assign(v, v_new)
+        ctx.assign(m, m_new)
+        ctx.assign_sub(var, ctx.lr * m_new)
 
     def get_config(self) -> Dict[str, object]:
         return {**super().get_config(), "beta1": self.beta1, "beta2": self.beta2,

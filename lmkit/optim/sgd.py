@@ -70,19 +70,19 @@ class SGD(Optimizer):
         if self.decays(var):
             grad = grad + self.weight_decay * var
         if self.momentum == 0.0:
-            var.assign_sub(ctx.lr * grad)
+            ctx.assign_sub(var, ctx.lr * grad)
             return
         m = slots["momentum"]
         m_new = self.momentum * m + grad
-        m.assign(m_new)
+        ctx.assign(m, m_new)
         step = grad + self.momentum * m_new if self.nesterov else m_new
-        var.assign_sub(ctx.lr * step)
+        ctx.assign_sub(var, ctx.lr * step)
 
     def _apply_sparse(self, grad: tf.IndexedSlices, var: tf.Variable,
                       slots: Dict[str, tf.Variable], ctx: StepContext) -> None:
         if self.momentum == 0.0 and not self.decays(var):
             # scatter_sub adds the contributions of duplicate indices
-            var.scatter_sub(tf.IndexedSlices(ctx.lr * grad.values, grad.indices, grad.dense_shape))
+            ctx.scatter_sub(var, tf.IndexedSlices(ctx.lr * grad.values, grad.indices, grad.dense_shape))
             return
         super()._apply_sparse(grad, var, slots, ctx)
 

@@ -51,9 +51,11 @@ class Evaluator:
       num_steps: the window length.
       batch_size: rows read side by side.
       precision: the compute precision (:mod:`lmkit.precision`; training's, by default float32).
+      jit_compile: compile the step with XLA (the trainer passes its own decision, :mod:`lmkit.xla`).
     """
 
-    def __init__(self, model: Any, num_steps: int, batch_size: int, precision: str = "float32") -> None:
+    def __init__(self, model: Any, num_steps: int, batch_size: int, precision: str = "float32",
+                 jit_compile: bool = False) -> None:
         self.model = model
         self.num_steps = num_steps
         self.batch_size = batch_size
@@ -63,7 +65,7 @@ class Evaluator:
                 logits, new_state = model(x, state, training=False)
                 return window_loss(y, logits), new_state
 
-        self._step = tf.function(eval_step)
+        self._step = tf.function(eval_step, jit_compile=jit_compile)
 
     def mean_loss(self, ids: np.ndarray, on_batch: Optional[Callable[[], None]] = None) -> float:
         """Average cross entropy (nats) of the tokens of ``ids`` that fill whole batches.

@@ -78,22 +78,17 @@ class DynamicLossScale(tf.Module):
         Returns:
           A bool tensor: False after ``max_consecutive_skips`` skips in a row.
         """
-        def grown() -> tf.Tensor:
-            good = self.good_steps + 1
-            grow = good >= self.growth_interval
-            self.scale.assign(tf.where(grow, self.scale * 2.0, self.scale))
-            self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), good))
-            self.consecutive_skips.assign(0)
-            return tf.constant(True)
-
-        def shrunk() -> tf.Tensor:
-            self.scale.assign(tf.maximum(self.scale * 0.5, 1e-30))
-            self.good_steps.assign(0)
-            self.skipped_steps.assign_add(1)
-            self.consecutive_skips.assign_add(1)
-            return self.consecutive_skips < self.max_consecutive_skips
-
-        return tf.cond(finite, grown, shrunk)
+        # Selects, not a tf.cond: the decision stays on the device (no host wait on a GPU).
+        finite = tf.convert_to_tensor(finite)
+        good = tf.where(finite, self.good_steps + 1, tf.constant(0, tf.int64))
+        grow = good >= self.growth_interval  # False after a skip (good = 0)
+        self.scale.assign(tf.where(finite, tf.where(grow, self.scale * 2.0, self.scale),
+                                   tf.maximum(self.scale * 0.5, 1e-30)))
+        self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), good))
+        self.skipped_steps.assign_add(tf.where(finite, tf.constant(0, tf.int64), tf.constant(1, tf.int64)))
+        consecutive = tf.where(finite, tf.constant(0, tf.int64), self.consecutive_skips + 1)
+        self.consecutive_skips.assign(consecutive)
+        return consecutive < self.max_consecutive_skips
 
     # The checkpoint's meta.json carries these (a checkpoint of another
     # precision then still loads: a missing entry leaves the initial scale).

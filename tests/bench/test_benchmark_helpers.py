@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from benchmarks import _common, scaling
@@ -98,3 +99,46 @@ def test_ratio_spread_reports_every_round():
     assert spread["rounds"] == [2.0, 2.0, 3.3]
     assert (spread["median_of_rounds"], spread["min_of_rounds"], spread["max_of_rounds"]) == (2.0, 2.0, 3.3)
     assert spread["of_medians"] == 2.0
+
+
+def test_gpu_mode_names_its_results_and_needs_a_gpu(monkeypatch):
+    from benchmarks import train_throughput as bench
+    args = bench.parse_args(["--device", "gpu", "--configs", "config_gpt2_124m_shape"])
+    assert args.output.endswith("train_throughput_gpu.json")
+    assert bench.steps_per_run("config_gpt2_124m_shape", args) == bench.GPU_STEPS["config_gpt2_124m_shape"]
+    assert bench.parse_args([]).output.endswith("train_throughput.json")
+    import tensorflow as tf
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    with pytest.raises(RuntimeError, match="--device gpu: TensorFlow sees no GPU"):
+        bench.check_device("lmkit", "gpu")
+    assert bench.check_device("lmkit", "cpu") == "cpu"
+
+
+def test_flops_per_token_follow_the_6n_plus_attention_count():
+    from benchmarks import train_throughput as bench
+    from lmkit.config import load_config
+    gpt = load_config("config_gpt2_124m_shape")
+    n = 93_532_432  # its parameters with a 10k vocabulary (tied embeddings)
+    assert bench.train_flops_per_token(gpt, n) == 6 * n + 12 * 12 * 1024 * 768
+    assert bench.train_flops_per_token(load_config("config_small"), 1000) is None  # LSTMs: not stated
+
+
+def test_matmul_probe_measures_a_rate():
+    from benchmarks import train_throughput as bench
+    assert bench.matmul_tflops(64, chain=2, repeats=2) > 0
+    assert bench.matmul_tflops(64, chain=2, repeats=1, dtype="float32") > 0
+
+
+@pytest.mark.parametrize("variant", ["torch", "torch_bf16"])
+def test_the_torch_columns_train_the_same_model(variant):
+    pytest.importorskip("torch")  # the bench/test-hf extra of the main environment
+    from benchmarks import train_throughput as bench
+    from lmkit.config import load_config
+    cfg = load_config("config_tiny_transformer").replace(batch_size=2, num_steps=8)
+    ids, inputs, targets = bench.synthetic_batches(cfg, num_batches=4)
+    runner = bench.TorchRunner(cfg, inputs, targets, variant=variant)
+    assert runner.run(2) > 0 and len(runner.losses) == 2
+    assert all(abs(loss - 8 * np.log(65)) < 3.0 for loss in runner.losses)  # random ids: ~ T ln V
+    d, ffn, layers, vocab, positions = 128, 512, 4, 65, 64
+    per_layer = (4 * d * d + 4 * d) + (2 * d * ffn + ffn + d) + 4 * d  # attention, feed-forward, 2 norms
+    assert runner.parameters == vocab * d + positions * d + layers * per_layer + 2 * d + vocab

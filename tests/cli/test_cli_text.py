@@ -9,7 +9,7 @@ import json
 import os
 import re
 import sys
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 import pytest
 
@@ -21,7 +21,6 @@ SMALL = ["--set", "hidden_size=32", "--set", "ffn_dim=64", "--set", "num_layers=
          "--set", "batch_size=8", "--set", "num_steps=16", "--set", "max_positions=64",
          "--set", "learning_rate=0.005", "--set", "warmup_epochs=0.0"]
 PROMPT = "the old cat"
-LINE = re.compile(r"^\[(\d+)\.(\d+)\] (.*)$")
 
 USER_MODEL = '''
 """A user's own model: lmkit modules composed outside lmkit (a GRU, stateful)."""
@@ -108,19 +107,23 @@ def check_trained(res, model_dir: str, tokenizer: str) -> dict:
     return results
 
 
-def check_generated(res, chars: set) -> List[str]:
-    """Two samples, each the prompt, then readable text: no pieces' marks, only the corpus' letters."""
+def samples_of(stdout: str) -> List[Tuple[int, int, str]]:
+    """``[(prompt, sample, text)]`` of lmkit generate's output (samples may span lines)."""
+    parts = re.split(r"(?m)^\[(\d+)\.(\d+)\] ", stdout)
+    assert parts[0] == "", stdout[:500]
+    return [(int(parts[k]), int(parts[k + 1]), parts[k + 2].rstrip("\n")) for k in range(1, len(parts), 3)]
+
+
+def check_generated(res, chars: set, count: int = 2) -> List[str]:
+    """``count`` samples, each the prompt, then readable text: no pieces' marks, only the corpus' letters."""
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    lines = res.stdout.splitlines()
-    assert len(lines) == 2, res.stdout
+    samples = samples_of(res.stdout)
+    assert [(i, j) for i, j, _ in samples] == [(0, n) for n in range(count)], res.stdout
     texts = []
-    for n, line in enumerate(lines):
-        m = LINE.match(line)
-        assert m and (int(m.group(1)), int(m.group(2))) == (0, n), line
-        text = m.group(3)
-        assert text.startswith(PROMPT), line
-        assert "\u2581" not in text and "<unk>" not in text, line  # sentencepiece's space mark
-        assert set(text) <= chars | {" ", "\ufffd"}, set(text) - chars
+    for _, _, text in samples:
+        assert text.startswith(PROMPT), text
+        assert "\u2581" not in text and "<unk>" not in text, text  # sentencepiece's space mark
+        assert set(text) <= chars | {" ", "\n", "\ufffd"}, set(text) - chars
         texts.append(text)
     return texts
 
@@ -172,6 +175,12 @@ def test_char_and_byte_tokenizers_on_two_workers(tmp_path, corpus):
                                                     4 + len(alphabet(corpus)))
     for res in run_pair([generate_cmd(dirs["char"]), generate_cmd(dirs["byte"])]):
         check_generated(res, alphabet(corpus))
+    # Past the context (64 positions) and over several lines: 300 characters, prompt included.
+    long_char, one_line = run_pair([generate_cmd(dirs["char"], "--max_length", "300"),
+                                    generate_cmd(dirs["char"], "--max_length", "300", "--stop_at_eos")])
+    texts = check_generated(long_char, alphabet(corpus))
+    assert all(280 <= len(t) <= 300 and t.count("\n") >= 2 for t in texts), texts  # bos/pad ids print nothing
+    assert all("\n" not in t and len(t) < 300 for t in check_generated(one_line, alphabet(corpus)))
 
 
 def test_user_model_by_import_path(tmp_path, corpus):

@@ -24,7 +24,7 @@ SAMPLE_LINE = re.compile(r"^\[(\d+)\.(\d+)\] ?(.*)$")
 PROMPT = "w1 w8"
 MAX_LENGTH = 12
 TOP_P = ["--prompt", PROMPT, "--strategy", "top_p", "--top_p", "0.9", "--num_samples", "3",
-         "--max_length", str(MAX_LENGTH), "--seed", "0"]
+         "--max_length", str(MAX_LENGTH), "--seed", "0", "--stop_at_eos"]  # one sentence a sample
 TRANSFORMER = dict(model="transformer", num_heads=2, max_positions=16, hidden_size=16,
                    optimizer="adam", learning_rate=0.01)
 
@@ -120,9 +120,9 @@ def test_greedy_and_beam_run_and_greedy_matches_the_library(lstm_dir):
     prompts = [PROMPT, "w3 zzz"]  # zzz is not a word of the corpus
     greedy, beam = run_all([
         generate_cmd(lstm_dir, ["--prompt", prompts[0], "--prompt", prompts[1], "--strategy", "greedy",
-                                "--num_samples", "2", "--max_length", str(MAX_LENGTH)]),
+                                "--num_samples", "2", "--max_length", str(MAX_LENGTH), "--stop_at_eos"]),
         generate_cmd(lstm_dir, ["--prompt", PROMPT, "--strategy", "beam", "--beam_width", "4",
-                                "--num_samples", "3", "--max_length", str(MAX_LENGTH)]),
+                                "--num_samples", "3", "--max_length", str(MAX_LENGTH), "--stop_at_eos"]),
     ])
     greedy_samples = check_samples(greedy, lstm_dir, prompts, 2)
     assert greedy_samples[0][2] == greedy_samples[1][2]  # greedy ignores the sample index
@@ -152,7 +152,7 @@ def test_transformer_from_one_process(transformer_dir):
     top_p, beam = run_all([
         generate_cmd(model_dir, TOP_P),
         generate_cmd(model_dir, ["--prompt", PROMPT, "--strategy", "beam", "--num_samples", "2",
-                                 "--max_length", str(MAX_LENGTH)]),
+                                 "--max_length", str(MAX_LENGTH), "--stop_at_eos"]),
     ])
     check_samples(top_p, model_dir, [PROMPT], 3)
     check_samples(beam, model_dir, [PROMPT], 2)
@@ -180,8 +180,9 @@ def test_bad_input_exits_2_with_one_message(lstm_dir, transformer_dir, tmp_path)
     (tmp_path / "empty").mkdir()
     cases = [  # the first two load TensorFlow, the others answer before
         (["--model_dir", str(no_checkpoint)], "holds no complete checkpoint"),
-        # max_positions 16, one taken by the start token
-        (["--model_dir", transformer_dir, "--max_length", "16"], "use --max_length 15 or less"),
+        # max_positions 16: other strategies slide the window, beam search cannot
+        (["--model_dir", transformer_dir, "--strategy", "beam", "--max_length", "40"],
+         "beam search cannot go past the model's context of 16 tokens"),
         (["--model_dir", lstm_dir, "--strategy", "nucleus"], "invalid choice: 'nucleus'"),
         (["--model_dir", str(tmp_path / "missing")], "does not exist"),
         (["--model_dir", str(tmp_path / "empty")], "holds no config.json"),

@@ -123,6 +123,30 @@ def test_greedy_generation_equals_transformers(folder, loaded):
         assert tokenizer.decode(got) == reference_tokenizer.decode(expected)
 
 
+def test_generate_reads_the_prompt_as_given_like_transformers(folder):
+    # lmkit.generate (the code of `lmkit generate`) on the folder itself: no token before the
+    # prompt, the continuation token for token as transformers', line breaks included.
+    import lmkit
+    reference = GPT2LMHeadModel.from_pretrained(folder).eval()
+    reference_tokenizer = AutoTokenizer.from_pretrained(folder)
+    samples = lmkit.generate(folder, PROMPTS, strategy="greedy", max_new_tokens=25, return_samples=True)
+    for text, sample in zip(PROMPTS, samples):
+        ids = reference_tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            expected = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                          max_new_tokens=25, do_sample=False, eos_token_id=None,
+                                          pad_token_id=0)[0].tolist()
+        assert sample.ids == expected and sample.text == reference_tokenizer.decode(expected)
+    # --start_token puts <|endoftext|> first, as a user of transformers would by hand.
+    started = lmkit.generate(folder, PROMPTS[0], strategy="greedy", max_new_tokens=10, start_token=True,
+                             return_samples=True)[0]
+    ids = [reference_tokenizer.eos_token_id] + reference_tokenizer(PROMPTS[0])["input_ids"]
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                      max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
+    assert started.ids == expected.tolist()[1:]
+
+
 def test_export_loads_in_transformers_with_the_same_logits(folder, loaded, tmp_path):
     model, tokenizer = loaded
     tf.random.set_seed(5)  # weights unlike the original's: the export must carry lmkit's own
@@ -261,7 +285,7 @@ def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, 
     np.testing.assert_allclose(reference_logits(exported, ids), logits.numpy()[0], atol=1e-4, rtol=0)
     # lmkit generate reads the exported Hugging Face folder directly.
     res = run(LMKIT + ["generate", "--model_dir", exported, "--prompt", PROMPTS[0], "--strategy", "greedy",
-                       "--max_length", "12", "--verbose"], timeout=240)
+                       "--max_length", "12", "--verbose", "--one_line"], timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(r"first call \(compiling the decode loop included\) [\d.]+ s; compiled: \d+ tokens in "
                      r"[\d.]+ s, \d+ tokens/sec", res.stderr), res.stderr[-2000:]

@@ -139,3 +139,22 @@ def test_sparse_norm_and_update_compile_with_xla():
     # LARC(scale) on a zero variable: factor = min_update, so the step is tiny but not zero
     want = -0.1 * 1e-7 * ref.clip_global(numpy_grads, 0.5)[0][1]
     np.testing.assert_allclose(emb.numpy(), want, rtol=1e-4, atol=1e-12)
+
+
+def test_summed_rows_does_its_index_arithmetic_in_int64():
+    # On a GPU TensorFlow keeps int32 tensors in host memory: int32 index arithmetic in the
+    # step would copy to the host and back. Every integer op of summed_rows is int64.
+    from lmkit.optim.clipping import summed_rows
+
+    values = tf.constant(np.arange(10, dtype=np.float32).reshape(5, 2))
+    fn = tf.function(lambda v, i: summed_rows(tf.IndexedSlices(v, i, tf.constant(EMB_SHAPE))))
+    graph = fn.get_concrete_function(values, tf.constant(INDICES, tf.int32)).graph
+    # (the sort's permutation is int32 by definition of TopKV2; everything after it is not)
+    arithmetic = {"GatherV2", "ConcatV2", "Sub", "NotEqual", "Cumsum",
+                  "UnsortedSegmentSum", "StridedSlice", "Neg"}
+    int32 = [op.name for op in graph.get_operations() if op.type in arithmetic
+             and any(t.dtype == tf.int32 and t.shape.rank != 0 for t in op.outputs)]
+    assert not int32, f"int32 index arithmetic: {int32}"
+    got = fn(values, tf.constant(INDICES, tf.int32)).numpy()
+    dense = ref.densify(values.numpy(), INDICES, EMB_SHAPE)
+    np.testing.assert_allclose(np.linalg.norm(got), np.linalg.norm(dense), rtol=1e-6)

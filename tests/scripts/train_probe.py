@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("--optimizer", default="sgd", help="one or more (comma-separated); larc = SGD + LARC")
     p.add_argument("--grad_accum_steps", default="1", help="one or more (comma-separated)")
     p.add_argument("--precision", default="float32")
+    p.add_argument("--jit_compile", default="auto", help="True, False or auto (the config's jit_compile)")
+    p.add_argument("--compression", default="none")
     p.add_argument("--max_grad_norm", type=float, default=5.0)
     p.add_argument("--warmup_epochs", type=float, default=0.0)
     p.add_argument("--sparse_as_dense", action="store_true")
@@ -87,7 +89,9 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
         optimizer="sgd" if larc else optimizer,
         larc_params={"larc_eta": 0.02, "larc_mode": "clip"} if larc else None,
         max_grad_norm=args.max_grad_norm, warmup_epochs=args.warmup_epochs, num_heads=2, max_positions=16,
-        sparse_as_dense=args.sparse_as_dense, grad_accum_steps=grad_accum_steps, precision=args.precision))
+        sparse_as_dense=args.sparse_as_dense, grad_accum_steps=grad_accum_steps, precision=args.precision,
+        jit_compile={"True": True, "False": False}.get(args.jit_compile, args.jit_compile),
+        compression=args.compression))
     ids = probe_ids(args.ids)
     seed = 7 + (1000 * dist.rank() if args.seed_by_rank else 0)
     tf.random.set_seed(seed)
@@ -115,7 +119,8 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
                    "backend": dist.backend_name(), "replicas": dist.num_replicas(),
                    "resumed_from": result.resumed_from, "skipped_steps": result.skipped_steps,
                    "loss_scale": result.loss_scale,
-                   "learning_rate": float(trainer.optimizer.learning_rate.numpy())}, f)
+                   "learning_rate": float(trainer.optimizer.learning_rate.numpy()),
+                   "xla": trainer.xla, "device_type": dist.device_type()}, f)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,26 @@ def test_two_workers_match_one_process(tmp_path, model, extra):
     assert_within_rounding(r0, ref, controls, names)
 
 
+# jit_compile=True on 2 ranks: the replica's gradients (with the accumulation loop) and the
+# update after the averaging are two XLA-compiled functions, Horovod's collectives run between
+# them (the default on GPUs; forced here on the CPU). The reference is one process compiled whole.
+@pytest.mark.parametrize("model, extra", [("lstm", ()),
+                                          ("transformer", ("--learning_rate", "0.1", "--precision",
+                                                           "mixed_bfloat16", "--sparse_as_dense"))])
+def test_two_workers_with_xla_match_one_process(tmp_path, model, extra):
+    xla = ("--model", model, "--jit_compile", "True", *extra)
+    one = _run(tmp_path, "one", 1, *xla, "--grad_accum_steps", "2,4,8")
+    two = _run(tmp_path, "two", 2, *xla, "--grad_accum_steps", "2")
+    ref = _load(f"{one}.sgd.k4", 0)[0]  # 2 ranks x 2 micro-batches: 4 blocks of the global batch
+    controls = [_load(f"{one}.sgd.k{k}", 0)[0] for k in (2, 8)]
+    (r0, meta0), (r1, _) = _load(two, 0), _load(two, 1)
+    assert meta0["xla"] and meta0["size"] == 2 and len(r0["losses"]) == 50
+    names = [k for k in ref.files if k.startswith(("var", "slot"))]
+    for k in names + ["losses"]:
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+    assert_within_rounding(r0, ref, controls, names)
+
+
 def test_the_rounding_bound_catches_a_wrong_average(tmp_path):
     """Guards the bound above: summing the 2 ranks' gradients instead of averaging them
     doubles SGD's step, which training at learning rate 0.2 reproduces in one process."""
@@ -116,9 +136,10 @@ def test_accumulation_on_two_workers_trains_like_the_big_batch(tmp_path, extra, 
             assert_relatively_close(acc0[k], big[k], 1e-5, f"{optimizer} {k}")
 
 
-def test_a_float16_overflow_on_one_rank_is_skipped_on_both(tmp_path):
+@pytest.mark.parametrize("jit", ["False", "True"])
+def test_a_float16_overflow_on_one_rank_is_skipped_on_both(tmp_path, jit):
     prefix = _run(tmp_path, "fp16", 2, "--precision", "mixed_float16", "--bomb_at", "5", "--bomb_rank", "1",
-                  "--steps", "20", "--optimizer", "adam", "--learning_rate", "0.03")
+                  "--steps", "20", "--optimizer", "adam", "--learning_rate", "0.03", "--jit_compile", jit)
     ranks = [_load(prefix, r) for r in (0, 1)]
     for data, meta in ranks:
         losses = data["losses"]

@@ -106,3 +106,36 @@ def test_average_gradients_matches_tape():
     g = tf.constant([float(dist.rank())] * 2)
     (avg,) = dist.average_gradients([g])
     np.testing.assert_allclose(avg.numpy(), [(n - 1) / 2] * 2)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fp16_compression_averages_values_whose_sum_overflows_float16(compiled):
+    # Rank r holds 30000 * (r + 1): the mean fits float16 (max 65504), the sum over
+    # 2 ranks (90000) does not. fp16 compression divides by the rank count before the
+    # cast, as a loss-scaled gradient (scale 2^15) needs on many ranks.
+    n = dist.size()
+
+    def average():
+        g = tf.constant([30000.0 * (dist.rank() + 1), 1.5, -2.0])
+        sparse = tf.IndexedSlices(tf.constant([[2.0, 4.0]]), tf.constant([dist.rank() % 4]), [4, 2])
+        avg, avg_sparse, none = dist.average_gradients([g, sparse, None], compression="fp16")
+        return avg, tf.convert_to_tensor(avg_sparse), none
+
+    avg, avg_sparse, none = (tf.function(average) if compiled else average)()
+    assert none is None and avg.dtype == tf.float32
+    expected = np.float16([30000.0 * np.mean(np.arange(1, n + 1)), 1.5, -2.0])
+    np.testing.assert_allclose(avg.numpy(), expected, rtol=2 ** -10)
+    assert np.all(np.isfinite(avg.numpy()))
+    dense = np.zeros([4, 2])
+    for r in range(n):
+        dense[r % 4] += np.array([2.0, 4.0]) / n
+    np.testing.assert_allclose(tf.convert_to_tensor(avg_sparse).numpy(), dense, rtol=1e-6)
+
+
+def test_distributed_gradient_tape_compresses_like_average_gradients():
+    w = tf.Variable([1.0, 1.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * tf.constant([30000.0, 3.0]) * float(dist.rank() + 1))
+    (gw,) = dist.DistributedGradientTape(tape, compression="fp16").gradient(loss, [w])
+    mean = np.mean(np.arange(1, dist.size() + 1))
+    np.testing.assert_allclose(gw.numpy(), [30000.0 * mean, 3.0 * mean], rtol=2 ** -10)

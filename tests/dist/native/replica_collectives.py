@@ -69,6 +69,19 @@ def main() -> None:
         out[f"grads_dense={sparse_as_dense}"] = {"w": gw.numpy().tolist(), "emb": gemb.numpy().tolist(),
                                                  "sparse": bool(sparse)}
 
+    # fp16 compression: replica r holds 30000 * (r + 1); the sum over replicas
+    # overflows float16, the mean does not.
+    def compressed(ids):
+        r = tf.cast(ids[0, 0] // 2, tf.float32)
+        dense = tf.stack([30000.0 * (r + 1.0), 1.5])
+        rows = tf.IndexedSlices(tf.ones([1, 2]) * (r + 1.0), ids[0], [4, 2])
+        avg, avg_rows = dist.average_gradients([dense, rows], compression="fp16")
+        return avg, tf.convert_to_tensor(avg_rows)
+
+    avg, avg_rows = dist.first(tf.function(lambda ids: dist.run(compressed, (ids,)))(ids))
+    out["fp16_average"] = {"dense": avg.numpy().tolist(), "rows": avg_rows.numpy().tolist(),
+                           "dtype": avg.dtype.name}
+
     # Process-level collectives (one process here) and the start-up broadcast.
     out["objects"] = [dist.allgather_object({"r": dist.rank()}), dist.broadcast_object("hi"),
                       dist.run_on_chief(lambda: 41 + 1)]

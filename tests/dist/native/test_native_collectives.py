@@ -62,3 +62,14 @@ def test_process_collectives_and_broadcast(result):
     assert result["after_broadcast"] == [5.0, 6.0]
     assert "'outside:0'" in result["outside_scope_error"]
     assert "dist.scope()" in result["outside_scope_error"]
+
+
+def test_fp16_compression_averages_values_whose_sum_overflows_float16(result):
+    got = result["fp16_average"]
+    assert got["dtype"] == "float32"
+    scales = np.arange(1, REPLICAS + 1)
+    np.testing.assert_allclose(got["dense"], np.float16([30000.0 * scales.mean(), 1.5]), rtol=2 ** -10)
+    rows = np.zeros([4, 2])
+    for r in range(REPLICAS):
+        rows[2 * r] += (r + 1.0) / REPLICAS  # replica r's first id is 2r
+    np.testing.assert_allclose(got["rows"], rows, rtol=1e-6)

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from tests.dist.native.runs import EPOCH, FIRST_LEG, REFERENCE_STEPS, Run, probe_cmd, run_all
+from tests.helpers import assert_within_rounding
 
 
 def _assert_same_training(run, ref, steps, offset=0):
@@ -80,3 +81,17 @@ def test_checkpoints_move_between_native_and_local_backends(base_runs, tmp_path)
         np.testing.assert_allclose(v, ref.rank[0][k], rtol=1e-3, atol=1e-4, err_msg=k)
     with open(os.path.join(model_dir, "results.json")) as f:
         assert json.load(f)["global_step"] == last
+
+
+def test_two_replicas_with_xla_match_one_process(tmp_path):
+    """jit_compile=True (the default on GPUs, forced on the CPU here): each replica's gradients
+    and the update are XLA-compiled apart, the strategy's all-reduce runs between them."""
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    xla = ("--steps", "30", "--jit_compile", "True")
+    run_all([probe_cmd(one, "local", *xla, "--grad_accum_steps", "1,2,4"),
+             probe_cmd(two, "native", *xla, replicas=2)])
+    ref, controls = Run(f"{one}.sgd.k1", 1), [Run(f"{one}.sgd.k{k}", 1) for k in (2, 4)]
+    nat = Run(two, 1)
+    assert nat.meta[0]["xla"] and nat.meta[0]["replicas"] == 2 and len(nat.losses) == 30
+    assert float(nat.rank[0]["copy_spread"]) == 0.0  # every replica applied the same update
+    assert_within_rounding(nat.rank[0], ref.rank[0], [c.rank[0] for c in controls], list(ref.arrays()))

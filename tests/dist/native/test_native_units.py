@@ -57,6 +57,33 @@ def test_worker_env_is_a_tf_config_cluster():
     assert cmd.endswith("python train.py --x 'a b'")
 
 
+def test_other_hosts_get_the_settings_mpirun_x_would_pass():
+    workers = launch.plan("h1,h2", 2, port=2222)
+    environ = {"NCCL_SOCKET_IFNAME": "eth0", "TF_CPP_MIN_LOG_LEVEL": "1", "CUDA_VISIBLE_DEVICES": "0,1",
+               "XLA_FLAGS": "--xla_gpu_autotune_level=2", "LMKIT_TF32": "0", "HOME": "/root",
+               "MY_SETTING": "a b", "TF_CONFIG": "{\"stale\": 1}", "RANK": "9"}
+    forwarded = launch.forwarded_env(environ, names=["MY_SETTING"])
+    assert set(forwarded) == {"NCCL_SOCKET_IFNAME", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES",
+                              "XLA_FLAGS", "LMKIT_TF32", "MY_SETTING", "TF_CONFIG"}
+    cmd = launch.remote_command(workers[1], workers, ["python", "t.py"], "/srv", forwarded)
+    assert "NCCL_SOCKET_IFNAME=eth0 " in cmd and "MY_SETTING='a b' " in cmd and "HOME=" not in cmd
+    assert "XLA_FLAGS=--xla_gpu_autotune_level=2 " in cmd and "RANK=1 " in cmd and "RANK=9" not in cmd
+    assert cmd.count("TF_CONFIG=") == 1 and "stale" not in cmd  # the worker's own wins
+
+
+def test_launch_env_flag_forwards_named_variables(capsys, monkeypatch):
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("PYTHONPATH", "/opt/lib")
+    assert launch.main(["--hosts", "h1,h2", "--num_workers", "2", "--port", "3000", "--dry_run",
+                        "-x", "PYTHONPATH", "--", "python", "x.py"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("NCCL_DEBUG=INFO") == 2 and out.count("PYTHONPATH=/opt/lib") == 2
+    with pytest.raises(SystemExit) as exc:
+        launch.main(["--hosts", "h1", "--num_workers", "1", "--env", "A=B", "--", "python", "x.py"])
+    assert exc.value.code == 2
+    assert "--env 'A=B' is not a variable name" in capsys.readouterr().err
+
+
 def test_dry_run_prints_one_command_per_worker(capsys):
     assert launch.main(["--hosts", "h1,h2", "--num_workers", "2", "--port", "3000", "--dry_run",
                         "--", "python", "x.py"]) == 0

@@ -1,0 +1,378 @@
+"""Text in, text out: :func:`generate`, the generation that ``lmkit generate`` runs.
+
+    import lmkit
+    texts = lmkit.generate("runs/plays", ["ROMEO:"], max_new_tokens=200, seed=0)
+    texts = lmkit.generate(model, ["the company said"], tokenizer=tokenizer, strategy="greedy")
+
+On top of :func:`lmkit.decoding.decode` (token ids, one compiled loop) this
+module does what text needs:
+
+* **line breaks are text**: a tokenizer's line-break id (lmkit's ``eos_id``)
+  is written like any other token; a sample ends at ``max_length`` /
+  ``max_new_tokens``, at a stop string, or at an end-of-document token where
+  the tokenizer has one (GPT-2's ``<|endoftext|>``). ``stop_at_eos=True``
+  ends a sample at its first line break instead (one line per sample);
+* **longer than the context**: a transformer that has filled its
+  ``max_positions`` goes on from the last half of them (the key/value cache
+  rebuilt from that window, one compiled loop reused for every window);
+  LSTMs carry their state and need no window;
+* **the prompt as given**: a Hugging Face model reads the prompt's tokens
+  and nothing before them (as ``transformers`` does); lmkit's own models
+  start after a line break, as every line of their training text does
+  (``start_token`` changes either);
+* **stop strings**: ``stop=["\\n\\n"]`` ends a sample where the string first
+  appears in the generated text (the string not included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import unicodedata
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
+
+from lmkit.errors import UsageError
+
+__all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "readable",
+           "end_of_document_id", "check_stop_strings"]
+
+# How much of a full window a transformer keeps when it slides: the last half.
+SLIDE_KEEP = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One sample.
+
+    Attributes:
+      text: the prompt, then the continuation (a stop string cut off).
+      ids: the prompt's ids, then the generated ones (a start token not included).
+      prompt_index, sample_index: which prompt, and which of its samples.
+      prompt_length: how many of ``ids`` are the prompt's.
+      prompt_text: the prompt as the tokenizer reads it back.
+      stopped_by: why the sample ended: ``"length"``, ``"eos"`` (a line
+        break with ``stop_at_eos``, or the end-of-document token) or the stop
+        string that ended it.
+    """
+
+    text: str
+    ids: List[int]
+    prompt_index: int
+    sample_index: int
+    prompt_length: int
+    prompt_text: str
+    stopped_by: str
+
+    @property
+    def continuation(self) -> str:
+        """The generated text alone."""
+        return self.text[len(self.prompt_text):] if self.text.startswith(self.prompt_text) else self.text
+
+
+def end_of_document_id(tokenizer: Any) -> Optional[int]:
+    """The token that ends a document, or None: a Hugging Face tokenizer's ``<|endoftext|>``.
+
+    lmkit's own tokenizers mark line ends only (their ``eos_id``), so text
+    generation runs to the length asked for.
+    """
+    return tokenizer.bos_id if getattr(tokenizer, "name", None) == "hf" else None
+
+
+def check_stop_strings(stop: Sequence[str], tokenizer: Any) -> List[str]:
+    """``stop`` as a list; UsageError for an empty string or one the tokenizer cannot produce."""
+    stop = [stop] if isinstance(stop, str) else list(stop or [])
+    for s in stop:
+        if not isinstance(s, str) or not s:
+            raise UsageError(f"stop string {s!r} is empty; give the text that should end a sample, "
+                             "e.g. --stop '\\n\\n'")
+        ids = tokenizer.encode(s)
+        unk = getattr(tokenizer, "unk_id", None)
+        if not ids or (unk is not None and unk in ids) or tokenizer.decode(ids) != s:
+            raise UsageError(f"stop string {s!r} cannot be produced by this model's {tokenizer.name} "
+                             f"tokenizer (it reads back as {tokenizer.decode(ids)!r}); use text made "
+                             "of the tokenizer's symbols")
+    return stop
+
+
+_KEEP_CONTROLS = {"\n", "\t"}
+
+
+def readable(text: str) -> str:
+    """``text`` with control characters other than line breaks and tabs shown escaped (``\\x07``).
+
+    A byte or character model can write any code point; a raw control byte
+    would move the terminal's cursor or ring its bell.
+    """
+    if all(c in _KEEP_CONTROLS or unicodedata.category(c) != "Cc" for c in text):
+        return text
+    return "".join(c if c in _KEEP_CONTROLS or unicodedata.category(c) != "Cc"
+                   else repr(c)[1:-1] for c in text)
+
+
+def load_for_generation(model_dir: str, checkpoint: Optional[str] = None) -> Tuple[Any, Any, str]:
+    """``(model, tokenizer, description)`` of an lmkit run folder or a Hugging Face GPT-2 folder."""
+    from lmkit.hf import is_hf_folder
+    if is_hf_folder(model_dir):
+        if checkpoint:
+            raise UsageError(f"--checkpoint applies to lmkit training runs; {model_dir} is a Hugging Face "
+                             "folder with one set of weights")
+        from lmkit.hf import load_gpt2, read_tokenizer
+        tokenizer = read_tokenizer(model_dir)
+        model, _, _ = load_gpt2(model_dir, tokenizer)
+        return model, tokenizer, "gpt2 (Hugging Face folder)"
+    from lmkit.layout import resolve_checkpoint
+    from lmkit.train.checkpoint import load_model
+    model, tokenizer, config = load_model(model_dir, resolve_checkpoint(model_dir, checkpoint))
+    return model, tokenizer, config.model
+
+
+def _start_id(tokenizer: Any, start_token: Optional[bool]) -> Optional[int]:
+    """The token put before every prompt.
+
+    lmkit's own models start after a line break (``eos_id``), where every
+    line of their training text starts; Hugging Face models read the prompt
+    as given, unless ``start_token`` is True (then ``<|endoftext|>``, GPT-2's
+    document start). An empty prompt always needs one.
+    """
+    if getattr(tokenizer, "name", None) == "hf":
+        return tokenizer.bos_id if start_token else None
+    if start_token is False:
+        return None
+    return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.bos_id
+
+
+def _sampler(strategy: Union[str, Any], **flags: Any) -> Any:
+    """A sampler object: ``strategy`` itself, or the registry's, with the flags its constructor takes."""
+    import inspect
+
+    from lmkit.decoding.registry import SAMPLER_NAMES, SAMPLERS
+    from lmkit.decoding.sampler import Sampler
+    from lmkit.registry import import_object
+    if isinstance(strategy, Sampler):
+        return strategy
+    if strategy not in SAMPLERS:
+        raise UsageError(f"strategy {strategy!r} is not one of {', '.join(SAMPLER_NAMES)}")
+    cls = import_object(SAMPLERS[strategy], "sampler")
+    takes = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in flags.items() if k in takes})
+
+
+def _chunk_seed(seed: int, chunk: int) -> int:
+    """The seed of the ``chunk``-th window: ``seed`` for the first, a mix of both after it."""
+    return seed if chunk == 0 else (seed * 6364136223846793005 + chunk * 1442695040888963407) % 2 ** 63
+
+
+def _cut_at_stop(tokenizer: Any, prompt: List[int], generated: List[int], prompt_text: str,
+                 stop: Sequence[str]) -> Tuple[List[int], Optional[str], Optional[str]]:
+    """``(generated ids up to the stop, text before the stop, the stop string)``; no stop: (ids, None, None)."""
+    text = tokenizer.decode(prompt + generated)
+    start = len(prompt_text) if text.startswith(prompt_text) else 0
+    found = [(text.find(s, start), s) for s in stop]
+    found = [(i, s) for i, s in found if i >= 0]
+    if not found:
+        return generated, None, None
+    at, which = min(found)
+    for k in range(1, len(generated) + 1):  # the fewest tokens whose text holds the stop string
+        if tokenizer.decode(prompt + generated[:k]).find(which, start) >= 0:
+            return generated[:k], text[:at], which
+    return generated, text[:at], which
+
+
+def generate_samples(model: Any,
+                     tokenizer: Any,
+                     prompts: Sequence[Sequence[int]],
+                     *,
+                     max_new_tokens: Sequence[int],
+                     sampler: Any,
+                     num_samples: int = 1,
+                     seed: Optional[int] = None,
+                     stop: Sequence[str] = (),
+                     stop_at_eos: bool = False,
+                     start_token: Optional[bool] = None,
+                     jit_compile: Optional[bool] = None) -> Tuple[List[Generation], Optional[int]]:
+    """Samples from token-id prompts; the engine of :func:`generate` and ``lmkit generate``.
+
+    Args:
+      prompts: token ids of each prompt (may be empty: start at a line start).
+      max_new_tokens: tokens to generate for each prompt (at most).
+      sampler: a :class:`lmkit.decoding.Sampler`.
+      num_samples: samples per prompt (beam search: the best hypotheses of one search).
+
+    Returns:
+      ``(samples, seed)``: the samples in prompt order, then sample order,
+      and the seed used (None for beam search).
+
+    Raises:
+      UsageError: an empty prompt with no start token, beam search past the
+        model's context, a bad stop string.
+    """
+    from lmkit import decoding
+    from lmkit.decoding.beam import BeamSampler
+    from lmkit.decoding.prompts import check_seed
+
+    stop = check_stop_strings(stop, tokenizer) if stop else []
+    start_id = _start_id(tokenizer, start_token)
+    if start_id is None and any(not p for p in prompts):
+        raise UsageError("an empty prompt needs a start token, and this tokenizer has none; give a prompt")
+    eos_id = tokenizer.eos_id if stop_at_eos else end_of_document_id(tokenizer)
+    window = getattr(model, "max_positions", None)  # None: an RNN, no limit
+    beam = isinstance(sampler, BeamSampler)
+    lead = 0 if start_id is None else 1
+    rows: List[List[int]] = []  # the model's input per row: start token, prompt (cut to fit the window)
+    targets: List[int] = []  # the full length each row should reach (start token included)
+    owner: List[Tuple[int, int]] = []  # (prompt, sample) of each row
+    for i, p in enumerate(prompts):
+        for j in range(1 if beam else num_samples):
+            rows.append(([] if start_id is None else [start_id]) + list(p))
+            targets.append(lead + len(p) + int(max_new_tokens[i]))
+            owner.append((i, j))
+    longest = max(targets)
+    if window is not None and beam and longest > window:
+        raise UsageError(f"beam search cannot go past the model's context of {window} tokens "
+                         f"(asked for {longest - lead} with the prompt); ask for fewer tokens or use "
+                         "another --strategy, which slides the window")
+    if window is not None:  # the model reads the last window - 1 tokens of a long prompt
+        rows = [r[max(0, len(r) - window + 1):] for r in rows]
+    seed = None if beam else check_seed(seed)
+    prompt_texts = [tokenizer.decode(list(p)) for p in prompts]
+
+    def done(n: int, g: List[int]) -> bool:
+        i = owner[n][0]
+        return bool((eos_id is not None and g and g[-1] == eos_id)
+                    or lead + len(prompts[i]) + len(g) >= targets[n]
+                    or (stop and _cut_at_stop(tokenizer, list(prompts[i]), g, prompt_texts[i], stop)[2]))
+
+    result = decoding.decode(model, longest if window is None else min(window, longest), sampler,
+                             prompts=rows, eos_id=eos_id, seed=seed, jit_compile=jit_compile)
+    samples: List[Tuple[int, int, List[int], str]] = []  # (prompt, sample, generated ids, why)
+    if beam:
+        for i in range(len(prompts)):
+            for j in range(num_samples):
+                if result.beam_scores[i, j] > -float("inf"):  # -inf marks an unused slot
+                    ids = result.beam_ids[i, j, :result.beam_lengths[i, j]].tolist()[len(rows[i]):]
+                    samples.append((i, j, ids, "eos" if eos_id is not None and ids and ids[-1] == eos_id
+                                    else "length"))
+    else:
+        generated = [seq[len(r):] for seq, r in zip(result.sequences(include_prompt=True), rows)]
+        chunk = 0
+        ended = [done(n, g) for n, g in enumerate(generated)]
+        while window is not None and not all(ended):
+            # Slide: go on from the last part of a full window, the cache rebuilt from it. Every
+            # window has the same shape, so the compiled loop is reused.
+            keep = max(1, int(window * SLIDE_KEEP))
+            context = [(([] if start_id is None else [start_id]) + list(prompts[owner[n][0]]) + g)[-keep:]
+                       for n, g in enumerate(generated)]
+            chunk += 1
+            more = decoding.decode(model, window, sampler, prompts=context, eos_id=eos_id,
+                                   seed=_chunk_seed(seed, chunk), jit_compile=jit_compile)
+            for n, seq in enumerate(more.sequences(include_prompt=True)):
+                if not ended[n]:
+                    generated[n] = generated[n] + seq[keep:]
+                    ended[n] = done(n, generated[n])
+        for n, g in enumerate(generated):
+            i, j = owner[n]
+            g = g[:max(0, targets[n] - lead - len(prompts[i]))]
+            why = "eos" if eos_id is not None and g and g[-1] == eos_id else "length"
+            samples.append((i, j, g, why))
+    out = []
+    for i, j, g, why in samples:
+        prompt = list(prompts[i])
+        text = None
+        if stop:
+            g, text, which = _cut_at_stop(tokenizer, prompt, g, prompt_texts[i], stop)
+            why = which or why
+        if why == "eos":
+            g = g[:-1]  # the end token is not text
+        if text is None:
+            text = tokenizer.decode(prompt + g)
+        out.append(Generation(text=text, ids=prompt + g, prompt_index=i, sample_index=j,
+                              prompt_length=len(prompt), prompt_text=prompt_texts[i], stopped_by=why))
+    return out, seed
+
+
+def _as_list(prompts: Union[None, str, Iterable[str]]) -> List[Optional[str]]:
+    if prompts is None:
+        return [None]
+    if isinstance(prompts, str):
+        return [prompts]
+    return list(prompts)
+
+
+def generate(model: Any,
+             prompts: Union[None, str, Sequence[str]] = None,
+             *,
+             tokenizer: Any = None,
+             max_length: Optional[int] = None,
+             max_new_tokens: Optional[int] = None,
+             strategy: Union[str, Any] = "top_p",
+             temperature: float = 1.0,
+             top_k: int = 40,
+             top_p: float = 0.9,
+             beam_width: int = 4,
+             length_penalty: float = 0.6,
+             num_samples: int = 1,
+             seed: Optional[int] = None,
+             stop: Sequence[str] = (),
+             stop_at_eos: bool = False,
+             start_token: Optional[bool] = None,
+             checkpoint: Optional[str] = None,
+             return_samples: bool = False) -> Union[List[str], List[Generation]]:
+    """Continues each prompt; the Python face of ``lmkit generate`` (same options, same code).
+
+    Args:
+      model: a model folder (an lmkit run or a Hugging Face GPT-2 folder), or
+        a language model object (then pass ``tokenizer``).
+      prompts: a string or a list of strings; None: one sample from the start
+        of a line.
+      tokenizer: the tokenizer of a model object (read from the folder otherwise).
+      max_length: tokens per sample, prompt included (as ``--max_length``).
+      max_new_tokens: tokens to generate after the prompt (wins over
+        ``max_length``; default 50 new tokens when neither is given).
+      strategy: ``greedy``, ``sample``, ``top_k``, ``top_p``, ``beam``, or a
+        :class:`lmkit.decoding.Sampler`; ``temperature``, ``top_k``,
+        ``top_p``, ``beam_width``, ``length_penalty`` set the named ones.
+      num_samples: samples per prompt.
+      seed: the same seed gives the same samples; None draws one.
+      stop: strings that end a sample (not included in it).
+      stop_at_eos: end each sample at its first line break.
+      start_token: put the start token before each prompt (default: yes for
+        lmkit's models, no for Hugging Face ones).
+      checkpoint: a ``ckpt-<step>`` folder of a run (default the latest).
+      return_samples: return :class:`Generation` objects (text, ids, why it
+        stopped) instead of strings.
+
+    Returns:
+      One string (prompt and continuation) per sample, prompt by prompt.
+
+    Raises:
+      UsageError: a bad option or prompt, named in the message.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        if tokenizer is not None:
+            raise UsageError("tokenizer= is for a model object; a model folder brings its own")
+        model, tokenizer, _ = load_for_generation(os.fspath(model), checkpoint)
+    elif tokenizer is None:
+        raise UsageError("generate(model_object, ...) needs tokenizer=; or pass a model folder")
+    for name, value, ok in (("num_samples", num_samples, num_samples >= 1),
+                            ("max_length", max_length, max_length is None or max_length >= 1),
+                            ("max_new_tokens", max_new_tokens, max_new_tokens is None or max_new_tokens >= 1)):
+        if not ok:
+            raise UsageError(f"{name} = {value!r} must be >= 1")
+    ids = []
+    for text in _as_list(prompts):
+        encoded = tokenizer.encode(text) if text else []
+        if text and not encoded:
+            raise UsageError(f"prompt {text!r} is empty after tokenization")
+        ids.append(encoded)
+    budget = [max_new_tokens if max_new_tokens is not None
+              else (max_length - len(p) if max_length is not None else 50) for p in ids]
+    for text, p, b in zip(_as_list(prompts), ids, budget):
+        if b < 1:
+            raise UsageError(f"prompt {text!r} has {len(p)} tokens, leaving none to generate within "
+                             f"max_length {max_length}; use max_length {len(p) + 1} or more, or max_new_tokens")
+    sampler = _sampler(strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
+                       length_penalty=length_penalty)
+    samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
+                                  num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
+                                  start_token=start_token)
+    return samples if return_samples else [s.text for s in samples]

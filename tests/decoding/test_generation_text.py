@@ -1,0 +1,140 @@
+"""lmkit.generate / lmkit.generation: line breaks as text, windows past the context, stop strings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import lmkit
+from lmkit.data.tokenizers import train_tokenizer
+from lmkit.decoding import GreedySampler, TopKSampler, decode
+from lmkit.errors import UsageError
+from lmkit.generation import generate_samples, readable
+from lmkit.models import build_model
+
+TEXT = "ROMEO:\nab cd\nJULIET:\nba dc\n\nROMEO:\ncab\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chars")
+    text_file = folder / "plays.txt"
+    text_file.write_text(TEXT * 3, encoding="utf-8")
+    return train_tokenizer("char", str(text_file), str(folder))
+
+
+def tiny(kind: str, vocab_size: int, max_positions: int = 8, seed: int = 0):
+    tf.random.set_seed(seed)
+    config = {"model": kind, "vocab_size": vocab_size, "hidden_size": 8, "num_layers": 1,
+              "init_scale": 0.8, "keep_prob": 1.0}
+    if kind == "transformer":
+        config.update(num_heads=2, max_positions=max_positions)
+    return build_model(config)
+
+
+def line_break_loving(tokenizer, kind="lstm"):
+    """A model whose output bias favours the line break: old-style decoding stops at once."""
+    model = tiny(kind, tokenizer.vocab_size)
+    bias = [v for v in model.trainable_variables if "bias" in v.name and v.shape == (tokenizer.vocab_size,)]
+    if bias:
+        bias[-1].assign(tf.one_hot(tokenizer.eos_id, tokenizer.vocab_size) * 3.0)
+    return model
+
+
+def test_line_breaks_are_text_and_stop_at_eos_keeps_one_line(tokenizer):
+    model = line_break_loving(tokenizer)
+    prompt = tokenizer.encode("ROMEO:")
+    multi, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[40], sampler=GreedySampler())
+    assert len(multi[0].ids) == len(prompt) + 40 and multi[0].stopped_by == "length"
+    assert multi[0].text.startswith("ROMEO:") and multi[0].text == tokenizer.decode(multi[0].ids)
+    one, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[40], sampler=GreedySampler(),
+                              stop_at_eos=True)
+    assert "\n" not in one[0].text and one[0].stopped_by == "eos"
+    # The one-line sample is the start of the multi-line one: the same model, the same greedy path.
+    assert multi[0].ids[:len(one[0].ids)] == one[0].ids
+    assert multi[0].ids[len(one[0].ids)] == tokenizer.eos_id
+
+
+def test_a_transformer_slides_past_its_context_with_the_compiled_loop(tokenizer):
+    window = 8
+    model = tiny("transformer", tokenizer.vocab_size, max_positions=window)
+    prompt = tokenizer.encode("ab")
+    got, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[25], sampler=GreedySampler())
+    assert len(got[0].ids) == len(prompt) + 25
+    # Reference: the same sliding by hand, each window decoded on its own (uncached, not compiled).
+    seq = [tokenizer.eos_id] + prompt
+    first = decode(model, window, GreedySampler(), prompts=[seq], use_cache=False, compiled=False)
+    seq = first.sequences()[0]
+    keep = window // 2
+    while len(seq) < 1 + len(prompt) + 25:
+        nxt = decode(model, window, GreedySampler(), prompts=[seq[-keep:]], use_cache=False, compiled=False)
+        seq = seq + nxt.sequences()[0][keep:]
+    assert got[0].ids == seq[1:1 + len(prompt) + 25]
+
+
+def test_sliding_samples_are_reproducible_by_seed(tokenizer):
+    model = tiny("transformer", tokenizer.vocab_size, max_positions=8)
+    prompts = [tokenizer.encode("ab"), tokenizer.encode("ROMEO:")]
+    run = lambda seed: generate_samples(model, tokenizer, prompts, max_new_tokens=[20, 30],  # noqa: E731
+                                        sampler=TopKSampler(k=4), num_samples=2, seed=seed)
+    a, seed_a = run(5)
+    b, _ = run(5)
+    c, _ = run(6)
+    assert seed_a == 5 and [s.ids for s in a] == [s.ids for s in b] and [s.ids for s in a] != [s.ids for s in c]
+    assert [(s.prompt_index, s.sample_index) for s in a] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [len(s.ids) - s.prompt_length for s in a] == [20, 20, 30, 30]
+
+
+def test_stop_strings_end_a_sample_before_the_string(tokenizer):
+    model = line_break_loving(tokenizer)
+    prompt = tokenizer.encode("ROMEO:")
+    full, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[60], sampler=GreedySampler())
+    generated = full[0].text[len("ROMEO:"):]
+    stop = "\n" if "\n\n" not in generated else "\n\n"
+    cut, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[60], sampler=GreedySampler(),
+                              stop=[stop, "dddddddddddd"])
+    assert cut[0].stopped_by == stop
+    assert cut[0].text == "ROMEO:" + generated[:generated.index(stop)]
+    # Its ids run up to and including the tokens that wrote the stop string.
+    assert tokenizer.decode(cut[0].ids).endswith(stop)
+
+
+def test_bad_stop_strings_are_one_clear_error(tokenizer):
+    model = tiny("lstm", tokenizer.vocab_size)
+    for bad, match in (("", "is empty"), ("\u00e9t\u00e9", "cannot be produced by this model's char tokenizer")):
+        with pytest.raises(UsageError, match=match):
+            generate_samples(model, tokenizer, [tokenizer.encode("ab")], max_new_tokens=[5],
+                             sampler=GreedySampler(), stop=[bad])
+
+
+def test_python_api_from_a_model_object(tokenizer):
+    model = tiny("transformer", tokenizer.vocab_size, max_positions=8)
+    texts = lmkit.generate(model, ["ab", "ROMEO:"], tokenizer=tokenizer, strategy="greedy", max_new_tokens=12)
+    assert len(texts) == 2 and texts[0].startswith("ab") and texts[1].startswith("ROMEO:")
+    samples = lmkit.generate(model, "ab", tokenizer=tokenizer, strategy="top_k", top_k=3, num_samples=3,
+                             max_length=10, seed=1, return_samples=True)
+    assert [len(s.ids) for s in samples] == [10, 10, 10] and all(isinstance(s, lmkit.Generation) for s in samples)
+    assert samples[0].continuation == samples[0].text[2:]
+    with pytest.raises(UsageError, match="needs tokenizer="):
+        lmkit.generate(model, "ab")
+    with pytest.raises(UsageError, match="strategy 'nucleus' is not one of"):
+        lmkit.generate(model, "ab", tokenizer=tokenizer, strategy="nucleus")
+    with pytest.raises(UsageError, match="beam search cannot go past the model's context of 8"):
+        lmkit.generate(model, "ab", tokenizer=tokenizer, strategy="beam", max_new_tokens=20)
+
+
+def test_readable_escapes_control_characters_but_keeps_lines_and_tabs():
+    assert readable("a\tb\nc") == "a\tb\nc"
+    assert readable("bell\x07 esc\x1b[2J") == "bell\\x07 esc\\x1b[2J"
+    assert readable("caf\u00e9 \u2603") == "caf\u00e9 \u2603"
+
+
+def test_lstm_generation_has_no_window(tokenizer):
+    model = tiny("lstm", tokenizer.vocab_size)
+    got, _ = generate_samples(model, tokenizer, [tokenizer.encode("ab")], max_new_tokens=[100],
+                              sampler=GreedySampler())
+    assert len(got[0].ids) == 102
+    ref = decode(model, 103, GreedySampler(), prompts=[[tokenizer.eos_id] + tokenizer.encode("ab")])
+    assert got[0].ids == ref.sequences()[0][1:]
+    assert np.all(np.asarray(got[0].ids) < tokenizer.vocab_size)
