@@ -23,6 +23,12 @@ same greedy :func:`lmkit.decoding.decode` call runs two ways:
   same threads; skipped with a message when ``transformers`` or ``torch`` is
   not installed (``pip install -e '.[test-hf]'``).
 
+Past the context (``--sliding``, transformer only): :func:`lmkit.generation.
+generate_samples` writes 256 and 512 tokens from a model of 128 positions
+(the window slides by half of it, each window one call of the compiled
+loop); its tokens/sec is compared with the in-window XLA rate at 128
+(``sliding`` in the JSON).
+
 Greedy decoding isolates the model's cost; ``eos_id`` is None, so every row
 generates exactly ``length - 1`` tokens. After one untimed call per mode
 (it traces the loop), the two modes ALTERNATE (cached first in even rounds,
@@ -69,17 +75,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="TensorFlow intra-op and inter-op threads (default: all cores)")
     parser.add_argument("--quick", action="store_true",
                         help="lengths 16,32 and 2 repeats (a smoke run); writes generation.quick.*")
+    parser.add_argument("--sliding", default="256,512",
+                        help="transformer output lengths past max_positions, with the sliding window "
+                             "(default 256,512; '' for none)")
     parser.add_argument("--output", default=None,
                         help="JSON path; the PNG goes next to it (default benchmarks/results/generation.json)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.lengths, args.repeats = "16,32", 2
+        args.lengths, args.repeats, args.sliding = "16,32", 2, "192"
     args.output = args.output or os.path.join(RESULTS_DIR, "generation.quick.json" if args.quick
                                               else "generation.json")
     try:
         args.models = [m for m in args.models.split(",") if m]
         args.lengths = [int(x) for x in args.lengths.split(",") if x]
         args.batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x]
+        args.sliding = [int(x) for x in args.sliding.split(",") if x]
     except ValueError as exc:
         parser.error(f"--lengths and --batch_sizes take comma-separated integers ({exc})")
     unknown = [m for m in args.models if m not in CONFIGS]
@@ -144,6 +154,43 @@ def bench_shape(model: Any, sampler: Any, batch_size: int, length: int, repeats:
                      "first_call_s": round(first_call[mode], 3),
                      "tokens_per_sec": tokens / stats["median"]}
     return row
+
+
+def bench_sliding(model: Any, tokenizer: Any, sampler: Any, batch_size: int, length: int,
+                  repeats: int) -> Dict[str, Any]:
+    """Tokens/sec of ``length - 1`` new tokens past the context (sliding windows) against one window's."""
+    from lmkit import decoding
+    from lmkit.generation import generate_samples
+    window = model.max_positions
+    prompts = [[]] * batch_size  # the start token only
+
+    def slide():
+        return generate_samples(model, tokenizer, prompts, max_new_tokens=[length - 1] * batch_size,
+                                sampler=sampler, seed=0)
+
+    def one_window():
+        return decoding.decode(model, window, sampler, batch_size=batch_size, start_id=0, seed=0)
+
+    slide(), one_window()  # traces
+    times: Dict[str, List[float]] = {"sliding": [], "window": []}
+    for r in range(repeats):
+        for mode in (("sliding", "window") if r % 2 == 0 else ("window", "sliding")):
+            times[mode].append(timed(slide if mode == "sliding" else one_window))
+    rates = {"sliding": batch_size * (length - 1) / summarize(times["sliding"])["median"],
+             "window": batch_size * (window - 1) / summarize(times["window"])["median"]}
+    return {"batch_size": batch_size, "length": length, "window": window,
+            "times_s": {k: [round(t, 5) for t in v] for k, v in times.items()},
+            "tokens_per_sec": {k: round(v, 1) for k, v in rates.items()},
+            "sliding_vs_window": round(rates["sliding"] / rates["window"], 3)}
+
+
+class _StartToken:
+    """The least a tokenizer must be for generate_samples here: a start token, ids as text."""
+
+    name, eos_id, bos_id, unk_id = "bench", 0, None, None
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
 
 
 def reference_model(config: Any, threads: int) -> Any:
@@ -283,6 +330,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "config": CONFIGS[name], "model_config": config.model_config(),
             "parameters": int(sum(v.shape.num_elements() for v in model.trainable_variables)),
             "skipped_lengths": skipped, "rows": rows}
+        if name == "transformer" and args.sliding:
+            sliding = []
+            for batch_size in args.batch_sizes:
+                for length in args.sliding:
+                    row = bench_sliding(model, _StartToken(), sampler, batch_size, length, args.repeats)
+                    sliding.append(row)
+                    print(f"{name:11s} batch {batch_size:2d} length {length:4d} (window {row['window']}, "
+                          f"sliding): {row['tokens_per_sec']['sliding']:7.0f} tok/s, "
+                          f"{row['sliding_vs_window']:.2f}x one window's rate", flush=True)
+            results["models"][name]["sliding"] = sliding
     results["load_average_at_end"] = load_average()
     results["wall_time_s"] = round(time.perf_counter() - started, 1)
     write_json(args.output, results)

@@ -157,6 +157,54 @@ def _sampler(strategy: Union[str, Any], **flags: Any) -> Any:
     return cls(**{k: v for k, v in flags.items() if k in takes})
 
 
+class _TextStreamer:
+    """Writes one sample's text while it is generated (``on_token`` of the decode loop).
+
+    Text is written once it cannot change: held back are the last characters
+    that could still begin a stop string, and a trailing U+FFFD (a byte
+    model's character whose UTF-8 bytes have not all come).
+    """
+
+    def __init__(self, tokenizer: Any, prompt: List[int], budget: int, end_id: Optional[int],
+                 stop: Sequence[str], write: Any) -> None:
+        self.tokenizer, self.prompt, self.budget, self.end_id = tokenizer, prompt, budget, end_id
+        self.stop, self.write = list(stop), write
+        self.prompt_text = tokenizer.decode(prompt)
+        self.generated: List[int] = []
+        self.shown = 0
+        self.done = False
+        self.hold = max((len(x) for x in self.stop), default=1) - 1
+        self._show(self.prompt_text, len(self.prompt_text))
+
+    def _show(self, text: str, end: int) -> None:
+        if end > self.shown:
+            self.write(text[self.shown:end])
+            self.shown = end
+
+    def __call__(self, tokens: Any, generated: Any) -> None:
+        if self.done or not bool(generated[0]):
+            return
+        token = int(tokens[0])
+        if self.end_id is not None and token == self.end_id:
+            self.done = True
+            return
+        self.generated.append(token)
+        text = self.tokenizer.decode(self.prompt + self.generated)
+        start = len(self.prompt_text) if text.startswith(self.prompt_text) else 0
+        hits = [i for i in (text.find(x, start) for x in self.stop) if i >= 0]
+        self.done = bool(hits) or len(self.generated) >= self.budget
+        end = min(hits) if hits else len(text)
+        if not self.done:
+            end -= self.hold
+            while end > self.shown and text[end - 1] == "\ufffd":
+                end -= 1
+        self._show(text, end)
+
+    def finish(self, final_text: str) -> None:
+        """Writes what the stream held back (the sample's text is ``final_text``)."""
+        self._show(final_text, len(final_text))
+
+
 def _chunk_seed(seed: int, chunk: int) -> int:
     """The seed of the ``chunk``-th window: ``seed`` for the first, a mix of both after it."""
     return seed if chunk == 0 else (seed * 6364136223846793005 + chunk * 1442695040888963407) % 2 ** 63
@@ -189,6 +237,9 @@ def generate_samples(model: Any,
                      stop: Sequence[str] = (),
                      stop_at_eos: bool = False,
                      start_token: Optional[bool] = None,
+                     repetition_penalty: float = 1.0,
+                     min_new_tokens: int = 0,
+                     stream: Any = None,
                      jit_compile: Optional[bool] = None) -> Tuple[List[Generation], Optional[int]]:
     """Samples from token-id prompts; the engine of :func:`generate` and ``lmkit generate``.
 
@@ -197,6 +248,12 @@ def generate_samples(model: Any,
       max_new_tokens: tokens to generate for each prompt (at most).
       sampler: a :class:`lmkit.decoding.Sampler`.
       num_samples: samples per prompt (beam search: the best hypotheses of one search).
+      repetition_penalty, min_new_tokens: as in :func:`lmkit.decoding.decode`
+        (``min_new_tokens`` holds back the end token: ``stop_at_eos``'s line
+        break, or the end of a document).
+      stream: a function that takes text (e.g. ``sys.stdout.write``): the
+        one sample is written to it while it is generated, the prompt first
+        (the loop then runs without XLA and waits for each token).
 
     Returns:
       ``(samples, seed)``: the samples in prompt order, then sample order,
@@ -242,8 +299,24 @@ def generate_samples(model: Any,
                     or lead + len(prompts[i]) + len(g) >= targets[n]
                     or (stop and _cut_at_stop(tokenizer, list(prompts[i]), g, prompt_texts[i], stop)[2]))
 
+    if not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+        raise UsageError(f"min_new_tokens = {min_new_tokens!r} must be an integer >= 0")
+    if beam and (repetition_penalty != 1.0 or min_new_tokens):
+        raise UsageError("repetition_penalty and min_new_tokens apply to the per-token strategies "
+                         "(greedy, sample, top_k, top_p), not to beam search")
+    rules: dict = {} if beam else dict(repetition_penalty=repetition_penalty)
+    streamer = None
+    if stream is not None:
+        if beam or len(rows) != 1:
+            raise UsageError("streaming writes one sample as it comes; give one prompt and one sample "
+                             "(not beam search), or turn streaming off")
+        streamer = _TextStreamer(tokenizer, list(prompts[0]), targets[0] - lead - len(prompts[0]), eos_id,
+                                 stop, stream)
+        rules["on_token"] = streamer
+    if min_new_tokens:
+        rules["min_new_tokens"] = [min_new_tokens] * len(rows)
     result = decoding.decode(model, longest if window is None else min(window, longest), sampler,
-                             prompts=rows, eos_id=eos_id, seed=seed, jit_compile=jit_compile)
+                             prompts=rows, eos_id=eos_id, seed=seed, jit_compile=jit_compile, **rules)
     samples: List[Tuple[int, int, List[int], str]] = []  # (prompt, sample, generated ids, why)
     if beam:
         for i in range(len(prompts)):
@@ -263,8 +336,10 @@ def generate_samples(model: Any,
             context = [(([] if start_id is None else [start_id]) + list(prompts[owner[n][0]]) + g)[-keep:]
                        for n, g in enumerate(generated)]
             chunk += 1
+            if min_new_tokens:  # what each row still owes, counted from this window's prompt
+                rules["min_new_tokens"] = [max(0, min_new_tokens - len(g)) for g in generated]
             more = decoding.decode(model, window, sampler, prompts=context, eos_id=eos_id,
-                                   seed=_chunk_seed(seed, chunk), jit_compile=jit_compile)
+                                   seed=_chunk_seed(seed, chunk), jit_compile=jit_compile, **rules)
             for n, seq in enumerate(more.sequences(include_prompt=True)):
                 if not ended[n]:
                     generated[n] = generated[n] + seq[keep:]
@@ -287,6 +362,8 @@ def generate_samples(model: Any,
             text = tokenizer.decode(prompt + g)
         out.append(Generation(text=text, ids=prompt + g, prompt_index=i, sample_index=j,
                               prompt_length=len(prompt), prompt_text=prompt_texts[i], stopped_by=why))
+    if streamer is not None:
+        streamer.finish(out[0].text)
     return out, seed
 
 
@@ -315,6 +392,8 @@ def generate(model: Any,
              stop: Sequence[str] = (),
              stop_at_eos: bool = False,
              start_token: Optional[bool] = None,
+             repetition_penalty: float = 1.0,
+             min_new_tokens: int = 0,
              checkpoint: Optional[str] = None,
              return_samples: bool = False) -> Union[List[str], List[Generation]]:
     """Continues each prompt; the Python face of ``lmkit generate`` (same options, same code).
@@ -337,6 +416,9 @@ def generate(model: Any,
       stop_at_eos: end each sample at its first line break.
       start_token: put the start token before each prompt (default: yes for
         lmkit's models, no for Hugging Face ones).
+      repetition_penalty: > 1 makes tokens already in the sample less likely
+        (CTRL's penalty, as in ``transformers``); 1 = off.
+      min_new_tokens: new tokens before the end token may be chosen.
       checkpoint: a ``ckpt-<step>`` folder of a run (default the latest).
       return_samples: return :class:`Generation` objects (text, ids, why it
         stopped) instead of strings.
@@ -374,5 +456,6 @@ def generate(model: Any,
                        length_penalty=length_penalty)
     samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
                                   num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
-                                  start_token=start_token)
+                                  start_token=start_token, repetition_penalty=repetition_penalty,
+                                  min_new_tokens=min_new_tokens)
     return samples if return_samples else [s.text for s in samples]

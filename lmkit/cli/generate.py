@@ -75,6 +75,17 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                         "<|endoftext|> for a Hugging Face folder, which by default reads the prompt as given)")
     p.add_argument("--no_start_token", dest="start_token", action="store_const", const=False,
                    help="feed the prompt with nothing before it")
+    p.add_argument("--repetition_penalty", type=float, default=1.0,
+                   help="> 1 makes tokens already in a sample less likely (CTRL's penalty; 1 = off; "
+                        "not with beam)")
+    p.add_argument("--min_new_tokens", type=int, default=0,
+                   help="new tokens before a sample may end at its end token (with --stop_at_eos, "
+                        "or a Hugging Face model's <|endoftext|>)")
+    p.add_argument("--stream", dest="stream", action="store_const", const=True, default=None,
+                   help="write the sample while it is generated (the default on a terminal when there "
+                        "is one sample; runs the decode loop without XLA)")
+    p.add_argument("--no_stream", dest="stream", action="store_const", const=False,
+                   help="write the sample when it is done")
     p.add_argument("--one_line", action="store_true",
                    help="write each sample on one line, its line breaks as \\n")
     p.add_argument("--seed", type=int, default=None,
@@ -109,10 +120,21 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         ("--top_k", args.top_k, args.top_k >= 1, "must be >= 1"),
         ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
         ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
+        ("--repetition_penalty", args.repetition_penalty, args.repetition_penalty > 0, "must be > 0 (1 = off)"),
+        ("--min_new_tokens", args.min_new_tokens, args.min_new_tokens >= 0, "must be >= 0"),
     ]
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
+    if args.strategy == "beam" and (args.repetition_penalty != 1.0 or args.min_new_tokens):
+        raise UsageError("--repetition_penalty and --min_new_tokens apply to the per-token strategies "
+                         "(greedy, sample, top_k, top_p), not to --strategy beam")
+    single = len(args.prompt or [None]) == 1 and (args.num_samples == 1 or args.strategy == "beam")
+    if args.stream and (args.strategy == "beam" or not single or args.one_line):
+        raise UsageError("--stream writes one sample as it comes: give one --prompt, --num_samples 1, a "
+                         "per-token --strategy and no --one_line (or drop --stream)")
+    if args.stream is None:  # on a terminal, one sample streams
+        args.stream = sys.stdout.isatty() and single and args.strategy != "beam" and not args.one_line
     if args.strategy == "beam" and args.num_samples > args.beam_width:
         raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
                          f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
@@ -207,19 +229,32 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
               for p in prompts]
     sampler = build_sampler(args)
 
-    def run() -> Any:
+    def write(piece: str) -> None:
+        sys.stdout.write(readable(piece))
+        sys.stdout.flush()
+
+    def run(stream: bool = False) -> Any:
         return generate_samples(model, tokenizer, prompts, max_new_tokens=budget, sampler=sampler,
                                 num_samples=args.num_samples, seed=args.seed, stop=args.stop,
-                                stop_at_eos=args.stop_at_eos, start_token=args.start_token)
+                                stop_at_eos=args.stop_at_eos, start_token=args.start_token,
+                                repetition_penalty=args.repetition_penalty,
+                                min_new_tokens=args.min_new_tokens, stream=write if stream else None)
 
     start = time.perf_counter()
-    samples, seed = run()
+    if args.stream:
+        write("[0.0] ")
+    samples, seed = run(stream=args.stream)
     first_call = time.perf_counter() - start
     if args.seed is None and seed is not None and args.strategy != "greedy":
         sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
         args.seed = seed  # --verbose's second call repeats the same work
     multi_line = not args.one_line and len(samples) > 1 and any("\n" in s.text for s in samples)
-    for n, sample in enumerate(samples):
+    if args.stream:
+        write("\n")
+        samples_to_print = []
+    else:
+        samples_to_print = samples
+    for n, sample in enumerate(samples_to_print):
         body = one_line(sample.text) if args.one_line else readable(sample.text)
         print(f"[{sample.prompt_index}.{sample.sample_index}] {body}", flush=True)
         if multi_line and n < len(samples) - 1:

@@ -95,7 +95,8 @@ class BeamSampler(Sampler):
     def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
                  max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int] = None,
                  use_cache: bool = True, compiled: bool = True,
-                 jit_compile: Optional[bool] = None) -> "BeamSearchResult":
+                 jit_compile: Optional[bool] = None, repetition_penalty: float = 1.0,
+                 min_new_tokens: Optional[np.ndarray] = None, on_token: Any = None) -> "BeamSearchResult":
         """Finds high-scoring continuations of the prompts (arguments as in ``Sampler.generate``).
 
         The model state is built for ``batch * beam_width`` rows.
@@ -105,6 +106,11 @@ class BeamSampler(Sampler):
             deterministic and always uses the cache).
         """
         del pad_id  # unused slots are marked by score -inf, not padding
+        if on_token is not None:
+            raise UsageError("beam search cannot stream: its best hypothesis is known only at the end")
+        if repetition_penalty != 1.0 or (min_new_tokens is not None and np.any(np.asarray(min_new_tokens) > 0)):
+            raise UsageError("beam search scores whole hypotheses: repetition_penalty and "
+                             "min_new_tokens apply to the per-token strategies (greedy, sample, top_k, top_p)")
         if seed is not None or not use_cache:
             raise UsageError("beam search is deterministic and always uses the cache; "
                              "drop seed and use_cache when sampler is a BeamSampler")

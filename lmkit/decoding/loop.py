@@ -8,7 +8,9 @@ loop (beam search overrides it); see ``docs/generation.md``.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
 
 from lmkit.decoding.prompts import DecodeResult, prepare_prompts
 from lmkit.decoding.sampler import Sampler
@@ -29,7 +31,10 @@ def decode(model: Any,
            seed: Optional[int] = None,
            use_cache: bool = True,
            compiled: bool = True,
-           jit_compile: Optional[bool] = None) -> DecodeResult:
+           jit_compile: Optional[bool] = None,
+           repetition_penalty: float = 1.0,
+           min_new_tokens: Union[int, Sequence[int]] = 0,
+           on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None) -> DecodeResult:
     """Generates a batch of sequences with one sampler.
 
     Args:
@@ -62,6 +67,13 @@ def decode(model: Any,
       jit_compile: compile the loop with XLA (default: whenever ``compiled``
         and ``use_cache``; several times faster, the same tokens). False keeps
         the plain ``tf.function``.
+      repetition_penalty: > 0; a token already in the row (prompt included)
+        has its positive logit divided by it and its negative one multiplied
+        (CTRL's penalty, as ``transformers`` applies it); 1 turns it off.
+      min_new_tokens: tokens generated before ``eos_id`` may be chosen (one
+        value, or one per sequence).
+      on_token: ``on_token(tokens, generated)`` after every step, on the host
+        (streaming; the loop then runs without XLA).
 
     Returns:
       A :class:`DecodeResult`.
@@ -78,6 +90,17 @@ def decode(model: Any,
     prompt_ids, prompt_lengths, pad_id = prepare_prompts(
         model, max_length, batch_size=batch_size, prompts=prompts, eos_id=eos_id,
         start_id=start_id, pad_id=pad_id)
+    if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, (int, float)) \
+            or not repetition_penalty > 0:
+        raise UsageError(f"repetition_penalty = {repetition_penalty!r} must be a number > 0 (1 = off)")
+    min_new = np.broadcast_to(np.asarray(min_new_tokens), prompt_lengths.shape) \
+        if np.ndim(min_new_tokens) == 0 else np.asarray(min_new_tokens)
+    if min_new.shape != prompt_lengths.shape or min_new.dtype.kind not in "iu" or np.any(min_new < 0):
+        raise UsageError(f"min_new_tokens = {min_new_tokens!r} must be an integer >= 0, or one per sequence")
+    extra: dict = {} if repetition_penalty == 1.0 and not np.any(min_new > 0) else dict(
+        repetition_penalty=float(repetition_penalty), min_new_tokens=min_new.astype(np.int32))
+    if on_token is not None:
+        extra["on_token"] = on_token
     return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
                             pad_id=pad_id, seed=seed, use_cache=use_cache, compiled=compiled,
-                            jit_compile=jit_compile)
+                            jit_compile=jit_compile, **extra)

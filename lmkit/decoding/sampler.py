@@ -29,7 +29,7 @@ compiled loop (``trace_count`` counts the traces).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -53,7 +53,7 @@ class Sampler:
           logits: float32 `[batch, vocab]` unnormalised scores of the next token.
           step: int32 scalar, the position (0-based, prompt included) of the
             token being chosen.
-          seed: int32 `[2]` seed for stateless random ops, already specific to
+          seed: int64 `[2]` seed (the run's seed, then the position), already specific to
             this ``step``; deterministic samplers ignore it.
 
         Returns:
@@ -63,7 +63,9 @@ class Sampler:
 
     def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
                  max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int],
-                 use_cache: bool, compiled: bool, jit_compile: Optional[bool] = None) -> DecodeResult:
+                 use_cache: bool, compiled: bool, jit_compile: Optional[bool] = None,
+                 repetition_penalty: float = 1.0, min_new_tokens: Optional[np.ndarray] = None,
+                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None) -> DecodeResult:
         """Runs the decode loop with this sampler (``lmkit.decoding.decode`` checks the arguments).
 
         Args:
@@ -79,16 +81,34 @@ class Sampler:
           compiled: run inside ``tf.function``.
           jit_compile: compile the loop with XLA; None: when ``compiled`` and
             ``use_cache`` (the uncached reference grows its input every step).
+          repetition_penalty: divides a positive logit (multiplies a negative
+            one) of every token already in the row, prompt included, before
+            the sampler sees it (CTRL's penalty, as ``transformers`` applies it); 1 = off.
+          min_new_tokens: int32 `[batch]`, tokens each row generates before
+            ``eos_id`` may be chosen; None = 0.
+          on_token: called on the host after every step with the step's tokens
+            and whether each row generated its token (NumPy ``[batch]`` int32
+            and bool): streaming. It runs the loop without XLA (a host
+            callback cannot be compiled) and waits for each token.
 
         Returns:
           A :class:`DecodeResult`.
         """
         seed = check_seed(seed)
+        if on_token is not None:
+            if jit_compile:
+                from lmkit.errors import UsageError
+                raise UsageError("on_token (streaming) runs the loop without XLA; leave jit_compile unset")
+            jit_compile = False
         loop = pick_loop(_decode_loop, _decode_loop_compiled, _decode_loop_xla, compiled, use_cache, jit_compile)
+        hold_eos = min_new_tokens is not None and eos_id is not None and bool(np.any(np.asarray(min_new_tokens) > 0))
+        min_new = np.zeros(len(prompt_lengths), np.int32) if min_new_tokens is None else min_new_tokens
         ids, lengths, log_probs = loop(
             model, self.canonical(), tf.constant(prompt_ids), tf.constant(prompt_lengths),
-            tf.constant([seed, 0], tf.int64), max_length=max_length,
-            eos_id=NO_EOS if eos_id is None else eos_id, pad_id=pad_id, use_cache=use_cache)
+            tf.constant([seed, 0], tf.int64), tf.constant(np.asarray(min_new, np.int32)),
+            max_length=max_length, eos_id=NO_EOS if eos_id is None else eos_id, pad_id=pad_id,
+            use_cache=use_cache, repetition_penalty=float(repetition_penalty), hold_eos=hold_eos,
+            on_token=on_token)
         return DecodeResult(ids=ids.numpy(), lengths=lengths.numpy(), prompt_lengths=prompt_lengths,
                             log_probs=log_probs.numpy(), seed=seed)
 
@@ -124,25 +144,34 @@ def _decode_loop(model: Any,
                  prompt_ids: tf.Tensor,
                  prompt_lengths: tf.Tensor,
                  seed: tf.Tensor,
+                 min_new_tokens: tf.Tensor,
                  *,
                  max_length: int,
                  eos_id: int,
                  pad_id: int,
-                 use_cache: bool) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                 use_cache: bool,
+                 repetition_penalty: float = 1.0,
+                 hold_eos: bool = False,
+                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None
+                 ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The per-token loop of :meth:`Sampler.generate`; compiled by ``_decode_loop_compiled``.
 
     Returns:
       ``(ids [batch, max_length], lengths [batch], log_probs [batch])``.
     """
     batch_size = prompt_ids.shape[0]
+    vocab_size = int(model.vocab_size)
     positions = tf.range(max_length, dtype=tf.int32)  # [max_length]
     state = model.initial_state(batch_size, max_length) if use_cache else ()
+    penalize = repetition_penalty != 1.0
+    # The tokens each row holds so far (for the repetition penalty), carried through the loop.
+    seen = tf.zeros([batch_size, vocab_size if penalize else 0], tf.bool)
 
-    def not_done(t, ids, state, finished, lengths, log_probs):
-        del ids, state, lengths, log_probs
+    def not_done(t, ids, state, finished, lengths, log_probs, seen):
+        del ids, state, lengths, log_probs, seen
         return tf.logical_and(t < max_length - 1, tf.logical_not(tf.reduce_all(finished)))
 
-    def body(t, ids, state, finished, lengths, log_probs):
+    def body(t, ids, state, finished, lengths, log_probs, seen):
         inputs = ids[:, t]  # [batch]
         if use_cache:
             logits, state = model.step(inputs, state)  # [batch, vocab]
@@ -151,8 +180,19 @@ def _decode_loop(model: Any,
             logits = all_logits[:, -1]  # [batch, vocab]
         logits = tf.cast(logits, tf.float32)
         pos = t + 1  # the position being chosen
-        step_seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(pos, tf.int64))
-        sampled = tf.cast(sampler.get_next_token(logits, pos, step_seed), tf.int32)  # [batch]
+        choice = logits  # what the sampler sees; log_probs stay the model's own
+        if penalize:
+            seen = tf.logical_or(seen, tf.cast(tf.one_hot(inputs, vocab_size), tf.bool))  # [batch, vocab]
+            choice = tf.where(seen, tf.where(choice > 0, choice / repetition_penalty,
+                                             choice * repetition_penalty), choice)
+        if hold_eos:
+            early = (pos - prompt_lengths) < min_new_tokens  # [batch]
+            is_eos = tf.equal(tf.range(vocab_size), eos_id)  # [vocab]
+            choice = tf.where(tf.logical_and(early[:, tf.newaxis], is_eos[tf.newaxis, :]), -1e30, choice)
+        # The position in the seed's second word: plain integers, the same compiled or not
+        # (stateless_fold_in is a random op, and under XLA it gives other seeds for seeds >= 2^32).
+        step_seed = tf.stack([seed[0], seed[1] + tf.cast(pos, tf.int64)])
+        sampled = tf.cast(sampler.get_next_token(choice, pos, step_seed), tf.int32)  # [batch]
         in_prompt = pos < prompt_lengths  # [batch]
         generated = tf.logical_and(tf.logical_not(in_prompt), tf.logical_not(finished))  # [batch]
         token = tf.where(in_prompt, ids[:, pos], tf.where(finished, pad_id, sampled))  # [batch]
@@ -160,13 +200,19 @@ def _decode_loop(model: Any,
         log_probs += tf.where(generated, token_log_prob, 0.0)
         lengths = tf.where(generated, pos + 1, lengths)
         finished = tf.logical_or(finished, tf.logical_and(generated, tf.equal(token, eos_id)))
+        if on_token is not None:  # streaming: hand the step's tokens to the host before going on
+            def call(token, generated):
+                on_token(token.numpy(), generated.numpy())
+                return np.int32(0)
+            done = tf.reshape(tf.py_function(call, [token, generated], tf.int32), [])  # 0
+            token = token + done  # the next step depends on the callback having run
         # Writing one column through a mask keeps the buffer's shape fixed.
         ids = tf.where(tf.equal(positions, pos)[tf.newaxis, :], token[:, tf.newaxis], ids)
-        return t + 1, ids, state, finished, lengths, log_probs
+        return t + 1, ids, state, finished, lengths, log_probs, seen
 
     loop_vars = (tf.constant(0, tf.int32), prompt_ids, state,
-                 tf.zeros([batch_size], tf.bool), prompt_lengths, tf.zeros([batch_size], tf.float32))
-    _, ids, _, _, lengths, log_probs = tf.while_loop(not_done, body, loop_vars)
+                 tf.zeros([batch_size], tf.bool), prompt_lengths, tf.zeros([batch_size], tf.float32), seen)
+    _, ids, _, _, lengths, log_probs, _ = tf.while_loop(not_done, body, loop_vars)
     return ids, lengths, log_probs
 
 

@@ -142,3 +142,15 @@ def test_the_torch_columns_train_the_same_model(variant):
     d, ffn, layers, vocab, positions = 128, 512, 4, 65, 64
     per_layer = (4 * d * d + 4 * d) + (2 * d * ffn + ffn + d) + 4 * d  # attention, feed-forward, 2 norms
     assert runner.parameters == vocab * d + positions * d + layers * per_layer + 2 * d + vocab
+
+
+def test_the_generation_benchmark_times_the_sliding_window():
+    from benchmarks import generation as bench
+    from lmkit import decoding, dist
+    from lmkit.models import build_model
+    dist.init(backend="local")
+    model = build_model({"model": "transformer", "vocab_size": 20, "hidden_size": 8, "num_layers": 1,
+                         "num_heads": 2, "max_positions": 8, "init_scale": 0.5, "keep_prob": 1.0})
+    row = bench.bench_sliding(model, bench._StartToken(), decoding.GreedySampler(), 2, 30, repeats=1)
+    assert row["window"] == 8 and row["length"] == 30 and row["tokens_per_sec"]["sliding"] > 0
+    assert len(row["times_s"]["sliding"]) == 1 and row["sliding_vs_window"] > 0

@@ -61,3 +61,24 @@ def test_bad_data_keys_name_the_key(overrides, message):
 def test_one_line_keeps_a_sample_on_its_line():
     assert one_line("a\nb\x1ec\u2028d e") == "a\\nb\\x1ec\\u2028d e"
     assert len(("x" + one_line("1\r\n2\x85")).splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--stream", "--num_samples", "2"], "--stream writes one sample as it comes"),
+    (["--stream", "--strategy", "beam"], "--stream writes one sample as it comes"),
+    (["--strategy", "beam", "--repetition_penalty", "1.2"], "apply to the per-token strategies"),
+    (["--repetition_penalty", "0"], "--repetition_penalty 0.0 must be > 0"),
+    (["--min_new_tokens", "-1"], "--min_new_tokens -1 must be >= 0"),
+    (["--max_new_tokens", "0"], "--max_new_tokens 0 must be >= 1"),
+])
+def test_generate_flag_errors_name_the_flag(tmp_path, flags, match):
+    from lmkit.cli import generate
+    from lmkit.errors import UsageError
+    args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), *flags])
+    with pytest.raises(UsageError, match=match):
+        generate.check_args(args)
+
+
+def test_stop_flags_read_backslash_escapes():
+    from lmkit.cli.generate import _unescape
+    assert _unescape("\\n\\n") == "\n\n" and _unescape("ROMEO:") == "ROMEO:" and _unescape("caf\u00e9\\t") == "caf\u00e9\t"

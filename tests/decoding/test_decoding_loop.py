@@ -92,7 +92,10 @@ def flat_model(vocab: int = 50) -> TableModel:
     return TableModel(np.zeros((1, vocab, vocab), np.float32))
 
 
-@pytest.mark.parametrize("sampler", [RandomSampler(), TopKSampler(k=20), TopPSampler(p=0.9)],
+# p = 0.91, not 0.9: over 50 equal probabilities, 0.9 is exactly the mass of 45 tokens, and
+# whether the 46th is kept would depend on the last bit of a cumulative sum (eager and graph
+# kernels may round it apart).
+@pytest.mark.parametrize("sampler", [RandomSampler(), TopKSampler(k=20), TopPSampler(p=0.91)],
                          ids=["sample", "top_k", "top_p"])
 def test_same_seed_same_output_other_seed_other_output(sampler):
     model = flat_model()

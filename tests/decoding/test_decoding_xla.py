@@ -32,10 +32,11 @@ SAMPLERS = [("greedy", {}), ("sample", {"temperature": 1.0}), ("top_k", {"k": 5}
 
 @pytest.mark.parametrize("model_name", ["lstm", "transformer"])
 @pytest.mark.parametrize("name, kwargs", SAMPLERS)
-def test_xla_gives_the_tokens_of_the_plain_loop(models, model_name, name, kwargs):
+@pytest.mark.parametrize("seed", [11, 2 ** 40 + 3, 2 ** 62 + 5])  # large seeds: the windows after the first
+def test_xla_gives_the_tokens_of_the_plain_loop(models, model_name, name, kwargs, seed):
     model = models[model_name]
     sampler = decoding.get_sampler(name, **kwargs)
-    runs = [decoding.decode(model, 24, sampler, prompts=PROMPTS * 2, eos_id=3, seed=11, jit_compile=jit)
+    runs = [decoding.decode(model, 24, sampler, prompts=PROMPTS * 2, eos_id=3, seed=seed, jit_compile=jit)
             for jit in (False, True)]
     np.testing.assert_array_equal(runs[1].ids, runs[0].ids)
     np.testing.assert_array_equal(runs[1].lengths, runs[0].lengths)

@@ -138,3 +138,81 @@ def test_lstm_generation_has_no_window(tokenizer):
     ref = decode(model, 103, GreedySampler(), prompts=[[tokenizer.eos_id] + tokenizer.encode("ab")])
     assert got[0].ids == ref.sequences()[0][1:]
     assert np.all(np.asarray(got[0].ids) < tokenizer.vocab_size)
+
+
+def _greedy_reference(model, prompt, new_tokens, penalty):
+    """Greedy with the repetition penalty, the whole prefix re-read each step (NumPy on the logits)."""
+    seq = list(prompt)
+    for _ in range(new_tokens):
+        logits, _ = model(tf.constant([seq]), training=False)
+        row = logits.numpy()[0, -1].astype(np.float64)
+        seen = np.zeros_like(row, bool)
+        seen[seq] = True
+        row = np.where(seen, np.where(row > 0, row / penalty, row * penalty), row)
+        seq.append(int(np.argmax(row)))
+    return seq
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_repetition_penalty_matches_a_numpy_reference_compiled_or_not(tokenizer, kind):
+    model = tiny(kind, tokenizer.vocab_size, max_positions=32)
+    prompt = [tokenizer.eos_id] + tokenizer.encode("ab")
+    want = _greedy_reference(model, prompt, 15, penalty=1.8)
+    xla = decode(model, len(want), GreedySampler(), prompts=[prompt], repetition_penalty=1.8)
+    plain = decode(model, len(want), GreedySampler(), prompts=[prompt], repetition_penalty=1.8, jit_compile=False)
+    assert xla.sequences()[0] == want == plain.sequences()[0]
+    assert decode(model, len(want), GreedySampler(), prompts=[prompt]).sequences()[0] != want  # it changes output
+    with pytest.raises(UsageError, match="repetition_penalty = 0 must be a number > 0"):
+        decode(model, 10, GreedySampler(), prompts=[prompt], repetition_penalty=0)
+
+
+def test_min_new_tokens_holds_the_end_token_back(tokenizer):
+    model = line_break_loving(tokenizer)
+    prompt = tokenizer.encode("ROMEO:")
+    free, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[30], sampler=GreedySampler(),
+                               stop_at_eos=True)
+    held, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[30], sampler=GreedySampler(),
+                               stop_at_eos=True, min_new_tokens=6)
+    assert len(free[0].ids) - len(prompt) < 6  # it would end sooner
+    assert len(held[0].ids) - len(prompt) >= 6 and "\n" not in held[0].text
+    with pytest.raises(UsageError, match="apply to the per-token strategies"):
+        lmkit.generate(model, "ab", tokenizer=tokenizer, strategy="beam", max_new_tokens=3,
+                       repetition_penalty=1.2)
+
+
+@pytest.mark.parametrize("stop", [[], ["\n"]])
+def test_streaming_writes_the_sample_as_it_comes(tokenizer, stop):
+    model = tiny("transformer", tokenizer.vocab_size, max_positions=8)
+    prompt = tokenizer.encode("ROMEO:")
+    pieces, steps = [], []
+
+    def write(piece):
+        pieces.append(piece)
+        steps.append(len(pieces))
+
+    streamed, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[20], sampler=GreedySampler(),
+                                   stop=stop, stream=write)
+    whole, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[20], sampler=GreedySampler(),
+                                stop=stop)
+    assert "".join(pieces) == streamed[0].text == whole[0].text  # past the context (8) too
+    assert pieces[0] == "ROMEO:" and len(pieces) > 3  # the prompt, then piece by piece
+    with pytest.raises(UsageError, match="streaming writes one sample"):
+        generate_samples(model, tokenizer, [prompt, prompt], max_new_tokens=[3, 3], sampler=GreedySampler(),
+                         stream=write)
+
+
+def test_the_streamer_holds_back_what_may_still_change(tokenizer):
+    from lmkit.generation import _TextStreamer
+    out = []
+    ids = tokenizer.encode("ab cd")
+    streamer = _TextStreamer(tokenizer, [], budget=5, end_id=None, stop=[" c"], write=out.append)
+    for token in ids:
+        streamer(np.array([token]), np.array([True]))
+    assert "".join(out) == "ab" and streamer.done  # " c" stopped it; nothing of it was written
+    out.clear()
+    streamer = _TextStreamer(tokenizer, [], budget=9, end_id=None, stop=["xyz"], write=out.append)
+    for token in ids[:3]:
+        streamer(np.array([token]), np.array([True]))
+    assert "".join(out) == "a"  # "b " could still start "xyz"... held back: len("xyz") - 1 characters
+    streamer.finish("ab ")
+    assert "".join(out) == "ab "

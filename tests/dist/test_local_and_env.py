@@ -9,10 +9,15 @@ from lmkit.dist import env as dist_env
 from lmkit.dist.local import LocalBackend
 from tests.helpers import mpirun_cmd, run, subprocess_env
 
-PROBE = ("from lmkit import dist; b = dist.init(); import tensorflow as tf; "
-         "print(b, dist.rank(), dist.size(), dist.local_size(), dist.threads().intra_op, "
-         "tf.config.threading.get_intra_op_parallelism_threads(), dist.threads().inter_op, "
-         "tf.config.threading.get_inter_op_parallelism_threads())")
+_FIELDS = ("(b, dist.rank(), dist.size(), dist.local_size(), dist.threads().intra_op, "
+           "tf.config.threading.get_intra_op_parallelism_threads(), dist.threads().inter_op, "
+           "tf.config.threading.get_inter_op_parallelism_threads())")
+PROBE = f"from lmkit import dist; b = dist.init(); import tensorflow as tf; print(*{_FIELDS})"
+# The same, into $PROBE_DIR/rank<r>.txt: mpirun's forwarding of two ranks' stdout may split
+# and interleave their lines under load (seen once in CI).
+PROBE_TO_FILE = ("import os; from lmkit import dist; b = dist.init(); import tensorflow as tf; "
+                 f"open(os.path.join(os.environ['PROBE_DIR'], 'rank%d.txt' % dist.rank()), 'w')"
+                 f".write(' '.join(map(str, {_FIELDS})))")
 
 
 @pytest.fixture
@@ -113,12 +118,12 @@ def test_plain_python_process_runs_horovod_at_size_one():
 
 @pytest.mark.horovod
 @pytest.mark.mpi
-def test_mpirun_two_ranks_split_threads():
-    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": "", "LMKIT_INTER_OP_THREADS": ""})
-    res = run(mpirun_cmd(2, ["-c", PROBE]), timeout=180, env=env)
+def test_mpirun_two_ranks_split_threads(tmp_path):
+    env = subprocess_env({"LMKIT_INTRA_OP_THREADS": "", "LMKIT_INTER_OP_THREADS": "",
+                          "PROBE_DIR": str(tmp_path)})
+    res = run(mpirun_cmd(2, ["-c", PROBE_TO_FILE], env_keys=["PROBE_DIR"]), timeout=180, env=env)
     assert res.returncode == 0, res.stderr
-    lines = sorted(res.stdout.split("\n")[:-1])
-    assert len(lines) == 2, res.stdout
+    lines = [(tmp_path / f"rank{r}.txt").read_text().strip() for r in range(2)]
     for rank, line in enumerate(lines):
         backend, r, size, local_size, intra, tf_intra, inter, tf_inter = line.split()
         assert (backend, r, size, local_size) == ("horovod", str(rank), "2", "2")

@@ -137,6 +137,15 @@ def test_generate_reads_the_prompt_as_given_like_transformers(folder):
                                           max_new_tokens=25, do_sample=False, eos_token_id=None,
                                           pad_token_id=0)[0].tolist()
         assert sample.ids == expected and sample.text == reference_tokenizer.decode(expected)
+    # The repetition penalty as transformers applies it (greedy: token for token).
+    penalized = lmkit.generate(folder, PROMPTS[1], strategy="greedy", max_new_tokens=25,
+                               repetition_penalty=1.5, return_samples=True)[0]
+    ids = reference_tokenizer(PROMPTS[1])["input_ids"]
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                      max_new_tokens=25, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                      repetition_penalty=1.5)[0].tolist()
+    assert penalized.ids == expected and penalized.ids != samples[1].ids
     # --start_token puts <|endoftext|> first, as a user of transformers would by hand.
     started = lmkit.generate(folder, PROMPTS[0], strategy="greedy", max_new_tokens=10, start_token=True,
                              return_samples=True)[0]
