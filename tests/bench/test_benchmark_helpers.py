@@ -129,9 +129,9 @@ def test_matmul_probe_measures_a_rate():
     assert bench.matmul_tflops(64, chain=2, repeats=1, dtype="float32") > 0
 
 
+@pytest.mark.transformers  # PyTorch: the main environment's test-hf extra (deselected on the newest TF)
 @pytest.mark.parametrize("variant", ["torch", "torch_bf16"])
 def test_the_torch_columns_train_the_same_model(variant):
-    pytest.importorskip("torch")  # the bench/test-hf extra of the main environment
     from benchmarks import train_throughput as bench
     from lmkit.config import load_config
     cfg = load_config("config_tiny_transformer").replace(batch_size=2, num_steps=8)
