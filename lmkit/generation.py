@@ -33,7 +33,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from lmkit.errors import UsageError
 
-__all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "readable",
+__all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "check_hf_checkpoint", "readable",
            "end_of_document_id", "check_stop_strings"]
 
 # How much of a full window a transformer keeps when it slides: the last half.
@@ -109,16 +109,24 @@ def readable(text: str) -> str:
                    else repr(c)[1:-1] for c in text)
 
 
-def load_for_generation(model_dir: str, checkpoint: Optional[str] = None) -> Tuple[Any, Any, str]:
-    """``(model, tokenizer, description)`` of an lmkit run folder or a Hugging Face GPT-2 folder."""
+def check_hf_checkpoint(model_dir: str, checkpoint: Optional[str]) -> None:
+    """UsageError for a checkpoint asked of a Hugging Face folder (it has one set of weights)."""
+    if checkpoint:
+        raise UsageError(f"--checkpoint applies to lmkit training runs; {model_dir} is a Hugging Face "
+                         "folder with one set of weights")
+
+
+def load_for_generation(model_dir: str, checkpoint: Optional[str] = None,
+                        tokenizer: Any = None) -> Tuple[Any, Any, str]:
+    """``(model, tokenizer, description)`` of an lmkit run folder or a Hugging Face GPT-2 folder.
+
+    ``tokenizer``: a Hugging Face folder's tokenizer when the caller has read it already.
+    """
     from lmkit.hf import is_hf_folder
     if is_hf_folder(model_dir):
-        if checkpoint:
-            raise UsageError(f"--checkpoint applies to lmkit training runs; {model_dir} is a Hugging Face "
-                             "folder with one set of weights")
-        from lmkit.hf import load_gpt2, read_tokenizer
-        tokenizer = read_tokenizer(model_dir)
-        model, _, _ = load_gpt2(model_dir, tokenizer)
+        check_hf_checkpoint(model_dir, checkpoint)
+        from lmkit.hf import load_gpt2
+        model, tokenizer, _ = load_gpt2(model_dir, tokenizer)  # reads the tokenizer when None
         return model, tokenizer, "gpt2 (Hugging Face folder)"
     from lmkit.layout import resolve_checkpoint
     from lmkit.train.checkpoint import load_model
@@ -139,22 +147,6 @@ def _start_id(tokenizer: Any, start_token: Optional[bool]) -> Optional[int]:
     if start_token is False:
         return None
     return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.bos_id
-
-
-def _sampler(strategy: Union[str, Any], **flags: Any) -> Any:
-    """A sampler object: ``strategy`` itself, or the registry's, with the flags its constructor takes."""
-    import inspect
-
-    from lmkit.decoding.registry import SAMPLER_NAMES, SAMPLERS
-    from lmkit.decoding.sampler import Sampler
-    from lmkit.registry import import_object
-    if isinstance(strategy, Sampler):
-        return strategy
-    if strategy not in SAMPLERS:
-        raise UsageError(f"strategy {strategy!r} is not one of {', '.join(SAMPLER_NAMES)}")
-    cls = import_object(SAMPLERS[strategy], "sampler")
-    takes = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in flags.items() if k in takes})
 
 
 class _TextStreamer:
@@ -301,10 +293,7 @@ def generate_samples(model: Any,
 
     if not isinstance(min_new_tokens, int) or min_new_tokens < 0:
         raise UsageError(f"min_new_tokens = {min_new_tokens!r} must be an integer >= 0")
-    if beam and (repetition_penalty != 1.0 or min_new_tokens):
-        raise UsageError("repetition_penalty and min_new_tokens apply to the per-token strategies "
-                         "(greedy, sample, top_k, top_p), not to beam search")
-    rules: dict = {} if beam else dict(repetition_penalty=repetition_penalty)
+    rules: dict = dict(repetition_penalty=repetition_penalty)  # beam search refuses what it cannot do
     streamer = None
     if stream is not None:
         if beam or len(rows) != 1:
@@ -452,8 +441,11 @@ def generate(model: Any,
         if b < 1:
             raise UsageError(f"prompt {text!r} has {len(p)} tokens, leaving none to generate within "
                              f"max_length {max_length}; use max_length {len(p) + 1} or more, or max_new_tokens")
-    sampler = _sampler(strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
-                       length_penalty=length_penalty)
+    from lmkit.decoding.registry import sampler_from_flags
+    from lmkit.decoding.sampler import Sampler
+    sampler = strategy if isinstance(strategy, Sampler) else sampler_from_flags(
+        strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
+        length_penalty=length_penalty)
     samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
                                   num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
                                   start_token=start_token, repetition_penalty=repetition_penalty,

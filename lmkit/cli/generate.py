@@ -43,7 +43,7 @@ import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
-from lmkit.decoding.registry import SAMPLER_NAMES
+from lmkit.decoding.registry import SAMPLER_NAMES, sampler_from_flags
 from lmkit.errors import UsageError
 from lmkit.hf import is_hf_folder, read_gpt2_config, read_tokenizer
 
@@ -139,9 +139,8 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
                          f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
     if is_hf_folder(args.model_dir):  # a Hugging Face GPT-2 folder, read as it is
-        if args.checkpoint:
-            raise UsageError(f"--checkpoint applies to lmkit training runs; {args.model_dir} is a Hugging Face "
-                             "folder with one set of weights")
+        from lmkit.generation import check_hf_checkpoint
+        check_hf_checkpoint(args.model_dir, args.checkpoint)
         read_gpt2_config(args.model_dir)
         tokenizer = read_tokenizer(args.model_dir)
     else:
@@ -201,9 +200,8 @@ def _describe_unknown(unknown: Sequence[str], vocab: Any) -> str:
 
 def build_sampler(args: argparse.Namespace):
     """The --strategy sampler, from the registry, with the flags its constructor takes."""
-    from lmkit.generation import _sampler
-    return _sampler(args.strategy, temperature=args.temperature, k=args.top_k, p=args.top_p,
-                    beam_width=args.beam_width, length_penalty=args.length_penalty)
+    return sampler_from_flags(args.strategy, temperature=args.temperature, k=args.top_k, p=args.top_p,
+                              beam_width=args.beam_width, length_penalty=args.length_penalty)
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> int:
@@ -217,7 +215,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
     start = time.perf_counter()
-    model, _, model_name = load_for_generation(args.model_dir, args.checkpoint)
+    # A Hugging Face folder's tokenizer, read by check_args, is not read again.
+    model, _, model_name = load_for_generation(args.model_dir, args.checkpoint,
+                                               tokenizer if is_hf_folder(args.model_dir) else None)
     loaded = time.perf_counter() - start
     vocab = getattr(tokenizer, "vocab", None)
     for i, words in enumerate(unknown):

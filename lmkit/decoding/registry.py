@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, Tuple
 
 from lmkit.errors import UsageError
-from lmkit.registry import lookup
+from lmkit.registry import import_object, lookup
 
-__all__ = ["SAMPLERS", "SAMPLER_NAMES", "get_sampler"]
+__all__ = ["SAMPLERS", "SAMPLER_NAMES", "get_sampler", "sampler_from_flags"]
 
 SAMPLERS: Dict[str, str] = {
     "greedy": "lmkit.decoding.samplers:GreedySampler",
@@ -43,3 +44,19 @@ def get_sampler(name: str, **kwargs: Any):
         return cls(**kwargs)
     except TypeError as exc:
         raise UsageError(f"sampler {name!r} does not accept {sorted(kwargs)}: {exc}") from None
+
+
+def sampler_from_flags(name: str, **flags: Any):
+    """The sampler ``name`` built from those of ``flags`` its constructor takes.
+
+    For callers that hold every strategy's settings at once (``lmkit generate``'s
+    flags, :func:`lmkit.generate`'s keywords): ``k`` reaches ``top_k`` only, and so on.
+
+    Raises:
+      UsageError: an unknown name.
+    """
+    if name not in SAMPLERS:
+        raise UsageError(f"strategy {name!r} is not one of {', '.join(SAMPLER_NAMES)}")
+    cls = import_object(SAMPLERS[name], "sampler")
+    takes = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in flags.items() if k in takes})

@@ -456,8 +456,8 @@ class NativeBackend(Backend):
         if self._in_replica_context():
             reduced = self._replica_average(todo, dense_summed=compressed)
         else:
-            reduced = [self.allreduce(tf.convert_to_tensor(g), "sum" if c else "average", None)
-                       for g, c in zip(todo, casts)]
+            reduced = [self.allreduce(tf.convert_to_tensor(g), "average" if c is None else "sum", None)
+                       for g, c in zip(todo, casts)]  # compressed ones come divided already
         reduced = [r if c is None else tf.cast(r, c) for r, c in zip(reduced, casts)]
         it = iter(reduced)
         return [None if g is None else next(it) for g in grads]

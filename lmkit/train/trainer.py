@@ -61,10 +61,6 @@ from lmkit.train.watchdog import Watchdog
 from lmkit.xla import use_xla
 
 
-def _applied(_: Any) -> tf.Tensor:
-    return tf.constant(True)
-
-
 class Trainer:
     """Trains a language model (any object following docs/design.md) on id streams.
 
@@ -208,8 +204,11 @@ class Trainer:
             if branch_free:
                 opt.apply_gradients(zip(grads, variables), apply_if=finite)
             else:
-                tf.cond(finite, lambda: _applied(opt.apply_gradients(zip(grads, variables))),
-                        lambda: tf.constant(False))
+                def apply():
+                    opt.apply_gradients(zip(grads, variables))
+                    return tf.constant(True)
+
+                tf.cond(finite, apply, lambda: tf.constant(False))
             healthy = finite if loss_scale is None else loss_scale.update(finite)
             progress.global_step.assign_add(1)
             return new_state, healthy, finite
