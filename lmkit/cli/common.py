@@ -49,6 +49,14 @@ def parse_overrides(items: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
+# A process ended by SIGPIPE reports 128 + 13 in a shell: what `lmkit generate | head` leaves with.
+OUTPUT_CLOSED_STATUS = 141
+
+
+class OutputClosed(Exception):
+    """The reader of this command's output left (``lmkit generate ... | head``): stop quietly."""
+
+
 def _hard_exit(code: int) -> None:
     """Leaves at once: flushes output, skips atexit handlers that could wait on other ranks."""
     try:
@@ -81,7 +89,8 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
 
     Exit status: 0 done, 2 bad input (:class:`UsageError`, printed by rank 0
     only), 3 non-finite loss, 75 preempted (a checkpoint was written: rerun
-    the same command to continue), 1 anything else (printed by the failing rank,
+    the same command to continue), 141 the reader of the output left
+    (:class:`OutputClosed`, silent), 1 anything else (printed by the failing rank,
     naming it, with the traceback; that rank leaves at once, so the launcher
     stops the others rather than leaving them waiting in a collective).
 
@@ -101,6 +110,8 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
     except KeyboardInterrupt:
         sys.stderr.write(f"rank {launcher_rank()}: interrupted\n")
         _hard_exit(130)
+    except OutputClosed:  # as Unix tools do: no message, the status of a SIGPIPE
+        _hard_exit(OUTPUT_CLOSED_STATUS)
     except SystemExit as exc:
         if not _has_peers():  # --help, or sys.exit in a single process: nobody waits for us
             raise

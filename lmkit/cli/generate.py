@@ -32,7 +32,8 @@ their training text does; a Hugging Face folder reads the prompt as given
 samples of a prompt are the best --num_samples hypotheses of one beam
 search (within the model's context).
 
-Exit status: 0 done, 2 bad input (one ``error:`` line on stderr), 1 a crash.
+Exit status: 0 done, 2 bad input (one ``error:`` line on stderr), 141 the
+reader of the output left (``| head``; no message), 1 a crash.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import sys
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
-from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
+from lmkit.cli.common import OutputClosed, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.decoding.registry import SAMPLER_NAMES, sampler_from_flags
 from lmkit.errors import UsageError
 from lmkit.hf import is_hf_folder, read_gpt2_config, read_tokenizer
@@ -229,9 +230,16 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
               for p in prompts]
     sampler = build_sampler(args)
 
+    closed: List[bool] = []  # the reader of stdout left while the sample streamed
+
     def write(piece: str) -> None:
-        sys.stdout.write(readable(piece))
-        sys.stdout.flush()
+        if closed:
+            return
+        try:
+            sys.stdout.write(readable(piece))
+            sys.stdout.flush()
+        except BrokenPipeError:  # raised inside the decode loop's callback: noted, raised after it
+            closed.append(True)
 
     def run(stream: bool = False) -> Any:
         return generate_samples(model, tokenizer, prompts, max_new_tokens=budget, sampler=sampler,
@@ -245,20 +253,22 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
         write("[0.0] ")
     samples, seed = run(stream=args.stream)
     first_call = time.perf_counter() - start
+    if args.stream:
+        write("\n")
+    if closed:
+        raise OutputClosed()
     if args.seed is None and seed is not None and args.strategy != "greedy":
         sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
         args.seed = seed  # --verbose's second call repeats the same work
     multi_line = not args.one_line and len(samples) > 1 and any("\n" in s.text for s in samples)
-    if args.stream:
-        write("\n")
-        samples_to_print = []
-    else:
-        samples_to_print = samples
-    for n, sample in enumerate(samples_to_print):
-        body = one_line(sample.text) if args.one_line else readable(sample.text)
-        print(f"[{sample.prompt_index}.{sample.sample_index}] {body}", flush=True)
-        if multi_line and n < len(samples) - 1:
-            print(flush=True)
+    try:
+        for n, sample in enumerate([] if args.stream else samples):
+            body = one_line(sample.text) if args.one_line else readable(sample.text)
+            print(f"[{sample.prompt_index}.{sample.sample_index}] {body}", flush=True)
+            if multi_line and n < len(samples) - 1:
+                print(flush=True)
+    except BrokenPipeError:
+        raise OutputClosed() from None
     generated = sum(len(s.ids) - s.prompt_length for s in samples)
     if args.verbose:
         start = time.perf_counter()

@@ -8,6 +8,7 @@ import concurrent.futures
 import json
 import os
 import re
+import subprocess
 import sys
 from typing import List, Sequence, Tuple
 
@@ -181,6 +182,17 @@ def test_char_and_byte_tokenizers_on_two_workers(tmp_path, corpus):
     texts = check_generated(long_char, alphabet(corpus))
     assert all(280 <= len(t) <= 300 and t.count("\n") >= 2 for t in texts), texts  # bos/pad ids print nothing
     assert all("\n" not in t and len(t) < 300 for t in check_generated(one_line, alphabet(corpus)))
+    # Into a reader that has left (`| head`): quiet, with the SIGPIPE status, streamed or not.
+    # The reading end is closed before the command writes, so every write of it fails.
+    for flags in (["--stream"], ["--no_stream"]):
+        proc = subprocess.Popen(generate_cmd(dirs["char"], "--num_samples", "1", *flags),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+        proc.stdout.close()
+        try:
+            _, err = proc.communicate(timeout=200)
+        finally:
+            proc.kill()
+        assert proc.returncode == 141 and b"Traceback" not in err and b"Error" not in err, (flags, err[-2000:])
 
 
 def test_user_model_by_import_path(tmp_path, corpus):

@@ -82,3 +82,14 @@ def test_generate_flag_errors_name_the_flag(tmp_path, flags, match):
 def test_stop_flags_read_backslash_escapes():
     from lmkit.cli.generate import _unescape
     assert _unescape("\\n\\n") == "\n\n" and _unescape("ROMEO:") == "ROMEO:" and _unescape("caf\u00e9\\t") == "caf\u00e9\t"
+
+
+def test_a_closed_output_ends_a_command_quietly_with_the_sigpipe_status():
+    # `lmkit generate ... | head`: the reader leaves; no traceback, status 141 as after SIGPIPE.
+    code = ("from lmkit.cli.common import OutputClosed, run_main\n"
+            "def main(argv):\n"
+            "    print('one line', flush=True)\n"
+            "    raise OutputClosed()\n"
+            "run_main(main, [])\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 141 and res.stdout == "one line\n" and res.stderr == ""
