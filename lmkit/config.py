@@ -31,6 +31,7 @@ from lmkit.dist import BACKEND_CHOICES
 from lmkit.errors import UsageError
 from lmkit.data.sentencepiece import MODEL_TYPES as SPM_MODEL_TYPES
 from lmkit.data.tokenizers import TOKENIZERS
+from lmkit.data.windows import SAMPLINGS
 from lmkit.models import MODELS, is_import_path
 from lmkit.precision import PRECISIONS
 from lmkit.xla import use_xla
@@ -124,6 +125,8 @@ class TrainConfig:
     train_file: str = ""  # data = "text": UTF-8 text, one sentence or paragraph a line
     valid_file: str = ""  # optional; evaluated by rank 0 after every epoch
     test_file: str = ""  # optional; evaluated by rank 0 at the end
+    data_cache: str = ""  # text: token cache folder ("" = $LMKIT_DATA_CACHE or ~/.cache/lmkit/tokens; "none" = off)
+    sampling: str = "windows"  # transformers: windows (shuffled fixed windows) | random (random offsets)
     tokenizer: str = "word"  # data = "text": word | sentencepiece | char | byte | hf (with init_from)
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
     min_count: int = 1  # word tokenizer: drop words seen fewer times
@@ -231,6 +234,9 @@ class TrainConfig:
     def _validate_data(self, bad) -> None:
         if self.data not in DATA_KINDS:
             bad("data", f"is not one of {', '.join(DATA_KINDS)}")
+        if self.sampling not in SAMPLINGS:
+            bad("sampling", f"is not one of {', '.join(SAMPLINGS)} (windows: shuffled fixed windows, "
+                "exact epochs; random: random offsets)")
         if self.tokenizer not in TOKENIZERS:
             bad("tokenizer", f"is not one of {', '.join(TOKENIZERS)}")
         if self.data == "text" and not self.train_file:

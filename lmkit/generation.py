@@ -33,7 +33,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from lmkit.errors import UsageError
 
-__all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "check_hf_checkpoint", "readable",
+__all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "trained_context", "check_hf_checkpoint", "readable",
            "end_of_document_id", "check_stop_strings"]
 
 # How much of a full window a transformer keeps when it slides: the last half.
@@ -114,6 +114,26 @@ def check_hf_checkpoint(model_dir: str, checkpoint: Optional[str]) -> None:
     if checkpoint:
         raise UsageError(f"--checkpoint applies to lmkit training runs; {model_dir} is a Hugging Face "
                          "folder with one set of weights")
+
+
+def trained_context(model_dir: str) -> Optional[int]:
+    """The window length a run trained its model on (``num_steps``), or None when any position will do.
+
+    A transformer learns its position embeddings only where training put
+    tokens: a run with ``num_steps`` 64 and ``max_positions`` 128 never
+    trained positions 64-127, so generation slides at 64. Pretrained models
+    (Hugging Face folders, runs with ``init_from``) keep their
+    ``max_positions``.
+    """
+    from lmkit.hf import is_hf_folder
+    if is_hf_folder(model_dir):
+        return None
+    from lmkit.train.checkpoint import read_config_dict
+    config = read_config_dict(model_dir)
+    if config.get("init_from"):
+        return None
+    steps = config.get("num_steps")
+    return int(steps) if isinstance(steps, int) and steps > 0 else None
 
 
 def load_for_generation(model_dir: str, checkpoint: Optional[str] = None,
@@ -232,7 +252,8 @@ def generate_samples(model: Any,
                      repetition_penalty: float = 1.0,
                      min_new_tokens: int = 0,
                      stream: Any = None,
-                     jit_compile: Optional[bool] = None) -> Tuple[List[Generation], Optional[int]]:
+                     jit_compile: Optional[bool] = None,
+                     context: Optional[int] = None) -> Tuple[List[Generation], Optional[int]]:
     """Samples from token-id prompts; the engine of :func:`generate` and ``lmkit generate``.
 
     Args:
@@ -246,6 +267,9 @@ def generate_samples(model: Any,
       stream: a function that takes text (e.g. ``sys.stdout.write``): the
         one sample is written to it while it is generated, the prompt first
         (the loop then runs without XLA and waits for each token).
+      context: the positions a transformer reads before its window slides
+        (at most its ``max_positions``, the default; :func:`trained_context`
+        gives a run's). RNNs have no window.
 
     Returns:
       ``(samples, seed)``: the samples in prompt order, then sample order,
@@ -265,6 +289,11 @@ def generate_samples(model: Any,
         raise UsageError("an empty prompt needs a start token, and this tokenizer has none; give a prompt")
     eos_id = tokenizer.eos_id if stop_at_eos else end_of_document_id(tokenizer)
     window = getattr(model, "max_positions", None)  # None: an RNN, no limit
+    if context is not None:
+        if isinstance(context, bool) or not isinstance(context, int) or context < 2:
+            raise UsageError(f"context = {context!r} must be an integer >= 2 (positions the model reads)")
+        if window is not None:
+            window = min(window, context)
     beam = isinstance(sampler, BeamSampler)
     lead = 0 if start_id is None else 1
     rows: List[List[int]] = []  # the model's input per row: start token, prompt (cut to fit the window)
@@ -384,6 +413,7 @@ def generate(model: Any,
              repetition_penalty: float = 1.0,
              min_new_tokens: int = 0,
              checkpoint: Optional[str] = None,
+             context: Optional[int] = None,
              return_samples: bool = False) -> Union[List[str], List[Generation]]:
     """Continues each prompt; the Python face of ``lmkit generate`` (same options, same code).
 
@@ -409,6 +439,9 @@ def generate(model: Any,
         (CTRL's penalty, as in ``transformers``); 1 = off.
       min_new_tokens: new tokens before the end token may be chosen.
       checkpoint: a ``ckpt-<step>`` folder of a run (default the latest).
+      context: positions a transformer reads before its window slides
+        (default: a run's ``num_steps``, see :func:`trained_context`; a
+        model object's ``max_positions``).
       return_samples: return :class:`Generation` objects (text, ids, why it
         stopped) instead of strings.
 
@@ -421,6 +454,8 @@ def generate(model: Any,
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is not None:
             raise UsageError("tokenizer= is for a model object; a model folder brings its own")
+        if context is None:
+            context = trained_context(os.fspath(model))
         model, tokenizer, _ = load_for_generation(os.fspath(model), checkpoint)
     elif tokenizer is None:
         raise UsageError("generate(model_object, ...) needs tokenizer=; or pass a model folder")
@@ -449,5 +484,5 @@ def generate(model: Any,
     samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
                                   num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
                                   start_token=start_token, repetition_penalty=repetition_penalty,
-                                  min_new_tokens=min_new_tokens)
+                                  min_new_tokens=min_new_tokens, context=context)
     return samples if return_samples else [s.text for s in samples]

@@ -7,6 +7,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # 10-bit mantissa and miss the tests' float32 tolerances. cuBLAS and cuDNN read this
 # variable in this process and in every subprocess a test starts (training keeps TF32).
 os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
+# Encoded text goes to a cache of this test session (and of the processes it starts), never
+# to the user's ~/.cache; tests of the cache give their own folders.
+if "LMKIT_DATA_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["LMKIT_DATA_CACHE"] = tempfile.mkdtemp(prefix="lmkit-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LMKIT_DATA_CACHE"], True)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

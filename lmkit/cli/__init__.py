@@ -1,4 +1,4 @@
-"""The ``lmkit`` command: ``lmkit train``, ``lmkit generate``, ``lmkit evaluate``, ``lmkit export``.
+"""The ``lmkit`` command: ``lmkit train``, ``prepare``, ``generate``, ``evaluate``, ``export``.
 
 Installed with the package (``lmkit``), and also ``python -m lmkit``. Every
 command answers a bad flag at once, before TensorFlow loads, prints one
@@ -19,6 +19,7 @@ __all__ = ["COMMANDS", "main"]
 #: command -> (module with main(argv, prog), one-line description)
 COMMANDS = {
     "train": ("lmkit.cli.train", "train a language model on PTB or your own text, on 1 or N workers"),
+    "prepare": ("lmkit.cli.prepare", "encode your text into the data cache ahead of training (lmkit train's flags)"),
     "generate": ("lmkit.cli.generate", "generate text from a trained model folder"),
     "evaluate": ("lmkit.cli.evaluate", "perplexity of a trained model on a text file or a split"),
     "export": ("lmkit.cli.export", "write a trained GPT-2 run as a Hugging Face folder"),

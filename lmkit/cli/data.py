@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -93,8 +93,11 @@ def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size:
     return _everywhere(local is not None, lambda: ptb.load_ptb(local if local else data_dir))
 
 
-def tokenizer_everywhere(config: Any, model_dir: str):
+def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] = None):
     """Rank 0 trains (or reuses) the config's tokenizer in ``model_dir``; every rank gets it.
+
+    With a data cache, a tokenizer trained before on the same files with the
+    same settings (in any model folder) is copied from it.
 
     Raises:
       DataError: on every rank, when rank 0 cannot train or reuse it.
@@ -102,7 +105,8 @@ def tokenizer_everywhere(config: Any, model_dir: str):
     from lmkit.data.tokenizers import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 
     def train() -> None:
-        train_tokenizer(config.tokenizer, config.train_file, model_dir, **config.tokenizer_options)
+        train_tokenizer(config.tokenizer, config.train_file, model_dir, cache_dir=cache_dir,
+                        **config.tokenizer_options)
 
     dist.run_on_chief(train)
     here = os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE))
@@ -135,16 +139,39 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
                              f"{config.vocab_size}; set vocab_size = {len(data.vocab)}")
         return RunData(data.train, data.valid, data.test, data.vocab, config)
 
-    from lmkit.data.text import load_text_data
+    from lmkit.data.sources import resolve_sources
+    from lmkit.data.text import SPLITS, load_text_data
     from lmkit.data.textfile import check_text_file
+    from lmkit.data.token_cache import cache_root
 
-    files = [config.train_file, config.valid_file or None, config.test_file or None]
-    readable = all(os.path.isfile(f) for f in files if f)
-    # Every file is checked before anything is written into the model folder.
+    specs = {name: spec for name, spec in zip(SPLITS, (config.train_file, config.valid_file,
+                                                       config.test_file)) if spec}
+
+    def resolve() -> Dict[str, List[str]]:
+        return {name: resolve_sources(spec, f"{name}_file") for name, spec in specs.items()}
+
+    try:
+        resolve()
+        readable = True
+    except UsageError:
+        readable = False  # this host does not see the files: rank 0 reads them (or says why not)
+    sources = _everywhere(readable, resolve)
+    cache = cache_root(config.data_cache)
+    # The evaluation files are checked before anything is written into the model folder; the
+    # training files by the tokenizer's training or their encoding (not at all when cached).
+    checked = sources if cache is None else {k: v for k, v in sources.items() if k != "train"}
     _everywhere(readable, lambda: [check_text_file(f, f"{name}_file")
-                                   for name, f in zip(("train", "valid", "test"), files) if f])
-    tokenizer = tokenizer_everywhere(config, model_dir)
-    text = _everywhere(readable, lambda: load_text_data(tokenizer, *files))
+                                   for name, files in checked.items() for f in files])
+    tokenizer = tokenizer_everywhere(config, model_dir, cache)
+    if cache is None:
+        text = _everywhere(readable, lambda: load_text_data(
+            tokenizer, *[sources.get(name) for name in SPLITS]))
+        streams = {name: ids for name, ids, _ in text.splits()}
+        counts = {name: n for name, _, n in text.splits()}
+    else:
+        cached = cached_text_everywhere(tokenizer, sources, cache, log)
+        streams = {name: c.ids for name, c in cached.items()}
+        counts = {name: c.words for name, c in cached.items()}
     if config.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
         from lmkit.hf import check_vocabulary
         check_vocabulary(tokenizer, config.vocab_size, config.init_from)
@@ -154,5 +181,58 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
             f" (the model's vocabulary; the config said vocab_size = {config.vocab_size})"
         config = config.replace(vocab_size=tokenizer.vocab_size)
     log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir}{said}")
-    words = {} if tokenizer.name == "word" else {name: n for name, _, n in text.splits()}
-    return RunData(text.train, text.valid, text.test, tokenizer, config, words)
+    words = {} if tokenizer.name == "word" else counts
+    return RunData(streams["train"], streams.get("valid"), streams.get("test"), tokenizer, config, words)
+
+
+def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: str,
+                           log: Callable[[str], None]) -> Dict[str, Any]:
+    """Each split's :class:`~lmkit.data.token_cache.TokenStream` on every rank, encoded once.
+
+    Rank 0 encodes what the cache at ``root`` lacks (with every core, logging
+    its progress) while the others wait; then every rank maps the files.
+    Hosts that do not see rank 0's cache (no shared file system) encode into
+    their own, one rank of the host after the other, so that each host
+    encodes once; a rank that sees neither the cache nor the text receives
+    rank 0's ids. Call it on every rank, in the same order.
+    """
+    from lmkit.data.token_cache import TokenStream, cached_stream, open_cached
+
+    add_eos = tokenizer.eos_id is not None
+    others = dist.size() - 1
+
+    def encode() -> None:
+        for name, files in sources.items():
+            if others and open_cached(root, tokenizer, files, add_eos) is None:
+                log(f"rank 0 encodes {name}_file; the other {others} rank(s) wait for it")
+            cached_stream(root, tokenizer, files, add_eos, what=f"{name}_file", log=log)
+
+    readable = all(os.path.isfile(f) for files in sources.values() for f in files)
+
+    def open_all() -> Dict[str, Any]:  # the cache's name needs the files' sizes and times
+        return {name: open_cached(root, tokenizer, files, add_eos) if readable else None
+                for name, files in sources.items()}
+
+    dist.run_on_chief(encode)
+    streams = same_outcome_everywhere(open_all)
+    lacking = any(s is None for s in streams.values())
+    if any(dist.allgather_object(lacking)):  # DIST: a host without rank 0's file system
+        turns = max(dist.allgather_object(dist.local_rank())) + 1
+        for turn in range(turns):
+            def own() -> Optional[Dict[str, Any]]:
+                if not (lacking and readable and dist.local_rank() == turn):
+                    return None
+                return {name: cached_stream(root, tokenizer, files, add_eos, what=f"{name}_file")
+                        for name, files in sources.items()}
+            mine = same_outcome_everywhere(own)
+            if mine is not None:
+                streams, lacking = mine, False
+        if any(dist.allgather_object(lacking)):  # neither the cache nor the text here: rank 0 sends the ids
+            sent = dist.run_on_chief(lambda: {name: TokenStream(np.array(s.ids), s.words, s.lines, s.folder, True)
+                                              for name, s in streams.items()})
+            if lacking:
+                streams = sent
+    sizes = [f"{name} {streams[name].ids.size}" + (" tokens" if k == 0 else "")
+             for k, name in enumerate(streams)]
+    log(f"text: {', '.join(sizes)} ({tokenizer.name} ids, from the data cache {root})")
+    return streams

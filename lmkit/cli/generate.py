@@ -64,6 +64,10 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
     p.add_argument("--length_penalty", type=float, default=0.6, help="GNMT alpha for beam search")
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--max_length", type=int, default=50, help="tokens per sample, prompt included")
+    p.add_argument("--context", type=int, default=None,
+                   help="transformers: tokens the model reads before its window slides on (default: "
+                        "the num_steps it was trained on, whose positions it learned; a pretrained "
+                        "model's max_positions)")
     p.add_argument("--max_new_tokens", type=int, default=None,
                    help="tokens to generate after the prompt (wins over --max_length)")
     p.add_argument("--stop", action="append", default=None, metavar="STRING",
@@ -117,6 +121,8 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
          "must be >= 1"),
         ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
+        ("--context", args.context, args.context is None or args.context >= 2,
+         "must be >= 2 (tokens the model reads before its window slides)"),
         ("--temperature", args.temperature, args.temperature > 0, "must be > 0 (use 1e-3 for near-greedy)"),
         ("--top_k", args.top_k, args.top_k >= 1, "must be >= 1"),
         ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
@@ -212,7 +218,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     user_modules_importable()
 
     from lmkit import dist
-    from lmkit.generation import generate_samples, load_for_generation, readable
+    from lmkit.generation import generate_samples, load_for_generation, readable, trained_context
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
     start = time.perf_counter()
@@ -220,6 +226,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     model, _, model_name = load_for_generation(args.model_dir, args.checkpoint,
                                                tokenizer if is_hf_folder(args.model_dir) else None)
     loaded = time.perf_counter() - start
+    context = args.context if args.context is not None else trained_context(args.model_dir)
     vocab = getattr(tokenizer, "vocab", None)
     for i, words in enumerate(unknown):
         if words:
@@ -246,7 +253,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
                                 num_samples=args.num_samples, seed=args.seed, stop=args.stop,
                                 stop_at_eos=args.stop_at_eos, start_token=args.start_token,
                                 repetition_penalty=args.repetition_penalty,
-                                min_new_tokens=args.min_new_tokens, stream=write if stream else None)
+                                min_new_tokens=args.min_new_tokens, stream=write if stream else None,
+                                context=context)
 
     start = time.perf_counter()
     if args.stream:

@@ -25,6 +25,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from lmkit.cli.common import Parser, parse_overrides, user_modules_importable
+from lmkit.data.sources import SEPARATOR
 from lmkit.dist import BACKEND_CHOICES
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE
 from lmkit.precision import PRECISIONS
@@ -59,11 +60,21 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
     data.add_argument("--no_verify_data", action="store_true",
                       help="PTB: accept files from --data_url without checking their SHA-1 (a mirror "
                            "serving other data)")
-    data.add_argument("--train_file", default=None,
-                      help="your own training text (UTF-8, one sentence or paragraph a line); "
+    data.add_argument("--train_file", default=None, nargs="+", metavar="PATH",
+                      help="your own training text (UTF-8, one sentence or paragraph a line): files, "
+                           "folders or quoted glob patterns ('shards/*.txt'), read in sorted order; "
                            "switches a PTB config to data = 'text'")
-    data.add_argument("--valid_file", default=None, help="validation text (rank 0 evaluates it)")
-    data.add_argument("--test_file", default=None, help="test text (rank 0 evaluates it at the end)")
+    data.add_argument("--valid_file", default=None, nargs="+", metavar="PATH",
+                      help="validation text (rank 0 evaluates it), as --train_file")
+    data.add_argument("--test_file", default=None, nargs="+", metavar="PATH",
+                      help="test text (rank 0 evaluates it at the end), as --train_file")
+    data.add_argument("--data_cache", default=None, metavar="DIR",
+                      help="text: the folder where encoded text is kept and reused by later runs "
+                           "(default: $LMKIT_DATA_CACHE, else ~/.cache/lmkit/tokens); 'none' encodes "
+                           "into memory at every start")
+    data.add_argument("--sampling", choices=["windows", "random"], default=None,
+                      help="transformers: 'windows' (shuffled fixed windows, each token once an "
+                           "epoch) or 'random' (windows at random offsets); default: the config's")
     data.add_argument("--tokenizer", choices=list(TOKENIZERS), default=None,
                       help="text data: word, sentencepiece, char or byte; default: the config's")
     data.add_argument("--vocab_size", type=int, default=None,
@@ -123,8 +134,11 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
 def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, Any]:
     """Config keys set by flags (``--set`` first; named flags win)."""
     overrides = parse_overrides(args.overrides)
-    named = {"seed": args.seed, "model": args.model, "train_file": args.train_file,
-             "valid_file": args.valid_file, "test_file": args.test_file, "tokenizer": args.tokenizer,
+    joined = {key: None if value is None else SEPARATOR.join(value)
+              for key, value in (("train_file", args.train_file), ("valid_file", args.valid_file),
+                                 ("test_file", args.test_file))}
+    named = {"seed": args.seed, "model": args.model, **joined, "data_cache": args.data_cache,
+             "sampling": args.sampling, "tokenizer": args.tokenizer,
              "vocab_size": args.vocab_size, "max_vocab": args.max_vocab, "min_count": args.min_count,
              "spm_model_type": args.spm_model_type, "precision": args.precision,
              "grad_accum_steps": args.grad_accum_steps}

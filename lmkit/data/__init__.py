@@ -32,6 +32,11 @@ __all__ = [
     "num_bptt_batches",
     "window_arrays",
     "num_window_batches",
+    "WindowBatches",
+    "BpttBatches",
+    "resolve_sources",
+    "cache_root",
+    "TokenStream",
     "Tokenizer",
     "TOKENIZERS",
     "WordTokenizer",
@@ -81,6 +86,11 @@ _HOMES = {
     "Vocab": "vocab",
     "num_window_batches": "windows",
     "window_arrays": "windows",
+    "WindowBatches": "windows",
+    "BpttBatches": "batching",
+    "resolve_sources": "sources",
+    "cache_root": "token_cache",
+    "TokenStream": "token_cache",
 }
 
 

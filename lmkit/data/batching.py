@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Tuple
 
 import numpy as np
-import tensorflow as tf
 
 from lmkit.data.errors import DataError
 
-__all__ = ["bptt_arrays", "num_bptt_batches", "bptt_dataset", "check_shard", "check_stream"]
+__all__ = ["bptt_arrays", "num_bptt_batches", "bptt_dataset", "check_shard", "check_stream",
+           "Batches", "BpttBatches"]
 
 
 def check_shard(batch_size: int, rank: int, size: int) -> int:
@@ -69,6 +69,57 @@ def num_bptt_batches(num_ids: int, batch_size: int, num_steps: int) -> int:
     return max(0, (row_len - 1) // int(num_steps))
 
 
+class Batches:
+    """The batches of one epoch, made one at a time: ``len()`` steps, ``[i]`` is ``(inputs, targets)``.
+
+    A subclass sets ``shape = (num_batches, rows, num_steps)`` and
+    :meth:`_batch`, which returns int32 ``[rows, num_steps + 1]`` ids (the
+    inputs are all but the last, the targets all but the first).
+    """
+
+    shape: Tuple[int, int, int]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _batch(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> Tuple[np.ndarray, np.ndarray]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"batch {i} of {len(self)}")
+        window = np.asarray(self._batch(i % len(self)), dtype=np.int32)
+        return np.ascontiguousarray(window[:, :-1]), np.ascontiguousarray(window[:, 1:])
+
+
+class BpttBatches(Batches):
+    """This worker's BPTT batches, made one at a time from ``ids`` (a memmap stays on disk).
+
+    ``len(batches)`` is the number of windows; ``batches[i]`` is ``(inputs,
+    targets)``, int32 ``[batch_size // size, num_steps]``, equal to row ``i``
+    of :func:`bptt_arrays`.
+    """
+
+    def __init__(self, ids: np.ndarray, batch_size: int, num_steps: int, rank: int = 0,
+                 size: int = 1) -> None:
+        """Args and errors: as :func:`bptt_arrays`."""
+        per_rank = check_shard(batch_size, rank, size)
+        ids = check_stream(ids, num_steps)
+        row_len = ids.size // batch_size
+        num_batches = num_bptt_batches(ids.size, batch_size, num_steps)
+        if num_batches < 1:
+            raise DataError(f"{ids.size} ids are too few for one batch of batch_size {batch_size} x "
+                            f"num_steps {num_steps}: that needs batch_size * (num_steps + 1) = "
+                            f"{batch_size * (num_steps + 1)} ids; use a smaller batch_size or num_steps")
+        rows = ids[:batch_size * row_len].reshape(batch_size, row_len)  # a view, nothing read
+        self.rows = rows[rank * per_rank:(rank + 1) * per_rank]  # [B/N, row_len]
+        self.num_steps = int(num_steps)
+        self.shape = (num_batches, per_rank, self.num_steps)
+
+    def _batch(self, i: int) -> np.ndarray:
+        return self.rows[:, i * self.num_steps:(i + 1) * self.num_steps + 1]
+
+
 def bptt_arrays(ids: np.ndarray, batch_size: int, num_steps: int, rank: int = 0,
                 size: int = 1) -> Tuple[np.ndarray, np.ndarray]:
     """This worker's BPTT inputs and targets.
@@ -89,24 +140,17 @@ def bptt_arrays(ids: np.ndarray, batch_size: int, num_steps: int, rank: int = 0,
       DataError: a bad ``ids`` array, ``batch_size`` not divisible by
         ``size``, or too few ids for one batch (naming the sizes).
     """
-    per_rank = check_shard(batch_size, rank, size)
-    ids = check_stream(ids, num_steps)
-    row_len = ids.size // batch_size
-    num_batches = num_bptt_batches(ids.size, batch_size, num_steps)
-    if num_batches < 1:
-        raise DataError(f"{ids.size} ids are too few for one batch of batch_size {batch_size} x "
-                        f"num_steps {num_steps}: that needs batch_size * (num_steps + 1) = "
-                        f"{batch_size * (num_steps + 1)} ids; use a smaller batch_size or num_steps")
-    rows = ids[:batch_size * row_len].astype(np.int32, copy=False).reshape(batch_size, row_len)
-    rows = rows[rank * per_rank:(rank + 1) * per_rank]  # [B/N, row_len]
+    batches = BpttBatches(ids, batch_size, num_steps, rank, size)
+    num_batches, per_rank, _ = batches.shape
     used = num_batches * num_steps
+    rows = np.asarray(batches.rows[:, :used + 1], dtype=np.int32)
     # [B/N, num_batches, num_steps] -> [num_batches, B/N, num_steps]
     inputs = rows[:, :used].reshape(per_rank, num_batches, num_steps).transpose(1, 0, 2)
     targets = rows[:, 1:used + 1].reshape(per_rank, num_batches, num_steps).transpose(1, 0, 2)
     return np.ascontiguousarray(inputs), np.ascontiguousarray(targets)
 
 
-def bptt_dataset(inputs: np.ndarray, targets: np.ndarray, prefetch: int = 2) -> tf.data.Dataset:
+def bptt_dataset(inputs: np.ndarray, targets: np.ndarray, prefetch: int = 2) -> "tf.data.Dataset":
     """A ``tf.data`` pipeline over :func:`bptt_arrays` output, in order.
 
     The batches are never shuffled here: a recurrent state carries from batch
@@ -129,6 +173,8 @@ def bptt_dataset(inputs: np.ndarray, targets: np.ndarray, prefetch: int = 2) -> 
         raise DataError(f"inputs {inputs.shape} and targets {targets.shape} must both be "
                         "[num_batches, batch, num_steps]; pass the output of bptt_arrays or "
                         "window_arrays")
+    import tensorflow as tf  # here: the batches themselves need no TensorFlow
+
     dataset = tf.data.Dataset.from_tensor_slices((inputs.astype(np.int32, copy=False),
                                                   targets.astype(np.int32, copy=False)))
     return dataset.prefetch(prefetch)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from lmkit.data.errors import DataError
 from lmkit.data.tokenizers import Tokenizer
@@ -96,7 +96,7 @@ class HFTokenizer(Tokenizer):
         return {"source": str(options.get("source") or "")}
 
     @classmethod
-    def train(cls, train_file: str, folder: str, **options: Any) -> "HFTokenizer":
+    def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "HFTokenizer":
         """Not trained: read from the pretrained model's folder (``source``, set by ``--init_from``)."""
         source = options.get("source") or ""
         if not source:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from lmkit.checks import check_choice
 from lmkit.data.errors import DataError
@@ -124,11 +124,24 @@ class SentencePieceTokenizer(Tokenizer):
         return options
 
     @classmethod
-    def train(cls, train_file: str, folder: str, **options: Any) -> "SentencePieceTokenizer":
-        """Trains ``folder/spm.model`` on ``train_file`` (one thread: reproducible)."""
+    def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "SentencePieceTokenizer":
+        """Trains ``folder/spm.model`` on the files ``train_file`` (one thread: reproducible).
+
+        SentencePiece holds its whole training text in memory (about 25 times
+        its size); a text larger than :data:`TRAINING_BYTES` is sampled first,
+        every line kept with the same probability by a seeded generator, so
+        the model is the same on every run and memory stays bounded.
+        """
         options = cls.check_options(options)
-        model = train_sentencepiece(train_file, options["vocab_size"],
-                                    os.path.join(folder, "spm"), options["model_type"], reuse=False)
+        os.makedirs(folder, exist_ok=True)
+        sample = os.path.join(folder, f"spm-sample.tmp{os.getpid()}.txt")
+        try:
+            files = _sample_lines(list(train_file), sample, TRAINING_BYTES)
+            model = train_sentencepiece(files, options["vocab_size"],
+                                        os.path.join(folder, "spm"), options["model_type"], reuse=False)
+        finally:
+            if os.path.exists(sample):
+                os.remove(sample)
         return cls(model, model_type=options["model_type"])
 
     @classmethod
@@ -137,7 +150,35 @@ class SentencePieceTokenizer(Tokenizer):
         return cls(os.path.join(folder, cls.MODEL_FILE), model_type=options["model_type"])
 
 
-def train_sentencepiece(train_file: PathLike, vocab_size: int, model_prefix: PathLike,
+#: Text SentencePiece trains on at most (bytes); a larger corpus is sampled by line (about 2.5 GB
+#: of memory for 100 MB of text).
+TRAINING_BYTES = 100_000_000
+
+
+def _sample_lines(files: Sequence[str], sample: str, budget: int, seed: int = 0) -> List[str]:
+    """``files`` when they hold at most ``budget`` bytes, else ``[sample]``: their lines, each kept
+    with probability ``budget / total`` (a seeded generator, so always the same lines)."""
+    import numpy as np
+
+    total = sum(os.path.getsize(f) for f in files)
+    if total <= budget:
+        return list(files)
+    keep = budget / total
+    rng = np.random.default_rng(seed)
+    with open(sample, "wb") as out:
+        for path in files:
+            with open(path, "rb") as f:
+                while True:
+                    lines = f.readlines(1 << 22)
+                    if not lines:
+                        break
+                    chosen = rng.random(len(lines)) < keep
+                    out.writelines(line if line.endswith(b"\n") else line + b"\n"
+                                   for line, take in zip(lines, chosen) if take)
+    return [sample]
+
+
+def train_sentencepiece(train_file: Union[PathLike, Sequence[PathLike]], vocab_size: int, model_prefix: PathLike,
                         model_type: str = "unigram", *, character_coverage: float = 1.0,
                         num_threads: int = 1, input_sentence_size: int = 0,
                         progress: bool = False, reuse: bool = True) -> str:
@@ -151,7 +192,8 @@ def train_sentencepiece(train_file: PathLike, vocab_size: int, model_prefix: Pat
     :func:`train_tokenizer`, which trains into the model folder.
 
     Args:
-      train_file: UTF-8 text, one sentence or paragraph a line.
+      train_file: UTF-8 text, one sentence or paragraph a line (a file or a
+        list of files).
       vocab_size: number of pieces (specials included).
       model_prefix: where to write ``<prefix>.model`` and ``<prefix>.vocab``
         (a path in the model folder; there is no default beside the data).
@@ -173,19 +215,22 @@ def train_sentencepiece(train_file: PathLike, vocab_size: int, model_prefix: Pat
     """
     _check_size("vocab_size", vocab_size, "give the number of pieces (--vocab_size)")
     check_choice("sentencepiece model_type", model_type, MODEL_TYPES, DataError)
-    train_file = os.fspath(train_file)
-    if not os.path.isfile(train_file):
-        raise DataError(f"training file {train_file!r} does not exist; check the path")
+    files = [os.fspath(train_file)] if isinstance(train_file, (str, os.PathLike)) else \
+        [os.fspath(f) for f in train_file]
+    for path in files:
+        if not os.path.isfile(path):
+            raise DataError(f"training file {path!r} does not exist; check the path")
+    train_file = files[0] if len(files) == 1 else f"{len(files)} files ({files[0]}, ...)"
     prefix = os.fspath(model_prefix)
     model_file = prefix + ".model"
-    if reuse and _model_is_fresh(model_file, train_file, vocab_size):
+    if reuse and all(_model_is_fresh(model_file, f, vocab_size) for f in files):
         return model_file
     spm = _import_sentencepiece()
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     temp_prefix = f"{prefix}.tmp{os.getpid()}"
     try:
         spm.SentencePieceTrainer.train(
-            input=train_file, model_prefix=temp_prefix, vocab_size=vocab_size,
+            input=files, model_prefix=temp_prefix, vocab_size=vocab_size,
             model_type=model_type, character_coverage=character_coverage,
             unk_id=SPM_UNK_ID, bos_id=SPM_BOS_ID, eos_id=SPM_EOS_ID, pad_id=SPM_PAD_ID,
             num_threads=num_threads, input_sentence_size=input_sentence_size,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -128,7 +128,8 @@ class TextData:
 
     Attributes:
       tokenizer: the tokenizer that made the streams.
-      train: int32 ids of the training text, eos after every non-blank line.
+      train: the ids of the training text, eos after every non-blank line
+        (int32, or a memory-mapped uint16/uint32 array from the data cache).
       valid: the validation stream, or None when no file was given.
       test: the test stream, or None.
       train_words: the words of the training text (see above).
@@ -152,8 +153,11 @@ class TextData:
                 yield name, ids, getattr(self, f"{name}_words")
 
 
-def load_text_data(tokenizer: Tokenizer, train_file: PathLike, valid_file: Optional[PathLike] = None,
-                   test_file: Optional[PathLike] = None) -> TextData:
+def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[PathLike]],
+                   valid_file: Optional[Union[PathLike, Sequence[PathLike]]] = None,
+                   test_file: Optional[Union[PathLike, Sequence[PathLike]]] = None, *,
+                   cache_dir: Optional[str] = None, workers: Optional[int] = None,
+                   log: Callable[[str], None] = lambda line: None) -> TextData:
     """Checks and encodes the text files of a corpus.
 
     Every non-blank line is encoded and followed by the tokenizer's eos id
@@ -161,26 +165,49 @@ def load_text_data(tokenizer: Tokenizer, train_file: PathLike, valid_file: Optio
 
     Args:
       tokenizer: any :class:`~lmkit.data.tokenizers.Tokenizer`.
-      train_file: UTF-8 text, one sentence or paragraph a line.
+      train_file: UTF-8 text, one sentence or paragraph a line: a file, a
+        folder, a glob pattern, several of them separated by commas, or a
+        list (:func:`~lmkit.data.sources.resolve_sources`); the files are
+        read in sorted order.
       valid_file: the validation text, or None.
       test_file: the test text, or None.
+      cache_dir: a data cache folder (:func:`~lmkit.data.token_cache.cache_root`):
+        each split is encoded once into it, in parallel, and memory-mapped
+        (later calls with the same files and tokenizer only map it). None
+        encodes into memory, in this process.
+      workers: encoding processes for the cache (None: one per core for
+        large texts).
+      log: where the cache's progress lines go.
 
     Returns:
-      A :class:`TextData`.
+      A :class:`TextData`; with a cache its streams are read-only
+      ``numpy.memmap`` arrays of uint16 (or uint32) ids, else int32 arrays.
 
     Raises:
-      DataError: a file is missing, a folder, empty, binary or not UTF-8
-        (naming it as ``train_file``, ``valid_file`` or ``test_file``).
+      DataError: a file is missing, a folder without files, empty, binary or
+        not UTF-8, or a pattern matches nothing (naming it as ``train_file``,
+        ``valid_file`` or ``test_file``); a broken cache folder.
     """
-    corpus = TextCorpus(tokenizer, add_eos=tokenizer.eos_id is not None)
-    streams = {}
-    words = {}
-    for name, path in zip(SPLITS, (train_file, valid_file, test_file)):
-        if path is None:
+    from lmkit.data.sources import resolve_sources
+
+    add_eos = tokenizer.eos_id is not None
+    corpus = TextCorpus(tokenizer, add_eos=add_eos)
+    streams: Dict[str, Optional[np.ndarray]] = {}
+    words: Dict[str, Optional[int]] = {}
+    for name, spec in zip(SPLITS, (train_file, valid_file, test_file)):
+        if spec is None or (isinstance(spec, (str, os.PathLike)) and not os.fspath(spec)):
             streams[name] = words[name] = None
             continue
-        check_text_file(path, f"{name}_file")
-        lines = [line for line in read_lines(path) if line.strip()]
+        files = resolve_sources(spec, f"{name}_file")
+        if cache_dir is not None:
+            from lmkit.data.token_cache import cached_stream
+            stream = cached_stream(cache_dir, tokenizer, files, add_eos, what=f"{name}_file",
+                                   workers=workers, log=log)
+            streams[name], words[name] = stream.ids, stream.words
+            continue
+        for path in files:
+            check_text_file(path, f"{name}_file")
+        lines = [line for path in files for line in read_lines(path) if line.strip()]
         streams[name] = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
         words[name] = count_words(lines, line_ends=corpus.add_eos)
     return TextData(tokenizer=tokenizer, train=streams["train"], valid=streams["valid"],

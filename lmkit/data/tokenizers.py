@@ -41,7 +41,7 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Type
+from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Type, Union
 
 from lmkit.checks import check_choice, check_known_keys
 from lmkit.data.errors import DataError
@@ -170,6 +170,12 @@ class Tokenizer(abc.ABC):
         """``[encode(t) for t in texts]`` (a kind may do it faster)."""
         return [self.encode(t) for t in texts]
 
+    def encode_lines_flat(self, lines: Sequence[str], add_eos: bool) -> Optional["np.ndarray"]:
+        """All ``lines`` (none with a line break) as one id array, ``eos_id`` after each when
+        ``add_eos``; None when this kind has no faster way than :meth:`encode_batch` (the data
+        cache's encoder then uses that)."""
+        return None
+
     def decode(self, ids: Iterable[int]) -> str:
         """Readable text of ``ids``: ``eos_id`` is a line break, ``bos_id`` and ``pad_id`` vanish.
 
@@ -235,8 +241,8 @@ class Tokenizer(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def train(cls, train_file: str, folder: str, **options: Any) -> "Tokenizer":
-        """Trains on ``train_file`` (checked beforehand); may write into ``folder``, never elsewhere."""
+    def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "Tokenizer":
+        """Trains on the files ``train_file`` (checked beforehand); may write into ``folder``, never elsewhere."""
 
     @classmethod
     @abc.abstractmethod
@@ -321,10 +327,11 @@ class WordTokenizer(_VocabTokenizer):
         return options
 
     @classmethod
-    def train(cls, train_file: str, folder: str, **options: Any) -> "WordTokenizer":
-        """The words of ``train_file`` by decreasing count (``folder`` is not used)."""
+    def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "WordTokenizer":
+        """The words of the files ``train_file`` by decreasing count (``folder`` is not used)."""
         options = cls.check_options(options)
-        vocab = Vocab.build(train_file, max_size=options["max_vocab"],
+        lines = (line for path in train_file for line in read_lines(path))
+        vocab = Vocab.build(lines, max_size=options["max_vocab"],
                             min_count=options["min_count"])
         return cls(vocab, **options)
 
@@ -354,10 +361,10 @@ class CharTokenizer(_VocabTokenizer):
         return "".join(self.vocab.decode(ids))
 
     @classmethod
-    def train(cls, train_file: str, folder: str, **options: Any) -> "CharTokenizer":
-        """The characters of ``train_file`` by decreasing count (``folder`` is not used)."""
+    def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "CharTokenizer":
+        """The characters of the files ``train_file`` by decreasing count (``folder`` is not used)."""
         counts: collections.Counter = collections.Counter()
-        for line in read_lines(train_file):
+        for line in (line for path in train_file for line in read_lines(path)):
             counts.update(line)
         counts.pop("\r", None)
         return cls(Vocab.from_counts(counts))
@@ -396,6 +403,18 @@ class ByteTokenizer(Tokenizer):
     def _encode_line(self, line: str) -> List[int]:
         return [b + self._OFFSET for b in line.encode("utf-8")]
 
+    def encode_lines_flat(self, lines: Sequence[str], add_eos: bool) -> "np.ndarray":
+        import numpy as np
+
+        if not add_eos:
+            return np.frombuffer("".join(lines).encode("utf-8"), np.uint8).astype(np.uint16) + self._OFFSET
+        # Each line's end is a "\n" byte (lines hold none), which becomes eos.
+        ids = np.frombuffer(("\n".join(lines) + "\n").encode("utf-8"), np.uint8).astype(np.uint16)
+        ends = ids == ord("\n")
+        ids += self._OFFSET
+        ids[ends] = self.eos_id
+        return ids if lines else ids[:0]
+
     def _decode_line(self, ids: List[int]) -> str:
         # <unk> (never made by encode) shows as the replacement character.
         data = bytes(i - self._OFFSET if i >= self._OFFSET else 0xFF for i in ids)
@@ -405,7 +424,7 @@ class ByteTokenizer(Tokenizer):
         pass
 
     @classmethod
-    def train(cls, train_file: str, folder: str, **options: Any) -> "ByteTokenizer":
+    def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "ByteTokenizer":
         """The byte table is fixed: the text is not read."""
         return cls()
 
@@ -434,9 +453,10 @@ def tokenizer_class(name: str) -> Type[Tokenizer]:
     return import_object(TOKENIZERS[name], "tokenizer")
 
 
-def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
+def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], folder: PathLike, *,
                     vocab_size: Optional[int] = None, max_vocab: Optional[int] = None,
-                    min_count: int = 1, model_type: str = "unigram", source: str = "") -> Tokenizer:
+                    min_count: int = 1, model_type: str = "unigram", source: str = "",
+                    cache_dir: Optional[str] = None) -> Tokenizer:
     """Trains a tokenizer into ``folder``, or reuses the one saved there.
 
     When ``folder/tokenizer.json`` exists with the same kind and options it
@@ -448,13 +468,19 @@ def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
       name: a key of :data:`TOKENIZERS`: ``word``, ``sentencepiece``,
         ``char`` or ``byte``.
       train_file: UTF-8 text, one sentence or paragraph a line (checked with
-        :func:`check_text_file`; not read by ``byte``).
+        :func:`check_text_file`; not read by ``byte``): a file, a folder, a
+        glob pattern, several separated by commas, or a list
+        (:func:`~lmkit.data.sources.resolve_sources`).
       folder: the model folder; every file goes here, none beside the data.
       vocab_size: number of pieces (``sentencepiece``; required there).
       max_vocab: largest word vocabulary, specials included (``word``).
       min_count: drop words seen fewer times (``word``).
       model_type: ``"unigram"`` or ``"bpe"`` (``sentencepiece``).
       source: the pretrained model folder the ``hf`` kind is read from.
+      cache_dir: a data cache folder (:func:`lmkit.data.token_cache.cache_root`):
+        a tokenizer trained there before on the same files (path, size,
+        modification time) with the same kind and options is copied instead
+        of trained again, and a newly trained one is kept there.
 
     Options a kind does not take are ignored.
 
@@ -479,17 +505,54 @@ def train_tokenizer(name: str, train_file: PathLike, folder: PathLike, *,
                         f"with options {saved.options}, but a {kind.name} tokenizer with options "
                         f"{options} was asked for; ask for the saved one (the settings of the run "
                         "that wrote this folder) or use another folder")
+    files: List[str] = []
     if kind.READS_TEXT:
-        check_text_file(train_file, "train_file")
+        from lmkit.data.sources import resolve_sources
+        files = resolve_sources(train_file, "train_file")
+    cached = _cached_tokenizer_dir(cache_dir, kind, options, files) if files else None
+    if cached is not None and os.path.isfile(os.path.join(cached, TOKENIZER_FILE)):
+        tokenizer = load_tokenizer(cached)
+        tokenizer.save(folder)
+        return tokenizer
+    for path in files:
+        check_text_file(path, "train_file")
     made = not os.path.isdir(folder)
     try:
-        tokenizer = kind.train(os.fspath(train_file), folder, **options)
+        tokenizer = kind.train(files, folder, **options)
         tokenizer.save(folder)
     except BaseException:
         if made:  # everything in it is this call's: leave no half-made model folder
             shutil.rmtree(folder, ignore_errors=True)
         raise
+    if cached is not None:
+        _keep_in_cache(tokenizer, cached)
     return tokenizer
+
+
+def _cached_tokenizer_dir(cache_dir: Optional[str], kind: Type[Tokenizer], options: Mapping[str, Any],
+                          files: Sequence[str]) -> Optional[str]:
+    """Where the data cache keeps ``kind`` trained with ``options`` on ``files`` (None: no cache)."""
+    if not cache_dir:
+        return None
+    sources = []
+    for path in files:
+        st = os.stat(path)
+        sources.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
+    record = json.dumps({"kind": kind.name, "options": dict(options), "files": sources}, sort_keys=True)
+    return os.path.join(cache_dir, f"tokenizer-{kind.name}-{_short_hash(record.encode('utf-8'))}")
+
+
+def _keep_in_cache(tokenizer: Tokenizer, cached: str) -> None:
+    """Saves a trained tokenizer into the data cache (best effort: a cache that cannot be written is skipped)."""
+    temp = f"{cached}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        tokenizer.save(temp)
+        os.rename(temp, cached)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def load_tokenizer(folder: PathLike) -> Tokenizer:

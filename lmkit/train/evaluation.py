@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from lmkit.data.batching import bptt_arrays
+from lmkit.data.batching import BpttBatches
 from lmkit.losses import window_loss
 from lmkit.precision import scope as precision_scope
 from lmkit.train.metrics import perplexity
@@ -77,13 +77,13 @@ class Evaluator:
         Raises:
           DataError: too few ids for one batch of ``batch_size`` x ``num_steps``.
         """
-        inputs, targets = bptt_arrays(ids, self.batch_size, self.num_steps)
+        batches = BpttBatches(ids, self.batch_size, self.num_steps)  # read batch by batch
         stateful = getattr(self.model, "stateful", False)
         state = self.model.initial_state(self.batch_size) if stateful else None
         total = 0.0
-        for i in range(inputs.shape[0]):
-            loss, state = self._step(tf.constant(inputs[i]), tf.constant(targets[i]), state)
+        for inputs, targets in batches:
+            loss, state = self._step(tf.constant(inputs), tf.constant(targets), state)
             total += float(loss)
             if on_batch is not None:
                 on_batch()
-        return total / (inputs.shape[0] * self.num_steps)
+        return total / (len(batches) * self.num_steps)

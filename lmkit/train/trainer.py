@@ -41,8 +41,8 @@ import tensorflow as tf
 from lmkit import dist, precision
 from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
-from lmkit.data.batching import bptt_arrays, num_bptt_batches
-from lmkit.data.windows import window_arrays
+from lmkit.data.batching import Batches, BpttBatches, num_bptt_batches
+from lmkit.data.windows import WindowBatches
 from lmkit.errors import NonFiniteError, PreemptedError, UsageError
 from lmkit.fileio import atomic_write_text
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
@@ -330,16 +330,33 @@ class Trainer:
         finally:
             self._watchdog.stop()
 
-    def epoch_arrays(self, ids: np.ndarray, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
-        """This process's ``(inputs, targets)`` of ``epoch``, each [steps, local rows, num_steps]."""
+    def epoch_batches(self, ids: np.ndarray, epoch: int) -> Batches:
+        """This process's batches of ``epoch``: ``len()`` steps, ``[i]`` gives ``(inputs, targets)``.
+
+        Each batch is read from ``ids`` when asked for, so a memory-mapped
+        stream is never loaded whole.
+
+        Raises:
+          UsageError: ``sampling = "random"`` for a model that carries a state.
+        """
         cfg = self.config
         if getattr(self.model, "stateful", False):
+            if cfg.sampling != "windows":
+                raise UsageError(f"sampling = {cfg.sampling!r} needs a model without a recurrent state "
+                                 f"(a transformer); {type(self.model).__name__} reads the text in order: "
+                                 "set sampling = 'windows'")
             if self._bptt is None:  # the same rows every epoch
-                self._bptt = bptt_arrays(ids, cfg.batch_size, cfg.num_steps, rank=self.rank,
+                self._bptt = BpttBatches(ids, cfg.batch_size, cfg.num_steps, rank=self.rank,
                                          size=dist.size())
             return self._bptt
-        return window_arrays(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=cfg.seed,
-                             rank=self.rank, size=dist.size())
+        return WindowBatches(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=cfg.seed,
+                             rank=self.rank, size=dist.size(), sampling=cfg.sampling)
+
+    def epoch_arrays(self, ids: np.ndarray, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
+        """This process's ``(inputs, targets)`` of ``epoch``, each [steps, local rows, num_steps]."""
+        batches = self.epoch_batches(ids, epoch)
+        pairs = [batches[i] for i in range(len(batches))]
+        return np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs])
 
     def _check_eval_data(self, **streams: Optional[np.ndarray]) -> None:
         """Evaluation data too small for one batch fails before training, on every rank."""
@@ -358,7 +375,7 @@ class Trainer:
         epochs = num_epochs or cfg.num_epochs
         self._bptt = None
         self._check_eval_data(valid=valid_ids, test=test_ids)
-        steps_per_epoch = int(self.epoch_arrays(train_ids, 0)[0].shape[0])
+        steps_per_epoch = len(self.epoch_batches(train_ids, 0))
         check_agreement(cfg, self.vocab, {"train_ids": int(len(train_ids)),
                                           "steps_per_epoch": steps_per_epoch})
         prepare_model_dir(self.model_dir, cfg, self.vocab)
@@ -392,8 +409,8 @@ class Trainer:
             self._boundaries = Boundaries(watcher, cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes)
             try:
                 for epoch in range(start_epoch, epochs):
-                    inputs, targets = self.epoch_arrays(train_ids, epoch)
-                    run = self._run_epoch(epoch, epochs, inputs, targets, max_steps, result, position)
+                    batches = self.epoch_batches(train_ids, epoch)
+                    run = self._run_epoch(epoch, epochs, batches, max_steps, result, position)
                     position = None  # only the first epoch resumes inside
                     trained += run.steps
                     cumulative += run.seconds
@@ -461,7 +478,7 @@ class Trainer:
         return CheckpointManager(os.path.join(self.model_dir, CHECKPOINT_DIR), ckpt,
                                  keep=self.config.keep_checkpoints)
 
-    def _run_epoch(self, epoch: int, epochs: int, inputs: np.ndarray, targets: np.ndarray,
+    def _run_epoch(self, epoch: int, epochs: int, batches: Batches,
                    max_steps: Optional[int], result: TrainResult,
                    position: Optional[Position] = None) -> EpochRun:
         """Trains on one epoch's windows (or until ``max_steps`` or a stop); logs progress on rank 0.
@@ -470,7 +487,7 @@ class Trainer:
         and its carried state continues.
         """
         cfg = self.config
-        steps_per_epoch = int(inputs.shape[0])
+        steps_per_epoch = len(batches)
         tokens_per_step = cfg.batch_size * cfg.num_steps
         start = position.steps_in_epoch if position is not None else 0
         state = position.state if position is not None and position.state is not None else self.initial_state()
@@ -509,7 +526,8 @@ class Trainer:
                 break
             if i == start and not self.chief:  # waits for rank 0's evaluation and save (watched there)
                 self._watchdog.pause()
-            out = self.train_step(tf.constant(inputs[i]), tf.constant(targets[i]), state,
+            inputs, targets = batches[i]
+            out = self.train_step(tf.constant(inputs), tf.constant(targets), state,
                                   *self._boundaries.flags())
             state = out.state
             self._watchdog.beat(step_count + 1)

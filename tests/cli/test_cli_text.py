@@ -209,3 +209,50 @@ def test_user_model_by_import_path(tmp_path, corpus):
     assert "training TinyLM on 2 worker(s)" in res.stdout
     # generate rebuilds the class from config.json alone (no training script).
     check_generated(run(generate_cmd(model_dir), timeout=200, env=env), alphabet(corpus))
+
+
+def test_two_workers_encode_once_into_the_cache_and_a_resumed_run_reads_it(tmp_path, corpus):
+    """Several files as one corpus; rank 0 encodes while rank 1 waits; the resumed run only maps the cache."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    with open(corpus["train"], encoding="utf-8") as f:
+        lines = f.readlines()
+    for k in range(2):
+        (shards / f"part{k}.txt").write_text("".join(lines[k::2]), encoding="utf-8")
+    cache, model_dir = str(tmp_path / "cache"), str(tmp_path / "model")
+    files = dict(corpus, train=str(shards))
+    flags = ["--tokenizer", "char", "--data_cache", cache, "--sampling", "random"]
+    first = run(train_cmd(files, model_dir, *flags, "--max_steps", "3"), timeout=400)
+    check_trained(first, model_dir, "char")
+    assert first.stdout.count("rank 0 encodes train_file; the other 1 rank(s) wait for it") == 1, first.stdout
+    assert first.stdout.count("encoding train_file (2 files") == 1
+    folders = [n for n in os.listdir(cache) if n.startswith("char-")]
+    assert len(folders) == 3  # train, valid, test
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    assert config["train_file"] == str(shards) and config["sampling"] == "random"
+    second = run(train_cmd(files, model_dir, *flags, "--max_steps", "6"), timeout=400)
+    results = check_trained(second, model_dir, "char")
+    assert "resumed from" in second.stdout and results["global_step"] == 6
+    assert "encoding " not in second.stdout and "rank 0 encodes" not in second.stdout, second.stdout
+    assert re.search(r"text: train \d+ tokens, valid \d+, test \d+ \(char ids, from the data cache ", second.stdout)
+    assert sorted(n for n in os.listdir(cache) if n.startswith("char-")) == sorted(folders)  # none new
+
+
+def test_prepare_encodes_ahead_and_train_then_only_reads_the_cache(tmp_path, corpus):
+    cache, model_dir = str(tmp_path / "cache"), str(tmp_path / "model")
+    flags = ["--config", "config_transformer", "--train_file", corpus["train"], "--valid_file", corpus["valid"],
+             "--tokenizer", "sentencepiece", "--vocab_size", "50", "--data_cache", cache]
+    lmkit = [sys.executable, "-m", "lmkit"]
+    prepared = run([*lmkit, "prepare", *flags], timeout=300)
+    assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-3000:]
+    assert "encoding train_file" in prepared.stdout and "encoding valid_file" in prepared.stdout
+    assert re.search(r"prepared in [\d.]+ s: sentencepiece tokenizer of 50 ids and the token files in ",
+                     prepared.stdout), prepared.stdout
+    assert sorted(n.split("-")[0] for n in os.listdir(cache)) == ["sentencepiece", "sentencepiece", "tokenizer"]
+    trained = run([*lmkit, "train", *flags, *SMALL, "--model_dir", model_dir, "--max_steps", "2"], timeout=300)
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    assert "encoding " not in trained.stdout and "from the data cache" in trained.stdout, trained.stdout
+    assert len(os.listdir(cache)) == 3
+    bad = run([*lmkit, "prepare", "--config", "config_transformer", "--data_cache", cache], timeout=120)
+    assert bad.returncode == 2 and "lmkit prepare encodes your own text; pass --train_file" in bad.stderr

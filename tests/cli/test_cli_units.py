@@ -44,6 +44,16 @@ def test_train_file_switches_a_ptb_config_to_text():
                                         "model_type": "unigram", "source": ""}
 
 
+def test_several_train_files_cache_and_sampling_flags_reach_the_config():
+    args = build_parser().parse_args(["--config", "config_transformer", "--train_file", "a.txt", "shards/*.txt",
+                                      "--valid_file", "v1.txt", "v2.txt", "--data_cache", "none",
+                                      "--sampling", "random"])
+    config = config_from_args(args)
+    assert (config.train_file, config.valid_file, config.test_file) == ("a.txt,shards/*.txt", "v1.txt,v2.txt", "")
+    assert (config.data_cache, config.sampling) == ("none", "random")
+    assert config_from_args(build_parser().parse_args(["--train_file", "t.txt"])).sampling == "windows"
+
+
 @pytest.mark.parametrize("overrides, message", [
     (dict(data="text"), "train_file = '' is empty but data = 'text' needs one"),
     (dict(train_file="a.txt"), "train_file = 'a.txt' is set but data = 'ptb'"),
@@ -51,6 +61,7 @@ def test_train_file_switches_a_ptb_config_to_text():
     (dict(data="text", train_file="a", tokenizer="bpe"), "tokenizer = 'bpe' is not one of word"),
     (dict(data="csv"), "data = 'csv' is not one of ptb, text"),
     (dict(data="text", train_file="a", spm_model_type="wordpiece"), "spm_model_type = 'wordpiece'"),
+    (dict(data="text", train_file="a", sampling="offsets"), "sampling = 'offsets' is not one of windows, random"),
     (dict(use_horovod=True, backend="native"), "use_horovod = True means backend = 'horovod'"),
 ])
 def test_bad_data_keys_name_the_key(overrides, message):

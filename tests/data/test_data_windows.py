@@ -106,3 +106,57 @@ def test_windows_feed_the_dataset_pipeline():
     assert len(got) == x.shape[0]
     np.testing.assert_array_equal(np.stack([a for a, _ in got]), x)
     np.testing.assert_array_equal(np.stack([b for _, b in got]), y)
+
+
+@pytest.mark.parametrize("sampling", ["windows", "random"])
+def test_window_batches_one_at_a_time_equal_window_arrays_and_stack_across_ranks(sampling):
+    from lmkit.data.windows import WindowBatches
+
+    ids = np.arange(1000, dtype=np.uint16) % 97  # a cache's dtype
+    whole = window_arrays(ids, 8, 10, epoch=3, seed=5, sampling=sampling)
+    per_rank = []
+    for rank in range(2):
+        lazy = WindowBatches(ids, 8, 10, epoch=3, seed=5, rank=rank, size=2, sampling=sampling)
+        arrays = window_arrays(ids, 8, 10, epoch=3, seed=5, rank=rank, size=2, sampling=sampling)
+        assert len(lazy) == arrays[0].shape[0] == num_window_batches(ids.size, 8, 10)
+        for i in range(len(lazy)):
+            x, y = lazy[i]
+            assert x.dtype == np.int32 and x.shape == (4, 10)
+            np.testing.assert_array_equal(x, arrays[0][i])
+            np.testing.assert_array_equal(y, arrays[1][i])
+        per_rank.append(arrays)
+    np.testing.assert_array_equal(np.concatenate([a[0] for a in per_rank], axis=1), whole[0])
+    np.testing.assert_array_equal(whole[1][..., :-1], whole[0][..., 1:])
+
+
+def test_random_offsets_are_anywhere_in_the_stream_and_fixed_by_seed_and_epoch():
+    from lmkit.data.windows import WindowBatches
+
+    ids = np.arange(2000)
+    batches = WindowBatches(ids, 16, 10, epoch=0, seed=1, sampling="random")
+    starts = batches.starts.ravel()
+    assert starts.min() >= 0 and starts.max() <= ids.size - 11
+    assert np.any(starts % 10 != 0)  # not on the fixed windows' grid
+    x, y = batches[0]
+    np.testing.assert_array_equal(x[:, 0], batches.starts[0])  # ids are positions here
+    again = WindowBatches(ids, 16, 10, epoch=0, seed=1, sampling="random").starts
+    other = WindowBatches(ids, 16, 10, epoch=1, seed=1, sampling="random").starts
+    np.testing.assert_array_equal(again, batches.starts)
+    assert not np.array_equal(other, batches.starts)
+    fixed = WindowBatches(ids, 16, 10, epoch=0, seed=1).starts
+    assert np.all(fixed % 10 == 0) and len(np.unique(fixed)) == fixed.size
+    with pytest.raises(DataError, match="sampling = 'randm' is not one of windows, random"):
+        WindowBatches(ids, 16, 10, epoch=0, seed=1, sampling="randm")
+
+
+def test_bptt_batches_one_at_a_time_equal_bptt_arrays():
+    from lmkit.data.batching import BpttBatches, bptt_arrays
+
+    ids = np.arange(997, dtype=np.uint32)
+    for rank in range(2):
+        lazy = BpttBatches(ids, 6, 7, rank=rank, size=2)
+        inputs, targets = bptt_arrays(ids, 6, 7, rank=rank, size=2)
+        assert len(lazy) == inputs.shape[0]
+        for i, (x, y) in enumerate(lazy):
+            np.testing.assert_array_equal(x, inputs[i])
+            np.testing.assert_array_equal(y, targets[i])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -73,6 +75,29 @@ def test_a_transformer_slides_past_its_context_with_the_compiled_loop(tokenizer)
         nxt = decode(model, window, GreedySampler(), prompts=[seq[-keep:]], use_cache=False, compiled=False)
         seq = seq + nxt.sequences()[0][keep:]
     assert got[0].ids == seq[1:1 + len(prompt) + 25]
+
+
+def test_context_slides_a_transformer_at_the_length_it_was_trained_on(tokenizer, tmp_path):
+    model = tiny("transformer", tokenizer.vocab_size, max_positions=16)
+    prompt = tokenizer.encode("ab")
+    narrow, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[25], sampler=GreedySampler(),
+                                 context=8)
+    window = tiny("transformer", tokenizer.vocab_size, max_positions=8)
+    for mine, other in zip(model.variables, window.variables):
+        assert mine.name == other.name
+        other.assign(mine if mine.shape == other.shape else mine[:other.shape[0]])  # positions 0-7
+    same, _ = generate_samples(window, tokenizer, [prompt], max_new_tokens=[25], sampler=GreedySampler())
+    wide, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[25], sampler=GreedySampler())
+    assert narrow[0].ids == same[0].ids  # reads 8 positions, then slides, as a model of 8 positions
+    assert narrow[0].ids[:8] == wide[0].ids[:8]
+    with pytest.raises(UsageError, match="context = 1 must be an integer >= 2"):
+        generate_samples(model, tokenizer, [prompt], max_new_tokens=[5], sampler=GreedySampler(), context=1)
+    # A run's trained length is its num_steps; pretrained starts keep max_positions.
+    from lmkit.generation import trained_context
+    (tmp_path / "config.json").write_text(json.dumps({"num_steps": 64, "init_from": ""}))
+    assert trained_context(str(tmp_path)) == 64
+    (tmp_path / "config.json").write_text(json.dumps({"num_steps": 64, "init_from": "gpt2_folder"}))
+    assert trained_context(str(tmp_path)) is None
 
 
 def test_sliding_samples_are_reproducible_by_seed(tokenizer):

@@ -264,3 +264,34 @@ def test_checkpoints_every_steps_keep_the_last_few(tmp_path):
     steps = [m["step"] for m in _checkpoint_metas(model_dir)]
     assert steps == [50, 59]  # every 10 steps, the epoch's end; the folder keeps 2
     assert [m.get("saved_by") for m in _checkpoint_metas(model_dir)] == ["schedule", None]
+
+
+@pytest.mark.parametrize("model", ["transformer", "lstm"])
+def test_a_memory_mapped_cache_stream_trains_exactly_as_an_int32_array(tmp_path, model):
+    ids = _ids()
+    path = tmp_path / "ids.bin"
+    ids.astype(np.uint16).tofile(path)
+    mapped = np.memmap(path, dtype=np.uint16, mode="r", shape=ids.shape)
+    losses = []
+    for stream in (ids, mapped):
+        cfg = _config(model=model, num_heads=2, keep_prob=1.0)
+        tf.random.set_seed(5)
+        trainer = Trainer(build_model(cfg.model_config()), cfg, record_step_losses=True, log=lambda s: None)
+        losses.append(trainer.fit(stream, _ids(300, seed=1), num_epochs=1).step_losses)
+    assert len(losses[0]) > 10
+    np.testing.assert_array_equal(losses[0], losses[1])
+
+
+def test_random_offset_sampling_trains_a_transformer_and_is_refused_for_an_rnn():
+    ids = _ids()
+    cfg = _config(model="transformer", num_heads=2, sampling="random")
+    trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
+    first, second = trainer.epoch_arrays(ids, 0), trainer.epoch_arrays(ids, 0)
+    np.testing.assert_array_equal(first[0], second[0])  # a function of (seed, epoch): resumable
+    assert first[0].shape[0] == (len(ids) - 1) // 5 // 4  # as many steps as fixed windows give
+    result = trainer.fit(ids, num_epochs=1)
+    assert result.epochs and np.isfinite(result.epochs[-1].train_perplexity)
+    cfg = _config(model="lstm", sampling="random")
+    trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
+    with pytest.raises(UsageError, match="sampling = 'random' needs a model without a recurrent state"):
+        trainer.fit(ids, num_epochs=1)

@@ -139,3 +139,34 @@ def test_distributed_gradient_tape_compresses_like_average_gradients():
     (gw,) = dist.DistributedGradientTape(tape, compression="fp16").gradient(loss, [w])
     mean = np.mean(np.arange(1, dist.size() + 1))
     np.testing.assert_allclose(gw.numpy(), [30000.0 * mean, 3.0 * mean], rtol=2 ** -10)
+
+
+@pytest.mark.parametrize("case", ["shared", "own_cache", "no_files"])
+def test_cached_text_reaches_every_rank_once_encoded(tmp_path_factory, case):
+    """Rank 0 encodes into the cache; a rank without it encodes its own; one without the text receives it."""
+    import os
+
+    from lmkit.cli.data import cached_text_everywhere
+    from lmkit.data.text import load_text_data
+    from lmkit.data.tokenizers import ByteTokenizer
+
+    shared = dist.run_on_chief(lambda: str(tmp_path_factory.mktemp("shared")))  # one host: a shared folder
+    text = os.path.join(shared, "train.txt")
+    if dist.is_chief():
+        with open(text, "w", encoding="utf-8") as f:
+            f.write("".join(f"line {i} of the text\n" for i in range(200)))
+    dist.barrier()
+    root = os.path.join(shared, "cache")
+    path = text
+    if dist.rank() > 0 and case != "shared":
+        root = os.path.join(shared, f"cache-rank{dist.rank()}")  # this "host" does not see rank 0's cache
+        if case == "no_files":
+            path = os.path.join(shared, "elsewhere", "train.txt")  # nor the text
+    tokenizer = ByteTokenizer()
+    lines = []
+    streams = cached_text_everywhere(tokenizer, {"train": [path]}, root, lines.append)
+    expected = load_text_data(tokenizer, text).train
+    np.testing.assert_array_equal(streams["train"].ids, expected)
+    assert all(dist.allgather_object(bool(np.array_equal(streams["train"].ids, expected))))
+    own = os.path.isdir(root) and any(n.startswith("byte-") for n in os.listdir(root))
+    assert own == (dist.rank() == 0 or case != "no_files")
