@@ -441,7 +441,8 @@ def generate(model: Any,
       checkpoint: a ``ckpt-<step>`` folder of a run (default the latest).
       context: positions a transformer reads before its window slides
         (default: a run's ``num_steps``, see :func:`trained_context`; a
-        model object's ``max_positions``).
+        model object's ``max_positions``; beam search, which cannot slide,
+        keeps ``max_positions`` unless this is given).
       return_samples: return :class:`Generation` objects (text, ids, why it
         stopped) instead of strings.
 
@@ -454,11 +455,12 @@ def generate(model: Any,
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is not None:
             raise UsageError("tokenizer= is for a model object; a model folder brings its own")
-        if context is None:
-            context = trained_context(os.fspath(model))
+        trained = trained_context(os.fspath(model))
         model, tokenizer, _ = load_for_generation(os.fspath(model), checkpoint)
     elif tokenizer is None:
         raise UsageError("generate(model_object, ...) needs tokenizer=; or pass a model folder")
+    else:
+        trained = None
     for name, value, ok in (("num_samples", num_samples, num_samples >= 1),
                             ("max_length", max_length, max_length is None or max_length >= 1),
                             ("max_new_tokens", max_new_tokens, max_new_tokens is None or max_new_tokens >= 1)):
@@ -481,6 +483,9 @@ def generate(model: Any,
     sampler = strategy if isinstance(strategy, Sampler) else sampler_from_flags(
         strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
         length_penalty=length_penalty)
+    from lmkit.decoding.beam import BeamSampler
+    if context is None and not isinstance(sampler, BeamSampler):
+        context = trained  # beam search cannot slide: it keeps the model's whole context
     samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
                                   num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
                                   start_token=start_token, repetition_penalty=repetition_penalty,

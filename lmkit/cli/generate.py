@@ -67,7 +67,7 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=None,
                    help="transformers: tokens the model reads before its window slides on (default: "
                         "the num_steps it was trained on, whose positions it learned; a pretrained "
-                        "model's max_positions)")
+                        "model's max_positions; beam search, which cannot slide: max_positions)")
     p.add_argument("--max_new_tokens", type=int, default=None,
                    help="tokens to generate after the prompt (wins over --max_length)")
     p.add_argument("--stop", action="append", default=None, metavar="STRING",
@@ -226,7 +226,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     model, _, model_name = load_for_generation(args.model_dir, args.checkpoint,
                                                tokenizer if is_hf_folder(args.model_dir) else None)
     loaded = time.perf_counter() - start
-    context = args.context if args.context is not None else trained_context(args.model_dir)
+    context = args.context  # beam search cannot slide: by default it keeps the model's whole context
+    if context is None and args.strategy != "beam":
+        context = trained_context(args.model_dir)
     vocab = getattr(tokenizer, "vocab", None)
     for i, words in enumerate(unknown):
         if words:

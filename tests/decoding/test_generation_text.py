@@ -243,3 +243,34 @@ def test_the_streamer_holds_back_what_may_still_change(tokenizer):
     assert "".join(out) == "a"  # "b " could still start "xyz"... held back: len("xyz") - 1 characters
     streamer.finish("ab ")
     assert "".join(out) == "ab "
+
+
+def test_beam_search_keeps_the_whole_context_unless_told(tmp_path, monkeypatch):
+    """Beam search cannot slide: a run's trained length is no limit for it, an explicit context is."""
+    from lmkit import generation
+
+    model = tiny("transformer", 30, max_positions=16)
+    seen = []
+    monkeypatch.setattr(generation, "trained_context", lambda folder: 8)
+    monkeypatch.setattr(generation, "load_for_generation", lambda folder, checkpoint: (model, _Chars(), "t"))
+    real = generation.generate_samples
+    monkeypatch.setattr(generation, "generate_samples",
+                        lambda *a, **k: seen.append(k["context"]) or real(*a, **k))
+    generation.generate(str(tmp_path), "ab", strategy="beam", max_new_tokens=10)
+    generation.generate(str(tmp_path), "ab", strategy="greedy", max_new_tokens=10)
+    assert seen == [None, 8]
+    with pytest.raises(UsageError, match="beam search cannot go past the model's context of 8 tokens"):
+        generation.generate(str(tmp_path), "ab", strategy="beam", max_new_tokens=10, context=8)
+
+
+class _Chars:
+    """The least of a tokenizer: characters a-z as ids 4-29, eos 1."""
+
+    eos_id, bos_id, pad_id, vocab_size = 1, None, None, 30
+    name = "char"
+
+    def encode(self, text):
+        return [ord(c) - ord("a") + 4 for c in text]
+
+    def decode(self, ids):
+        return "".join("\n" if i == 1 else chr(i - 4 + ord("a")) if i >= 4 else "" for i in ids)
