@@ -111,6 +111,8 @@ class TrainConfig:
     loss_scale: float = 32768.0  # mixed_float16: the first step's loss scale (2**15)
     loss_scale_growth_interval: int = 2000  # mixed_float16: finite steps in a row before it doubles
     max_consecutive_skips: int = 20  # mixed_float16: skipped steps in a row before stopping (exit 3)
+    divergence_factor: float = 3.0  # stop (exit 3) when the loss stays above this x ln(vocab_size)...
+    divergence_steps: int = 10  # ...for this many steps in a row (a uniform guess scores ln(vocab_size))
     # --- model details -----------------------------------------------------
     forget_bias: float = 0.0
     tie_weights: bool = False
@@ -212,7 +214,9 @@ class TrainConfig:
                 f"has batch_size / (workers * grad_accum_steps) rows")
         if self.loss_scale <= 0:
             bad("loss_scale", "must be > 0 (2**15 = 32768 is the usual start)")
-        for key in ("loss_scale_growth_interval", "max_consecutive_skips"):
+        if self.divergence_factor < 0:
+            bad("divergence_factor", "must be >= 0 (0 turns the divergence check off)")
+        for key in ("loss_scale_growth_interval", "max_consecutive_skips", "divergence_steps"):
             if getattr(self, key) < 1:
                 bad(key, "must be a positive integer")
         if self.model in ("transformer", "gpt2"):

@@ -374,6 +374,7 @@ class Trainer:
         cfg = self.config
         epochs = num_epochs or cfg.num_epochs
         self._bptt = None
+        self._diverging = 0  # steps in a row with a loss above the divergence bound
         self._check_eval_data(valid=valid_ids, test=test_ids)
         steps_per_epoch = len(self.epoch_batches(train_ids, 0))
         check_agreement(cfg, self.vocab, {"train_ids": int(len(train_ids)),
@@ -617,11 +618,32 @@ class Trainer:
                          "valid/perplexity": stats.valid_perplexity,
                          "valid/word_perplexity": stats.valid_word_perplexity})
 
+    def _divergence_bound(self) -> float:
+        """The loss above which a step counts towards divergence (inf: the check is off)."""
+        cfg = self.config
+        return cfg.divergence_factor * math.log(max(cfg.vocab_size, 2)) if cfg.divergence_factor > 0 else math.inf
+
     def _drain(self, pending: List[Any], epoch: int, last_index: int) -> List[Optional[float]]:
-        """Reads the pending step results (None for a skipped step); raises when training cannot go on."""
+        """Reads the pending step results (None for a skipped step); raises when training cannot go on.
+
+        The losses are the ranks' average, so every rank raises at the same step.
+        """
         values: List[Optional[float]] = []
+        bound = self._divergence_bound()
         for k, (loss, finite, applied) in enumerate(pending):
             value = float(loss)
+            if bool(applied) and math.isfinite(value):  # a step's loss sums its num_steps positions
+                self._diverging = self._diverging + 1 if value / self.config.num_steps > bound else 0
+                if self._diverging >= self.config.divergence_steps:
+                    step_in_epoch = last_index - len(pending) + 1 + k
+                    pending.clear()
+                    raise NonFiniteError(
+                        f"the loss diverged: {self._diverging} steps in a row above {bound:.2f} per token "
+                        f"(divergence_factor {self.config.divergence_factor:g} x ln(vocab_size "
+                        f"{self.config.vocab_size}); a uniform guess scores {bound / self.config.divergence_factor:.2f}), "
+                        f"the last {value / self.config.num_steps:.4g}, at epoch {epoch + 1}, step {step_in_epoch + 1}; training "
+                        "stopped and the last good checkpoint stays the latest. Lower the learning rate or "
+                        "max_grad_norm, or check the data (divergence_factor = 0 turns this check off)")
             if not bool(finite) or (bool(applied) and not math.isfinite(value)):
                 step_in_epoch = last_index - len(pending) + 1 + k
                 pending.clear()
