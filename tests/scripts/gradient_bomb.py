@@ -6,6 +6,8 @@ checkpointed variable) multiplies the gradient of the logits by Inf: the
 loss stays finite, every gradient becomes Inf or NaN, as a float16
 overflow in the backward pass would make them. ``at_call=-1`` never fires;
 ``every_call_from=s`` fires on every call from the ``s``-th on.
+``blow_up_from=s`` instead scales the logits by 1000 from the ``s``-th
+training call on: a huge loss that stays finite (a diverging run).
 """
 import tensorflow as tf
 
@@ -22,11 +24,12 @@ def _poison_gradient(logits, fire):
 class GradientBomb(tf.Module):
     """``model`` with an Inf gradient on chosen training calls."""
 
-    def __init__(self, model, at_call=-1, every_call_from=-1):
+    def __init__(self, model, at_call=-1, every_call_from=-1, blow_up_from=-1):
         super().__init__(name="gradient_bomb")
         self.inner = model
         self.at_call = at_call
         self.every_call_from = every_call_from
+        self.blow_up_from = blow_up_from
         self.vocab_size = model.vocab_size
         self.stateful = model.stateful
         self.calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="calls")
@@ -41,6 +44,8 @@ class GradientBomb(tf.Module):
             fire = tf.logical_or(tf.equal(n, self.at_call),
                                  tf.logical_and(self.every_call_from > 0, n >= self.every_call_from))
             logits = _poison_gradient(logits, fire)
+            if self.blow_up_from > 0:
+                logits = logits * tf.where(n >= self.blow_up_from, 1000.0, 1.0)
         return logits, state
 
     def step(self, ids, state):

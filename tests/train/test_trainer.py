@@ -108,26 +108,6 @@ def test_non_finite_loss_stops_with_epoch_and_step_and_keeps_last_good_checkpoin
     assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == ckpts
 
 
-class _LossBlowUp(tf.Module):
-    """``model`` whose training logits are scaled by 1000 from the ``from_call``-th call on: a huge, finite loss."""
-
-    def __init__(self, model, from_call):
-        super().__init__(name="loss_blow_up")
-        self.inner, self.from_call = model, from_call
-        self.vocab_size, self.stateful = model.vocab_size, model.stateful
-        self.calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="calls")
-
-    def initial_state(self, batch_size, max_length=None):
-        return self.inner.initial_state(batch_size)
-
-    def __call__(self, ids, state=None, training=False):
-        logits, state = self.inner(ids, state, training)
-        if training:
-            n = self.calls.assign_add(1)
-            logits = logits * tf.where(n >= self.from_call, 1000.0, 1.0)
-        return logits, state
-
-
 def test_a_diverging_finite_loss_stops_like_a_non_finite_one_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = _config(keep_prob=1.0, num_epochs=3)
     model_dir = str(tmp_path / "m")
@@ -135,8 +115,8 @@ def test_a_diverging_finite_loss_stops_like_a_non_finite_one_and_keeps_the_last_
 
     def trainer(from_call, config=cfg):
         tf.random.set_seed(11)
-        return Trainer(_LossBlowUp(build_model(config.model_config()), from_call), config, model_dir=model_dir,
-                       log=lambda s: None, record_step_losses=True)
+        return Trainer(GradientBomb(build_model(config.model_config()), blow_up_from=from_call), config,
+                       model_dir=model_dir, log=lambda s: None, record_step_losses=True)
 
     first = trainer(10**9).fit(_ids(), num_epochs=1)
     assert max(first.step_losses) / 5 < 3 * np.log(VOCAB)  # per token (5 steps): a model that learns stays below
