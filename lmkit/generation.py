@@ -33,7 +33,8 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from lmkit.errors import UsageError
 
-__all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "trained_context", "check_hf_checkpoint", "readable",
+__all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "trained_context",
+           "default_context", "check_hf_checkpoint", "readable",
            "end_of_document_id", "check_stop_strings"]
 
 # How much of a full window a transformer keeps when it slides: the last half.
@@ -134,6 +135,16 @@ def trained_context(model_dir: str) -> Optional[int]:
         return None
     steps = config.get("num_steps")
     return int(steps) if isinstance(steps, int) and steps > 0 else None
+
+
+def default_context(model_dir: str, sampler: Any) -> Optional[int]:
+    """The ``context`` generation uses for a run folder when none is asked for.
+
+    :func:`trained_context` for the strategies that slide their window; None
+    (the model's whole ``max_positions``) for beam search, which cannot slide.
+    """
+    from lmkit.decoding.beam import BeamSampler
+    return None if isinstance(sampler, BeamSampler) else trained_context(model_dir)
 
 
 def load_for_generation(model_dir: str, checkpoint: Optional[str] = None,
@@ -455,12 +466,12 @@ def generate(model: Any,
     if isinstance(model, (str, os.PathLike)):
         if tokenizer is not None:
             raise UsageError("tokenizer= is for a model object; a model folder brings its own")
-        trained = trained_context(os.fspath(model))
-        model, tokenizer, _ = load_for_generation(os.fspath(model), checkpoint)
+        folder: Optional[str] = os.fspath(model)
+        model, tokenizer, _ = load_for_generation(folder, checkpoint)
     elif tokenizer is None:
         raise UsageError("generate(model_object, ...) needs tokenizer=; or pass a model folder")
     else:
-        trained = None
+        folder = None
     for name, value, ok in (("num_samples", num_samples, num_samples >= 1),
                             ("max_length", max_length, max_length is None or max_length >= 1),
                             ("max_new_tokens", max_new_tokens, max_new_tokens is None or max_new_tokens >= 1)):
@@ -483,9 +494,8 @@ def generate(model: Any,
     sampler = strategy if isinstance(strategy, Sampler) else sampler_from_flags(
         strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
         length_penalty=length_penalty)
-    from lmkit.decoding.beam import BeamSampler
-    if context is None and not isinstance(sampler, BeamSampler):
-        context = trained  # beam search cannot slide: it keeps the model's whole context
+    if context is None and folder is not None:
+        context = default_context(folder, sampler)
     samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
                                   num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
                                   start_token=start_token, repetition_penalty=repetition_penalty,

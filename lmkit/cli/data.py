@@ -151,11 +151,11 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
         return {name: resolve_sources(spec, f"{name}_file") for name, spec in specs.items()}
 
     try:
-        resolve()
-        readable = True
+        local: Optional[Dict[str, List[str]]] = resolve()
     except UsageError:
-        readable = False  # this host does not see the files: rank 0 reads them (or says why not)
-    sources = _everywhere(readable, resolve)
+        local = None  # this host does not see the files: rank 0 reads them (or says why not)
+    readable = local is not None
+    sources = _everywhere(readable, lambda: local if local is not None else resolve())
     cache = cache_root(config.data_cache)
     # The evaluation files are checked before anything is written into the model folder; the
     # training files by the tokenizer's training or their encoding (not at all when cached).

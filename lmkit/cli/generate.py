@@ -218,7 +218,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     user_modules_importable()
 
     from lmkit import dist
-    from lmkit.generation import generate_samples, load_for_generation, readable, trained_context
+    from lmkit.generation import default_context, generate_samples, load_for_generation, readable
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
     start = time.perf_counter()
@@ -226,9 +226,6 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     model, _, model_name = load_for_generation(args.model_dir, args.checkpoint,
                                                tokenizer if is_hf_folder(args.model_dir) else None)
     loaded = time.perf_counter() - start
-    context = args.context  # beam search cannot slide: by default it keeps the model's whole context
-    if context is None and args.strategy != "beam":
-        context = trained_context(args.model_dir)
     vocab = getattr(tokenizer, "vocab", None)
     for i, words in enumerate(unknown):
         if words:
@@ -238,6 +235,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     budget = [args.max_new_tokens if args.max_new_tokens is not None else args.max_length - len(p)
               for p in prompts]
     sampler = build_sampler(args)
+    context = args.context if args.context is not None else default_context(args.model_dir, sampler)
 
     closed: List[bool] = []  # the reader of stdout left while the sample streamed
 

@@ -50,9 +50,13 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
 
     dist.init(backend="local")  # one process: the encoding uses every core itself
     start = time.perf_counter()
+    def log(line: str) -> None:
+        if not line.startswith("tokenizer: "):  # it names the temporary folder; the last line says where it is kept
+            print(line, flush=True)
+
     with tempfile.TemporaryDirectory(prefix="lmkit-prepare-") as folder:  # the tokenizer's first home
         data = load_run_data(config, os.path.join(folder, "model"), args.data_path, args.data_url,
-                             verify=not args.no_verify_data, log=lambda line: print(line, flush=True))
+                             verify=not args.no_verify_data, log=log)
     print(f"prepared in {time.perf_counter() - start:.1f} s: {data.vocab.name} tokenizer of "
           f"{data.vocab.vocab_size} ids and the token files in {cache}; `lmkit train` with the same "
           "flags reads them", flush=True)

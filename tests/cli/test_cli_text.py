@@ -249,6 +249,7 @@ def test_prepare_encodes_ahead_and_train_then_only_reads_the_cache(tmp_path, cor
     assert "encoding train_file" in prepared.stdout and "encoding valid_file" in prepared.stdout
     assert re.search(r"prepared in [\d.]+ s: sentencepiece tokenizer of 50 ids and the token files in ",
                      prepared.stdout), prepared.stdout
+    assert "lmkit-prepare-" not in prepared.stdout  # the temporary folder is not named
     assert sorted(n.split("-")[0] for n in os.listdir(cache)) == ["sentencepiece", "sentencepiece", "tokenizer"]
     trained = run([*lmkit, "train", *flags, *SMALL, "--model_dir", model_dir, "--max_steps", "2"], timeout=300)
     assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
