@@ -67,7 +67,7 @@ def _time_collectives_alone(trainer, inputs, targets, calls: int) -> Tuple[List[
     """
     import tensorflow as tf
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.losses import window_loss
 
     if calls <= 0 or dist.local_replicas() != 1:
@@ -116,7 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.config import load_config
     from lmkit.data.batching import bptt_arrays
     from lmkit.models import build_model

@@ -281,7 +281,7 @@ def markdown_table(results: Dict[str, Any]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    from lmkit import dist
+    from lmkit import distributed as dist
     dist.init(backend="local", intra_op_threads=args.threads, inter_op_threads=args.threads)
 
     import tensorflow as tf

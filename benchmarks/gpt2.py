@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         return 2
     import numpy as np
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     dist.init(backend="local", intra_op_threads=args.threads, inter_op_threads=args.threads)
     import tensorflow as tf
 

@@ -53,7 +53,7 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.config import load_config
     from lmkit.data import Vocab
     from lmkit.models import build_model

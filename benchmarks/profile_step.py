@@ -103,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.config import load_config
     from lmkit.data.batching import bptt_arrays
     from lmkit.models import build_model

@@ -474,7 +474,7 @@ class TorchRunner(Runner):
 # ----------------------------------------------------------------------------- main
 def set_threads(threads: int, want_torch: bool) -> Dict[str, Any]:
     """Gives TensorFlow and PyTorch the same thread pools; returns what was set."""
-    from lmkit import dist
+    from lmkit import distributed as dist
     dist.init(backend="local", intra_op_threads=threads, inter_op_threads=threads)
     settings = {"tf_intra_op": dist.threads().intra_op, "tf_inter_op": dist.threads().inter_op}
     if want_torch:

@@ -10,7 +10,8 @@ The package reads like the data flow::
     lmkit.train     the distributed trainer, checkpoints, watchdog
     lmkit.decoding  samplers, the decode loop, beam search
     lmkit.generation  text in, text out: lmkit.generate(model_dir, prompts, ...)
-    lmkit.dist      the one package that talks to Horovod or tf.distribute
+    lmkit.distributed  the one package that talks to Horovod or tf.distribute
+                    (lmkit.dist: its old name, deprecated)
 
 Importing ``lmkit`` imports neither TensorFlow nor Horovod: the names below
 load their module on first use, so command-line tools answer a bad flag at
@@ -28,7 +29,8 @@ __version__ = "0.2.0"
 _EXPORTS = {
     "data": "lmkit.data",
     "decoding": "lmkit.decoding",
-    "dist": "lmkit.dist",
+    "dist": "lmkit.dist",  # deprecated name of lmkit.distributed (warns)
+    "distributed": "lmkit.distributed",
     "losses": "lmkit.losses",
     "models": "lmkit.models",
     "modules": "lmkit.modules",

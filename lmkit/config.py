@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple, Union, get_type_hints
 
 from lmkit.checks import check_heads, did_you_mean
-from lmkit.dist import BACKEND_CHOICES
+from lmkit.distributed import BACKEND_CHOICES
 from lmkit.errors import UsageError
 from lmkit.data.sentencepiece import MODEL_TYPES as SPM_MODEL_TYPES
 from lmkit.data.tokenizers import TOKENIZERS
@@ -135,7 +135,7 @@ class TrainConfig:
     spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: vocab_size)
     init_from: str = ""  # a Hugging Face GPT-2 folder: its weights, sizes and tokenizer start the run
     # --- distributed -------------------------------------------------------
-    backend: str = "auto"  # auto | horovod | native | local (lmkit.dist.BACKENDS)
+    backend: str = "auto"  # auto | horovod | native | local (lmkit.distributed.BACKENDS)
     num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)
     sparse_as_dense: bool = False
     compression: str = "none"  # none | fp16 (dense gradients only)

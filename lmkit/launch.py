@@ -33,6 +33,18 @@ and then
   and ``XLA_*`` variables and any named with ``--env NAME``, as
   ``mpirun -x`` would.
 
+``python -m lmkit.launch --mpirun ARGS...`` and ``--horovodrun ARGS...``
+run that launcher instead (a Horovod job) and make SIGTERM, SIGINT and
+SIGUSR1 sent to this process a preemption of its ranks: Open MPI's
+``mpirun`` cannot forward SIGTERM (it sends the ranks SIGCONT, SIGTERM only
+``odls_base_sigkill_timeout`` seconds later and SIGKILL as long after that,
+then exits 1), and ``horovodrun`` over MPI runs mpirun under ``sh -c``, which
+dies of a signal without passing it on. The wrapper sends SIGUSR1, which
+mpirun forwards at once to every rank on every host, to each Open MPI
+launcher in its process tree (``horovodrun --gloo``: SIGTERM to horovodrun,
+which passes it to the ranks), and exits with the launcher's status (75
+after a preemption through mpirun).
+
 Worker ``i`` of ``N`` runs on host ``i // (N / number of hosts)``, or as many
 as ``host:slots`` says; its port is ``--port`` + its index on that host (on a
 job that stays on this host, free ports are picked when ``--port`` is not given).
@@ -52,12 +64,12 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from lmkit.dist.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV
+from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV
 from lmkit.errors import UsageError
 from lmkit.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
 
 __all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "core_sets", "main",
-           "FORWARDED_PREFIXES"]
+           "FORWARDED_PREFIXES", "WRAPPED_LAUNCHERS", "run_wrapped", "mpi_launchers_below"]
 
 DEFAULT_PORT = 23456
 # Variables passed to the workers of other hosts, as `mpirun -x NAME` would (--env adds names).
@@ -65,6 +77,10 @@ FORWARDED_PREFIXES = ("NCCL_", "LMKIT_", "TF_", "CUDA_", "XLA_")
 # How long the other workers may take to finish a preemption stop after the first one left.
 PREEMPTION_WAIT = 120.0
 _LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
+# `python -m lmkit.launch --NAME ARGS...` runs launcher NAME with ARGS (a Horovod job).
+WRAPPED_LAUNCHERS = ("mpirun", "mpiexec", "horovodrun")
+# Process names of Open MPI's launcher (mpirun and mpiexec are links to orterun; 5.x: prterun).
+_OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
 
 
 @dataclass(frozen=True)
@@ -245,13 +261,137 @@ def _stop(procs: Sequence[subprocess.Popen], grace: float = 10.0) -> None:
             p.wait()
 
 
+def _children_by_parent(proc_root: str = "/proc") -> Dict[int, List[Tuple[int, str]]]:
+    """Every process's children as (pid, name), from ``/proc/PID/stat``."""
+    children: Dict[int, List[Tuple[int, str]]] = {}
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, entry, "stat")) as f:
+                stat = f.read()
+        except OSError:  # gone since the listing
+            continue
+        # "pid (name) state ppid ...": the name may hold spaces and parentheses.
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append((int(entry), name))
+    return children
+
+
+def mpi_launchers_below(pid: int, proc_root: str = "/proc") -> List[int]:
+    """The Open MPI launchers (mpirun, mpiexec, orterun, prterun) among ``pid`` and its
+    descendants, outermost first; their own descendants (ranks, orted) are not searched."""
+    children = _children_by_parent(proc_root)
+    name = ""
+    try:
+        with open(os.path.join(proc_root, str(pid), "comm")) as f:
+            name = f.read().strip()
+    except OSError:
+        pass
+    found, todo = [], [(pid, name)]
+    while todo:
+        p, n = todo.pop(0)
+        if n in _OPEN_MPI_LAUNCHERS:
+            found.append(p)
+            continue
+        todo.extend(children.get(p, []))
+    return found
+
+
+def _die_with_parent() -> None:
+    """In the launcher's child: SIGTERM when the wrapper dies (even of SIGKILL), so an
+    orphaned job does not train on unseen; mpirun then aborts its ranks."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_wrapped(command: Sequence[str], give_up_after: float = PREEMPTION_WAIT + 60.0) -> int:
+    """Runs a Horovod launcher (``mpirun ...``, ``horovodrun ...``) with its ranks as a
+    preemptible job: SIGTERM, SIGINT or SIGUSR1 to this process becomes SIGUSR1 to every
+    Open MPI launcher in the command's process tree (mpirun forwards it to all ranks at
+    once; they stop together with a checkpoint and exit 75), or SIGTERM to the command
+    when it has none (``horovodrun --gloo`` passes that on). A second signal is sent on the
+    same way (the ranks then leave at once); a third, or a stop that takes longer than
+    ``give_up_after`` seconds, ends the launcher with SIGTERM (Open MPI then kills the ranks).
+
+    Returns the launcher's exit status (128 + N when a signal N ended it).
+    """
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    try:
+        # Its own process group: Ctrl-C in a terminal reaches this wrapper only (mpirun
+        # would abort on SIGINT); a terminal's stdin is not passed on (the ranks do not read it).
+        proc = subprocess.Popen(list(command), process_group=0, preexec_fn=_die_with_parent,
+                                stdin=subprocess.DEVNULL if interactive else None)
+    except FileNotFoundError:
+        raise UsageError(f"python -m lmkit.launch --{os.path.basename(command[0])}: "
+                         f"{command[0]!r} was not found; install it or put it on PATH") from None
+    received: List[float] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(time.monotonic())
+        if proc.poll() is not None:
+            return
+        if len(received) >= 3:
+            proc.send_signal(signal.SIGTERM)
+            return
+        targets = mpi_launchers_below(proc.pid)
+        name = signal.Signals(signum).name
+        if targets:
+            print(f"[launch] {name}: passing SIGUSR1 to Open MPI's launcher (pid "
+                  f"{', '.join(map(str, targets))}) for the ranks to stop with a checkpoint",
+                  file=sys.stderr, flush=True)
+            for pid in targets:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        else:
+            print(f"[launch] {name}: passing SIGTERM to {os.path.basename(command[0])} "
+                  f"(pid {proc.pid}) for the ranks to stop with a checkpoint", file=sys.stderr, flush=True)
+            proc.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in PREEMPTION_SIGNALS}
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0] > give_up_after and len(received) < 3:
+                    print(f"[launch] the job did not stop within {give_up_after:g} s of the signal; "
+                          "ending it", file=sys.stderr, flush=True)
+                    received.extend([time.monotonic()] * 2)
+                    proc.send_signal(signal.SIGTERM)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code if code >= 0 else 128 - code
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parses the flags, starts the workers and returns the job's exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("--") and argv[0][2:] in WRAPPED_LAUNCHERS:
+        if len(argv) == 1:
+            print(f"python -m lmkit.launch {argv[0]}: give the launcher's arguments, e.g. "
+                  f"{argv[0]} -np 2 python -m lmkit train --config config_small", file=sys.stderr)
+            return 2
+        try:
+            return run_wrapped([argv[0][2:], *argv[1:]])
+        except UsageError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
     parser = argparse.ArgumentParser(
         prog="python -m lmkit.launch",
         description="Start the workers of a native-backend (TF_CONFIG) lmkit job.",
         epilog="example: python -m lmkit.launch --hosts 127.0.0.1 --num_workers 2 -- "
-               "python examples/lm_ptb_distributed.py --use_horovod false")
+               "python examples/lm_ptb_distributed.py --use_horovod false.  A Horovod job: "
+               "python -m lmkit.launch --mpirun -np 2 python -m lmkit train ... (or --horovodrun "
+               "ARGS) runs that launcher and turns SIGTERM into a preemption of its ranks.")
     parser.add_argument("--hosts", default="127.0.0.1",
                         help="comma-separated hosts, optionally host:slots (default 127.0.0.1)")
     parser.add_argument("--num_workers", type=int, required=True, help="total number of workers")

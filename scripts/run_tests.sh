@@ -19,19 +19,19 @@ pytest_rc_ok() {  # exit 5 = no tests collected: a failure for us
 
 run_single() {
   echo "=== single-process tests (pytest) ==="
-  # tests/dist/mpi runs below under mpirun: here another test has already chosen a backend.
-  "$PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -x --durations=15 --ignore=tests/dist/mpi
+  # tests/distributed/mpi runs below under mpirun: here another test has already chosen a backend.
+  "$PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -x --durations=15 --ignore=tests/distributed/mpi
   pytest_rc_ok $? || failed+=("single-process tests")
 }
 
 run_dist() {
-  echo "=== distributed tests: mpirun -np 2 pytest tests/dist/mpi ==="
+  echo "=== distributed tests: mpirun -np 2 pytest tests/distributed/mpi ==="
   # pytest-timeout bounds each test; `timeout` bounds the whole job, so a hang
   # anywhere becomes a failure. mpirun exits non-zero when any rank fails.
   timeout --signal=TERM --kill-after=30 900 \
     mpirun -np 2 --oversubscribe --tag-output \
       -x TF_CPP_MIN_LOG_LEVEL -x PYTHONDONTWRITEBYTECODE \
-      "$PY" -m pytest tests/dist/mpi -q -p no:cacheprovider --color=no --timeout 240 -x
+      "$PY" -m pytest tests/distributed/mpi -q -p no:cacheprovider --color=no --timeout 240 -x
   pytest_rc_ok $? || failed+=("distributed tests (mpirun -np 2)")
 }
 

@@ -17,7 +17,7 @@ def test_tf32_is_off_here_and_in_subprocesses():
 def test_training_keeps_tf32_by_default():
     # lmkit itself never turns TF32 off: a fresh interpreter has it on after importing lmkit.
     env = {k: v for k, v in os.environ.items() if k != "NVIDIA_TF32_OVERRIDE"}
-    code = ("import tensorflow as tf, lmkit.train, lmkit.dist as d; d.init(backend='local'); "
+    code = ("import tensorflow as tf, lmkit.train, lmkit.distributed as d; d.init(backend='local'); "
             "print(tf.config.experimental.tensor_float_32_execution_enabled())")
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=120)

@@ -23,6 +23,7 @@ COMMANDS = {
     "generate": ("lmkit.cli.generate", "generate text from a trained model folder"),
     "evaluate": ("lmkit.cli.evaluate", "perplexity of a trained model on a text file or a split"),
     "export": ("lmkit.cli.export", "write a trained GPT-2 run as a Hugging Face folder"),
+    "download": ("lmkit.cli.download", "fetch a public corpus (wikitext-2, ptb), each file checked by its hash"),
 }
 
 
@@ -38,7 +39,7 @@ def _usage() -> str:
 def main(argv: Optional[List[str]] = None) -> None:
     """Runs ``lmkit COMMAND [flags]`` and exits with its status."""
     from lmkit.cli.common import run_main
-    from lmkit.dist.env import launcher_rank
+    from lmkit.distributed.env import launcher_rank
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):

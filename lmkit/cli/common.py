@@ -19,7 +19,7 @@ import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from lmkit.dist.env import launcher_rank
+from lmkit.distributed.env import launcher_rank
 from lmkit.errors import LmkitError, UsageError
 
 
@@ -77,7 +77,7 @@ def _finalize_then_exit(code: int, grace: float = 10.0) -> None:
     timer.daemon = True
     timer.start()
     try:
-        from lmkit import dist
+        from lmkit import distributed as dist
         dist.shutdown()
     except Exception:  # noqa: BLE001 - leaving anyway
         pass
@@ -132,12 +132,12 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
 
 
 def _has_peers() -> bool:
-    dist = sys.modules.get("lmkit.dist")
+    dist = sys.modules.get("lmkit.distributed")
     return dist is not None and dist.initialized() and dist.size() > 1
 
 
 def _is_peer_failure(exc: BaseException) -> bool:
-    dist = sys.modules.get("lmkit.dist")  # only a job that got that far can have peers
+    dist = sys.modules.get("lmkit.distributed")  # only a job that got that far can have peers
     return dist is not None and dist.is_peer_failure(exc)
 
 
@@ -149,7 +149,7 @@ def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
     message would be lost (only rank 0 prints usage errors). Every rank must
     call this, in the same order.
     """
-    from lmkit import dist
+    from lmkit import distributed as dist
     try:
         result, error = fn(), None
     except UsageError as exc:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from lmkit import dist
+from lmkit import distributed as dist
 from lmkit.cli.common import same_outcome_everywhere
 from lmkit.errors import UsageError
 from lmkit.fileio import atomic_write_bytes

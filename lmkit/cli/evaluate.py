@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     text = load_text_data(tokenizer_of_run(args.model_dir), path)  # checks the file: no TF yet
     user_modules_importable()
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.train.checkpoint import load_model
     from lmkit.train.evaluation import Evaluator, word_perplexity
     from lmkit.train.metrics import perplexity

@@ -43,7 +43,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
     user_modules_importable()
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.hf import default_dropout, export_gpt2
     from lmkit.train.checkpoint import load_model
 

@@ -217,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     tokenizer, prompts, unknown = check_args(args)
     user_modules_importable()
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.generation import default_context, generate_samples, load_for_generation, readable
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts

@@ -45,7 +45,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
         raise UsageError("--data_cache none leaves nothing to prepare; give a cache folder (or leave "
                          "the flag out for ~/.cache/lmkit/tokens)")
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.cli.data import load_run_data
 
     dist.init(backend="local")  # one process: the encoding uses every core itself

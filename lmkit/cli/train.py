@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional
 
 from lmkit.cli.common import Parser, parse_overrides, user_modules_importable
 from lmkit.data.sources import SEPARATOR
-from lmkit.dist import BACKEND_CHOICES
+from lmkit.distributed import BACKEND_CHOICES
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE
 from lmkit.precision import PRECISIONS
 
@@ -192,7 +192,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     config = config_from_args(args, distributed)  # plain Python: no TensorFlow op yet
     user_modules_importable()
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.checks import check_divisible
     from lmkit.cli.data import load_run_data
     from lmkit.models import build_model, model_class

@@ -2,7 +2,7 @@
 
 Nothing here imports Horovod: sharding takes ``rank`` and ``size`` as plain
 arguments, and the trainer runs downloads and tokenizer training on the
-chief (``lmkit.dist.run_on_chief``). ``docs/data.md`` describes the layer.
+chief (``lmkit.distributed.run_on_chief``). ``docs/data.md`` describes the layer.
 Importing the package loads no TensorFlow; each name loads its module on use.
 """
 

@@ -22,7 +22,7 @@ after all three pass, so a failure leaves nothing half-written.
 In a distributed job only the chief downloads, and the trainer (not this
 module, which never imports Horovod) arranges it::
 
-    path = lmkit.dist.run_on_chief(lambda: ensure_ptb(data_path))
+    path = lmkit.distributed.run_on_chief(lambda: ensure_ptb(data_path))
     data = load_ptb(path)
 """
 

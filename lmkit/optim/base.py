@@ -1,7 +1,7 @@
 """The optimizer base class: step variables, eager slot creation, updates.
 
 Every lmkit optimizer is a :class:`tf.Module` holding plain ``tf.Variable``s
-(no Keras), so that ``lmkit.dist.broadcast_variables`` and
+(no Keras), so that ``lmkit.distributed.broadcast_variables`` and
 ``tf.train.Checkpoint`` see the same list of variables on every rank:
 
 * ``learning_rate``: float32, assigned by the trainer before each step from a

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit import dist
+from lmkit import distributed as dist
 
 __all__ = ["Boundaries", "Checkpointer", "Position", "STATE_FILE", "gather_position", "restore_position"]
 

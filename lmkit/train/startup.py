@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-from lmkit import dist
+from lmkit import distributed as dist
 from lmkit.data.vocab import Vocab
 from lmkit.errors import CheckpointError, UsageError
 from lmkit.fileio import atomic_write_text

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit import dist, precision
+from lmkit import distributed as dist, precision
 from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
 from lmkit.data.batching import Batches, BpttBatches, num_bptt_batches
@@ -65,7 +65,7 @@ class Trainer:
     """Trains a language model (any object following docs/design.md) on id streams.
 
     The loop is a thin layer over public pieces: the loss
-    (:func:`lmkit.losses.window_loss`), gradient averaging (:mod:`lmkit.dist`),
+    (:func:`lmkit.losses.window_loss`), gradient averaging (:mod:`lmkit.distributed`),
     clipping (:func:`lmkit.optim.clip_gradients`), the learning-rate policy
     (:class:`lmkit.optim.LearningRatePolicy`), checkpoints
     (:class:`~lmkit.train.checkpoint.CheckpointManager`), start-up checks
@@ -435,7 +435,22 @@ class Trainer:
             self.log(f"Test perplexity: {result.test_perplexity:.2f}"
                      + self._per_word_text(result.test_word_perplexity))
         self._write_results(result)
+        self._leave_together()
         return result
+
+    def _leave_together(self) -> None:
+        """Every rank returns from :meth:`fit` after rank 0's last evaluation and results.
+
+        A rank that left while rank 0 still evaluated would stop answering the
+        native backend's coordination service, which then reports it as
+        failed on rank 0 (heartbeat timeouts, collectives aborted). The other
+        ranks wait without their watchdog: rank 0's, beating at every
+        evaluation batch, covers a long evaluation.
+        """
+        if dist.size() > 1:
+            if not self.chief:
+                self._watchdog.pause()
+            dist.barrier()
 
     def _record_loss_scale(self, result: TrainResult) -> None:
         if self.loss_scale is not None:

@@ -81,7 +81,7 @@ def test_efficiency_is_two_rank_throughput_over_twice_one_rank():
 def test_the_throughput_benchmark_drives_the_real_trainer_step(variant):
     """The benchmark's lmkit runner calls Trainer.train_step as fit does (a changed step signature fails here)."""
     from benchmarks import train_throughput as bench
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.config import TrainConfig
     dist.init(backend="local")
     cfg = TrainConfig.from_dict(dict(model="lstm", vocab_size=30, hidden_size=8, num_layers=1, init_scale=0.1,

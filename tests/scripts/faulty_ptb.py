@@ -1,6 +1,6 @@
 """Runs the real PTB example with one fault injected from outside the library.
 
-Used by ``tests/dist/reliability``; nothing here is part of lmkit. The example's
+Used by ``tests/distributed/reliability``; nothing here is part of lmkit. The example's
 ``main`` runs unchanged through ``run_main``; this script only swaps in a
 ``Trainer`` subclass (or slows the checkpoint writer down) before it starts::
 
@@ -18,6 +18,8 @@ step before which it does):
 * ``kind=eval_raise``: raises inside rank 0's rank-0-only evaluation;
 * ``kind=slow_save``: every checkpoint write after the first sleeps 600 s
   (the test kills the job there);
+* ``kind=slow_test_eval``: rank 0's final (test) evaluation takes ``step``
+  seconds longer, beating the watchdog every second as evaluation batches do;
 * ``kind=truncate``: that rank trains on fewer ids than the others;
 * ``kind=config``: that rank uses another learning rate than the others.
 
@@ -45,7 +47,7 @@ def _parse(spec: str) -> dict:
 def _install(fault: dict) -> None:
     import lmkit.train
     from lmkit.train import checkpoint as ckpt_module
-    from lmkit.dist.env import launcher_rank
+    from lmkit.distributed.env import launcher_rank
 
     me = launcher_rank()
     kind = fault["kind"]
@@ -72,12 +74,18 @@ def _install(fault: dict) -> None:
             if kind == "eval_raise" and me == fault["rank"]:
                 print(f"rank {me}: injecting {kind}", flush=True)
                 raise RuntimeError(f"injected fault in rank {me}'s evaluation")
+            if kind == "slow_test_eval" and me == 0 and ids is getattr(self, "_fault_test_ids", None):
+                print(f"rank {me}: injecting {kind} ({fault['step']} s)", flush=True)
+                for _ in range(fault["step"]):
+                    time.sleep(1)
+                    self._watchdog.beat("an evaluation batch finished")
             return super().evaluate_loss(ids)
 
-        def fit(self, train_ids, *args, **kwargs):
+        def fit(self, train_ids, valid_ids=None, test_ids=None, *args, **kwargs):
             if kind == "truncate" and me == fault["rank"]:
                 train_ids = train_ids[: len(train_ids) // 2]
-            return super().fit(train_ids, *args, **kwargs)
+            self._fault_test_ids = test_ids
+            return super().fit(train_ids, valid_ids, test_ids, *args, **kwargs)
 
     if kind == "config" and me == fault["rank"]:
         def init(self, model, config, *args, **kwargs):
@@ -113,7 +121,7 @@ def main() -> None:
         sys.exit("usage: faulty_ptb.py --fault rank=R,step=N,kind=K -- <lm_ptb_distributed.py flags>")
     fault = _parse(argv[1])
     example_args = argv[argv.index("--") + 1:]
-    from lmkit.dist.env import launcher_rank
+    from lmkit.distributed.env import launcher_rank
     from lmkit.cli.common import run_main
     print(f"PID {os.getpid()} RANK {launcher_rank()}", flush=True)
     _install(fault)

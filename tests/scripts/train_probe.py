@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--bomb_rank", type=int, default=-1, help="only this rank's (-1: every rank's)")
     args = p.parse_args()
 
-    from lmkit import dist
+    from lmkit import distributed as dist
 
     dist.init(backend=args.backend, num_gpus=args.num_replicas)
     optimizers = args.optimizer.split(",")
@@ -75,7 +75,7 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from lmkit import dist
+    from lmkit import distributed as dist
     from lmkit.config import TrainConfig
     from lmkit.models import build_model
     from lmkit.train import Trainer

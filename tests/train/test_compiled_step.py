@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import dist
+from lmkit import distributed as dist
 from lmkit.config import TrainConfig
 from lmkit.errors import UsageError
 from lmkit.models import build_model

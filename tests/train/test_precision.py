@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import dist, precision
+from lmkit import distributed as dist, precision
 from lmkit.config import ConfigError, TrainConfig
 from lmkit.errors import NonFiniteError
 from lmkit.models import build_model

@@ -6,7 +6,7 @@ import pytest
 
 from lmkit.errors import UsageError
 from lmkit.train.watchdog import COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT, Watchdog
-from tests.dist.reliability.support import run_streamed
+from tests.distributed.reliability.support import run_streamed
 
 SCRIPT = r"""
 import time

@@ -1,12 +1,12 @@
 """Which GPUs each process takes, driven with fake device lists (CI has no GPU).
 
-``lmkit.dist.env.choose_gpus`` decides, ``pin_gpus`` applies it through
+``lmkit.distributed.env.choose_gpus`` decides, ``pin_gpus`` applies it through
 ``tf.config`` and checks what TensorFlow then sees; both backends use them.
 """
 import pytest
 
-from lmkit.dist.base import DistributedError
-from lmkit.dist.env import choose_gpus, gpus_pinned, pin_gpus
+from lmkit.distributed.base import DistributedError
+from lmkit.distributed.env import choose_gpus, gpus_pinned, pin_gpus
 from lmkit.errors import UsageError
 
 
@@ -125,7 +125,7 @@ class _FakeHorovod:
     ("GPU", 1, False, False),  # nothing to average
 ])
 def test_horovod_without_nccl_on_gpus_warns(device, size, nccl, warns):
-    from lmkit.dist.horovod import nccl_warning
+    from lmkit.distributed.horovod import nccl_warning
 
     message = nccl_warning(_FakeHorovod(size, nccl), device)
     assert (message is not None) is warns

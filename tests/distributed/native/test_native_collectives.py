@@ -1,4 +1,4 @@
-"""lmkit.dist's seams on the native backend with 2 replicas in one process, against NumPy."""
+"""lmkit.distributed's seams on the native backend with 2 replicas in one process, against NumPy."""
 import json
 import os
 import sys

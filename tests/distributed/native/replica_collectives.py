@@ -1,8 +1,8 @@
-"""Exercises lmkit.dist's replica seams with the native backend; prints JSON.
+"""Exercises lmkit.distributed's replica seams with the native backend; prints JSON.
 
-Run by tests/dist/native/test_native_collectives.py as
+Run by tests/distributed/native/test_native_collectives.py as
 ``python replica_collectives.py N`` (N replicas on logical CPU devices).
-Every value is computed through ``lmkit.dist`` only, eagerly and inside
+Every value is computed through ``lmkit.distributed`` only, eagerly and inside
 ``tf.function``; the test compares them with NumPy.
 """
 import json
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 def main() -> None:
     replicas = int(sys.argv[1])
-    from lmkit import dist
+    from lmkit import distributed as dist
     dist.init(backend="native", num_gpus=replicas)
     import numpy as np
     import tensorflow as tf

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from tests.dist.reliability.support import FAULTY, mpirun, run_streamed, tree_digest
+from tests.distributed.reliability.support import FAULTY, mpirun, run_streamed, tree_digest
 
 pytestmark = [pytest.mark.horovod, pytest.mark.mpi]
 

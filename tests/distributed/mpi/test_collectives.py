@@ -1,14 +1,14 @@
-"""Collectives of lmkit.dist, run at size 1 by pytest and at size 2 by mpirun.
+"""Collectives of lmkit.distributed, run at size 1 by pytest and at size 2 by mpirun.
 
 Every assertion is written in terms of ``dist.size()``, so the same test
 checks the single-process path and the distributed one
-(``mpirun -np 2 python -m pytest tests/dist/mpi``).
+(``mpirun -np 2 python -m pytest tests/distributed/mpi``).
 """
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import dist
+from lmkit import distributed as dist
 
 pytestmark = pytest.mark.horovod
 

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from tests.dist.native.runs import EPOCH, FIRST_LEG, REFERENCE_STEPS, Run, probe_cmd, run_all
+from tests.distributed.native.runs import EPOCH, FIRST_LEG, REFERENCE_STEPS, Run, probe_cmd, run_all
 from tests.helpers import assert_within_rounding
 
 

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from tests.dist.native.runs import Run, probe_cmd, run_all
+from tests.distributed.native.runs import Run, probe_cmd, run_all
 from tests.helpers import assert_relatively_close
 
 

@@ -33,8 +33,8 @@ import tensorflow as tf
 
 from lmkit.checks import check_choice, check_divisible
 from lmkit.errors import UsageError
-from lmkit.dist.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
-from lmkit.dist.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, launched_by_mpi_or_horovodrun, pin_gpus,
+from lmkit.distributed.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
+from lmkit.distributed.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, launched_by_mpi_or_horovodrun, pin_gpus,
                             thread_settings)
 
 __all__ = ["NativeBackend", "tf_config_cluster", "communication_options", "DEFAULT_PACK_BYTES", "PACK_BYTES_ENV"]

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.dist.reliability.support import FAULTY, horovodrun_gloo_cmd, mpirun, run_streamed
+from tests.distributed.reliability.support import FAULTY, horovodrun_gloo_cmd, mpirun, run_streamed
 
 pytestmark = [pytest.mark.horovod, pytest.mark.mpi]
 

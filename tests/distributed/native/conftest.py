@@ -1,7 +1,7 @@
 """Runs shared by the native-backend tests."""
 import pytest
 
-from tests.dist.native.runs import FIRST_LEG, REFERENCE_STEPS, Run, probe_cmd, run_all
+from tests.distributed.native.runs import FIRST_LEG, REFERENCE_STEPS, Run, probe_cmd, run_all
 
 
 @pytest.fixture(scope="session")

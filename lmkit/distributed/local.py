@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-from lmkit.dist.base import Backend
-from lmkit.dist.env import configure_devices, thread_settings
+from lmkit.distributed.base import Backend
+from lmkit.distributed.env import configure_devices, thread_settings
 
 __all__ = ["LocalBackend"]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.dist.reliability.support import SINGLE, run_streamed, write_config, write_corpus
+from tests.distributed.reliability.support import SINGLE, run_streamed, write_config, write_corpus
 
 
 @dataclass(frozen=True)

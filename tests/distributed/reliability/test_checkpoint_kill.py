@@ -4,7 +4,7 @@ import re
 import signal
 import sys
 
-from tests.dist.reliability.support import FAULTY, SINGLE, run_streamed, tree_digest
+from tests.distributed.reliability.support import FAULTY, SINGLE, run_streamed, tree_digest
 
 
 def test_kill_during_a_save_then_resume(corpus, model_copy):

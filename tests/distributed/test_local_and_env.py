@@ -1,12 +1,12 @@
-"""lmkit.dist without a launcher, and launchers started from the test."""
+"""lmkit.distributed without a launcher, and launchers started from the test."""
 import os
 import sys
 
 import pytest
 
-from lmkit import dist
-from lmkit.dist import env as dist_env
-from lmkit.dist.local import LocalBackend
+from lmkit import distributed as dist
+from lmkit.distributed import env as dist_env
+from lmkit.distributed.local import LocalBackend
 from tests.helpers import mpirun_cmd, run, subprocess_env
 
 _FIELDS = ("(b, dist.rank(), dist.size(), dist.local_size(), dist.threads().intra_op, "
@@ -98,7 +98,7 @@ def test_launcher_rank_reads_each_launchers_variable(monkeypatch):
 
 
 def test_importing_dist_loads_neither_tensorflow_nor_horovod():
-    code = ("import sys, lmkit.dist, lmkit.dist.env; "
+    code = ("import sys, lmkit.distributed, lmkit.distributed.env; "
             "print(sorted(m for m in ('tensorflow', 'horovod') if m in sys.modules))")
     res = run([sys.executable, "-c", code], timeout=60)
     assert res.returncode == 0, res.stderr
@@ -137,7 +137,7 @@ def test_horovodrun_gloo_runs_the_collectives_suite():
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     res = run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-m", "pytest",
                "-q", "-p", "no:cacheprovider", "--timeout", "60", "-x",
-               "tests/dist/mpi/test_collectives.py"], timeout=300)
+               "tests/distributed/mpi/test_collectives.py"], timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("passed") >= 2, res.stdout[-2000:]
 

@@ -1,7 +1,7 @@
 """Fast checks of the native backend's pieces: the launcher's plan, errors, gradient averaging.
 
 Nothing here starts a job; the backend object is built directly on one CPU
-device, so the process-wide ``lmkit.dist`` state of other tests is untouched.
+device, so the process-wide ``lmkit.distributed`` state of other tests is untouched.
 """
 import json
 import os
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import dist, launch
-from lmkit.dist import horovod as hvd_backend
-from lmkit.dist import native as native_backend
+from lmkit import distributed as dist, launch
+from lmkit.distributed import horovod as hvd_backend
+from lmkit.distributed import native as native_backend
 
 
 # ------------------------------------------------------------------ launcher
@@ -137,7 +137,7 @@ def test_native_refuses_mpirun_and_bad_num_gpus(monkeypatch):
 # ---------------------------------------------------- backend on one device
 @pytest.fixture(scope="module")
 def native():
-    """A native backend object on one CPU replica (not installed as lmkit.dist's backend)."""
+    """A native backend object on one CPU replica (not installed as lmkit.distributed's backend)."""
     return native_backend.NativeBackend(tf.distribute.MirroredStrategy(["/cpu:0"]), rank=0, size=1,
                                local_rank=0, local_size=1)
 
@@ -229,6 +229,77 @@ def test_launch_starts_the_workers_of_other_hosts_through_the_rsh_agent(tmp_path
                         "--rsh", str(agent), "--", sys.executable, _affinity_script(tmp_path)]) == 0
     assert (tmp_path / "hosts.txt").read_text().split() == ["remote-host"]
     assert (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists()
+
+
+def _fake_proc(root, pid, name, ppid):
+    folder = root / str(pid)
+    folder.mkdir()
+    (folder / "stat").write_text(f"{pid} ({name}) S {ppid} {pid} {pid} 0 -1\n")
+    (folder / "comm").write_text(name + "\n")
+
+
+def test_the_wrapper_finds_open_mpis_launcher_below_horovodrun(tmp_path):
+    # horovodrun (exec'd into sh -c) -> mpirun -> ranks; a name with spaces and parentheses.
+    for pid, name, ppid in [(10, "sh", 1), (11, "mpirun", 10), (12, "python", 11), (13, "orted", 11),
+                            (20, "odd (name) x", 10), (21, "prterun", 20), (30, "mpirun", 1)]:
+        _fake_proc(tmp_path, pid, name, ppid)
+    (tmp_path / "self").mkdir()  # not a pid
+    assert launch.mpi_launchers_below(10, proc_root=str(tmp_path)) == [11, 21]
+    assert launch.mpi_launchers_below(11, proc_root=str(tmp_path)) == [11]  # mpirun itself
+    assert launch.mpi_launchers_below(12, proc_root=str(tmp_path)) == []  # gloo: none below
+
+
+_FAKE_LAUNCHER = """#!{python}
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append("USR1"))
+signal.signal(signal.SIGTERM, lambda s, f: got.append("TERM"))
+open(sys.argv[1] + ".started", "w").close()
+deadline = time.time() + 20
+while not got and time.time() < deadline:
+    time.sleep(0.02)
+open(sys.argv[1], "w").write(",".join(got))
+sys.exit(75 if got == ["USR1"] else 9)
+"""
+
+
+@pytest.mark.parametrize("name, through_sh, signum, expected", [
+    ("mpirun", False, "SIGTERM", "USR1"),   # mpirun itself: SIGUSR1, which Open MPI forwards at once
+    ("mpirun", True, "SIGINT", "USR1"),     # horovodrun's `sh -c mpirun`: the mpirun below it
+    ("horovodrun", False, "SIGUSR1", "TERM"),  # no Open MPI below (--gloo): SIGTERM to the launcher
+])
+def test_the_wrapper_turns_a_signal_into_what_the_launcher_passes_on(tmp_path, name, through_sh, signum,
+                                                                     expected):
+    import signal
+    import sys
+    import threading
+    import time
+    fake = tmp_path / name
+    fake.write_text(_FAKE_LAUNCHER.format(python=sys.executable))
+    fake.chmod(0o755)
+    record = tmp_path / "record"
+    command = ["sh", "-c", f"{fake} {record}; exit $?"] if through_sh else [str(fake), str(record)]
+
+    def signal_when_started():
+        deadline = time.time() + 20
+        while not (tmp_path / "record.started").exists() and time.time() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), getattr(signal, signum))  # as a scheduler would signal the wrapper
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    threading.Thread(target=signal_when_started, daemon=True).start()
+    code = launch.run_wrapped(command)
+    assert record.read_text() == expected
+    assert code == (75 if expected == "USR1" else 9)
+    assert {s: signal.getsignal(s) for s in before} == before  # the handlers are put back
+
+
+def test_the_wrapper_says_what_is_missing(capsys, monkeypatch):
+    assert launch.main(["--mpirun"]) == 2
+    assert "give the launcher's arguments" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert launch.main(["--horovodrun", "-np", "2", "python", "x.py"]) == 2
+    assert "'horovodrun' was not found; install it or put it on PATH" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dtype, values", [

@@ -221,7 +221,7 @@ def pin_gpus(local_rank: int, local_size: int, per_process: int = 1, tf_config: 
         pass
     seen = _device_names(tf_config.get_visible_devices("GPU"))
     if seen != _device_names(chosen):
-        from lmkit.dist.base import DistributedError
+        from lmkit.distributed.base import DistributedError
         raise DistributedError(
             f"local rank {local_rank} of {local_size} should use GPU(s) {_device_names(chosen)}, but TensorFlow "
             f"started before dist.init() and sees {seen}; call dist.init() (or run an lmkit command) before "

@@ -2,10 +2,10 @@
 
 A backend answers who this process is (``rank``/``size``), moves tensors and
 Python objects between processes (the collectives), averages gradients, and
-says how replicas map onto processes. :mod:`lmkit.dist` holds the one
+says how replicas map onto processes. :mod:`lmkit.distributed` holds the one
 backend in use and forwards its public functions to it; adding a backend is
 one file with a :class:`Backend` subclass and one line in
-``lmkit.dist.BACKENDS``.
+``lmkit.distributed.BACKENDS``.
 
 The defaults here describe the common case of one replica per process
 (Horovod, a single local process); a backend with several replicas in one
@@ -18,7 +18,7 @@ import abc
 import contextlib
 from typing import Any, Callable, ContextManager, List, Optional, Sequence
 
-from lmkit.dist.env import ThreadSettings
+from lmkit.distributed.env import ThreadSettings
 
 __all__ = ["AveragingTape", "Backend", "DistributedError", "REDUCE_OPS", "COMPRESSIONS"]
 
@@ -34,7 +34,7 @@ class AveragingTape:
     """A gradient tape whose ``gradient()`` returns ``backend.average_gradients`` of its gradients.
 
     Every backend averages through one method, so the tape a user gets from
-    :func:`lmkit.dist.DistributedGradientTape` and the trainer's step agree
+    :func:`lmkit.distributed.DistributedGradientTape` and the trainer's step agree
     (fp16 compression included).
     """
 
@@ -63,7 +63,7 @@ class AveragingTape:
 class Backend(abc.ABC):
     """A distributed runtime: identity, collectives, gradient averaging and replicas.
 
-    Subclasses set :attr:`name` (the key of ``lmkit.dist.BACKENDS``) and
+    Subclasses set :attr:`name` (the key of ``lmkit.distributed.BACKENDS``) and
     implement the abstract methods; :meth:`create` builds one, configuring
     devices and CPU threads before TensorFlow's runtime starts.
     """

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import mpirun_cmd
-from tests.dist.native.runs import EPOCH, FIRST_LEG, Run, probe_cmd, run_all
+from tests.distributed.native.runs import EPOCH, FIRST_LEG, Run, probe_cmd, run_all
 
 pytestmark = [pytest.mark.horovod, pytest.mark.mpi]
 
@@ -28,7 +28,7 @@ def test_native_matches_horovod_and_checkpoints_cross_over(base_runs, tmp_path):
         np.testing.assert_allclose(v, hvd.rank[0][k], rtol=1e-3, atol=1e-4, err_msg=k)
 
     # Horovod's checkpoint (2 processes) resumes under native (2 replicas in one process);
-    # the other direction is tests/dist/native/test_native_training.py (native -> local -> native).
+    # the other direction is tests/distributed/native/test_native_training.py (native -> local -> native).
     to_native = str(tmp_path / "to_native")
     run_all([probe_cmd(to_native, "native", "--steps", str(FIRST_LEG + EPOCH), "--model_dir", hvd_dir,
                        replicas=2)])

@@ -17,8 +17,8 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 from lmkit.checks import check_choice
-from lmkit.dist.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
-from lmkit.dist.env import configure_devices, quiet_mpi_polling, thread_settings
+from lmkit.distributed.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
+from lmkit.distributed.env import configure_devices, quiet_mpi_polling, thread_settings
 
 __all__ = ["HorovodBackend", "SUPPORTED_TF_FOR_HOROVOD", "import_horovod", "nccl_warning"]
 

@@ -17,7 +17,7 @@ from typing import Callable, List
 
 import pytest
 
-from tests.dist.reliability.support import EXAMPLE, SINGLE, mpirun, run_streamed, tree_digest, write_config, write_corpus
+from tests.distributed.reliability.support import EXAMPLE, SINGLE, mpirun, run_streamed, tree_digest, write_config, write_corpus
 
 UNREACHABLE = "http://127.0.0.1:1/simple-examples.tgz"  # port 1: connection refused at once
 

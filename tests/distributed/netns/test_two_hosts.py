@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.dist.native.runs import IDS, PROBE, Run
+from tests.distributed.native.runs import IDS, PROBE, Run
 from tests.helpers import ROOT, have_horovod, subprocess_env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
