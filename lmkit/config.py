@@ -42,6 +42,8 @@ class ConfigError(UsageError):
 
 
 DATA_KINDS = ("ptb", "text")
+# The models --init_from fills from a Hugging Face folder (lmkit.hf.FAMILIES maps the folders onto them).
+PRETRAINED_MODELS = ("gpt2", "llama")
 # OpenSeq2Seq's spelling of the backend, still accepted: True -> "horovod"
 # (launch with mpirun/horovodrun), False -> "native".
 LEGACY_BACKEND_KEY = "use_horovod"
@@ -257,9 +259,9 @@ class TrainConfig:
         if self.spm_model_type not in SPM_MODEL_TYPES:
             bad("spm_model_type", f"is not one of {', '.join(SPM_MODEL_TYPES)}")
         if self.tokenizer == "hf" and not self.init_from:
-            bad("tokenizer", "comes with a pretrained model; pass --init_from <a Hugging Face GPT-2 folder>")
-        if self.init_from and (self.model != "gpt2" or self.data != "text"):
-            bad("init_from", "starts a gpt2 model on text data; pass --train_file (and leave model to "
+            bad("tokenizer", "comes with a pretrained model; pass --init_from <a Hugging Face model folder>")
+        if self.init_from and (self.model not in PRETRAINED_MODELS or self.data != "text"):
+            bad("init_from", "starts a pretrained (gpt2 or llama) model on text data; pass --train_file (and leave model to "
                 "--init_from)")
 
     @property

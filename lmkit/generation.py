@@ -149,16 +149,17 @@ def default_context(model_dir: str, sampler: Any) -> Optional[int]:
 
 def load_for_generation(model_dir: str, checkpoint: Optional[str] = None,
                         tokenizer: Any = None) -> Tuple[Any, Any, str]:
-    """``(model, tokenizer, description)`` of an lmkit run folder or a Hugging Face GPT-2 folder.
+    """``(model, tokenizer, description)`` of an lmkit run folder or a Hugging Face folder
+    (GPT-2, Llama, Qwen2, Mistral: :data:`lmkit.hf.FAMILIES`).
 
     ``tokenizer``: a Hugging Face folder's tokenizer when the caller has read it already.
     """
     from lmkit.hf import is_hf_folder
     if is_hf_folder(model_dir):
         check_hf_checkpoint(model_dir, checkpoint)
-        from lmkit.hf import load_gpt2
-        model, tokenizer, _ = load_gpt2(model_dir, tokenizer)  # reads the tokenizer when None
-        return model, tokenizer, "gpt2 (Hugging Face folder)"
+        from lmkit.hf import load_pretrained
+        model, tokenizer, hf_config = load_pretrained(model_dir, tokenizer)  # reads the tokenizer when None
+        return model, tokenizer, f"{hf_config['model_type']} (Hugging Face folder)"
     from lmkit.layout import resolve_checkpoint
     from lmkit.train.checkpoint import load_model
     model, tokenizer, config = load_model(model_dir, resolve_checkpoint(model_dir, checkpoint))

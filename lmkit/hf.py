@@ -29,14 +29,23 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 
-__all__ = ["check_new_folder", "export_gpt2", "gpt2_model_config", "is_hf_folder", "load_gpt2",
-           "load_gpt2_weights", "parameter_map", "read_gpt2_config", "read_tokenizer", "read_weights",
+__all__ = ["FAMILIES", "check_new_folder", "check_pretrained", "export_gpt2", "family_of", "gpt2_model_config",
+           "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained", "load_pretrained_weights",
+           "parameter_map", "pretrained_training_config", "read_gpt2_config", "read_tokenizer", "read_weights",
            "resolve_source", "training_config"]
+
+#: Hugging Face ``model_type`` -> the module that reads that family's folders. Each has
+#: ``read_config(folder)`` (checked config.json), ``training_config(config, folder)``
+#: (a TrainConfig for fine-tuning), ``load(folder, tokenizer)`` -> (model, tokenizer, config.json)
+#: and ``load_weights(model, folder)``. A new family is one module and one line here.
+FAMILIES = {"gpt2": "lmkit.hf", "llama": "lmkit.hf_llama", "qwen2": "lmkit.hf_llama",
+            "mistral": "lmkit.hf_llama"}
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 PYTORCH_BIN = "pytorch_model.bin"
-_HUB_FILES = ["config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt",
+_HUB_FILES = ["config.json", "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
+              "tokenizer.json", "vocab.json", "merges.txt",
               "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
 # GPT-2 activations that are the tanh approximation of GELU (lmkit's "gelu").
 _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -65,6 +74,43 @@ def is_hf_folder(path: str) -> bool:
             return "model_type" in json.load(f)
     except (OSError, ValueError):
         return False
+
+
+def family_of(folder: str) -> Any:
+    """The module of :data:`FAMILIES` that reads ``folder`` (by its config.json's ``model_type``).
+
+    Raises:
+      UsageError: no config.json, or a model type lmkit does not read (listing those it does).
+    """
+    import importlib
+    path = os.path.join(folder, HF_CONFIG)
+    if not os.path.isfile(path):
+        raise UsageError(f"{folder} is not a Hugging Face model folder: {path} is missing")
+    model_type = _read_json(path).get("model_type")
+    if model_type not in FAMILIES:
+        raise UsageError(f"{path}: model_type {model_type!r} is not one lmkit reads; it reads "
+                         f"{', '.join(FAMILIES)}")
+    return importlib.import_module(FAMILIES[model_type])
+
+
+def check_pretrained(folder: str) -> Dict[str, Any]:
+    """The folder's config.json, checked by its family (one message naming the file)."""
+    return family_of(folder).read_config(folder)
+
+
+def load_pretrained(folder: str, tokenizer: Any = None) -> Tuple[Any, Any, Dict[str, Any]]:
+    """``(model, tokenizer, config.json)`` of a Hugging Face folder of any family lmkit reads."""
+    return family_of(folder).load(folder, tokenizer)
+
+
+def load_pretrained_weights(model: Any, folder: str) -> Any:
+    """Fills ``model`` (built from the folder's config) with the folder's weights."""
+    return family_of(folder).load_weights(model, folder)
+
+
+def pretrained_training_config(config: Any, folder: str) -> Any:
+    """``config`` (a TrainConfig) for fine-tuning the model in ``folder``: its family's model keys."""
+    return family_of(folder).training_config(config, folder)
 
 
 def read_gpt2_config(folder: str) -> Dict[str, Any]:
@@ -135,8 +181,9 @@ def resolve_source(spec: str) -> str:
     """
     if not spec.startswith("hf:"):
         if not os.path.isdir(spec):
-            raise UsageError(f"--init_from {spec} is not a folder; pass a Hugging Face GPT-2 folder "
-                             "(config.json, model.safetensors, tokenizer files) or hf:<name> to download one")
+            raise UsageError(f"--init_from {spec} is not a folder; pass a Hugging Face model folder (GPT-2, "
+                             "Llama, Qwen2, Mistral: config.json, model.safetensors, tokenizer files) or "
+                             "hf:<name> to download one")
         return spec
     name = spec[3:]
     try:
@@ -359,3 +406,9 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
 def default_dropout(config: Optional[Any]) -> float:
     """The dropout an exported config.json states: the run's, or GPT-2's 0.1."""
     return 0.1 if config is None else round(1.0 - float(config.keep_prob), 12)
+
+
+# This module is also the gpt2 entry of FAMILIES.
+read_config = read_gpt2_config
+load = load_gpt2
+load_weights = load_gpt2_weights

@@ -46,7 +46,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from lmkit.cli.common import OutputClosed, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.decoding.registry import SAMPLER_NAMES, sampler_from_flags
 from lmkit.errors import UsageError
-from lmkit.hf import is_hf_folder, read_gpt2_config, read_tokenizer
+from lmkit.hf import check_pretrained, is_hf_folder, read_tokenizer
 
 __all__ = ["build_parser", "check_args", "main"]
 
@@ -145,10 +145,10 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     if args.strategy == "beam" and args.num_samples > args.beam_width:
         raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
                          f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
-    if is_hf_folder(args.model_dir):  # a Hugging Face GPT-2 folder, read as it is
+    if is_hf_folder(args.model_dir):  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral), read as it is
         from lmkit.generation import check_hf_checkpoint
         check_hf_checkpoint(args.model_dir, args.checkpoint)
-        read_gpt2_config(args.model_dir)
+        check_pretrained(args.model_dir)
         tokenizer = read_tokenizer(args.model_dir)
     else:
         check_model_dir(args.model_dir)

@@ -171,9 +171,9 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     overrides = _flag_overrides(args, distributed)
     if not args.init_from:
         return load_config(args.config, overrides)
-    from lmkit.hf import resolve_source, training_config
+    from lmkit.hf import pretrained_training_config, resolve_source
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
-    return training_config(load_config(args.config, overrides), folder)  # --train_file set data = "text"
+    return pretrained_training_config(load_config(args.config, overrides), folder)  # --train_file: data = "text"
 
 
 def _model_dir(args: argparse.Namespace) -> str:
@@ -222,8 +222,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     with dist.scope():  # DIST: native backend: one copy of each variable per replica
         model = build_model(config.model_config())
         if config.init_from:  # the pretrained weights (a checkpoint in --model_dir, if any, wins when fit resumes)
-            from lmkit.hf import load_gpt2_weights
-            load_gpt2_weights(model, config.init_from)
+            from lmkit.hf import load_pretrained_weights
+            load_pretrained_weights(model, config.init_from)
     trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
     result = trainer.fit(data.train, data.valid, data.test, max_steps=args.max_steps,
                          num_epochs=args.num_epochs, words=data.words)

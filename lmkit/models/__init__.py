@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "MODELS",
     "LanguageModel",
+    "LlamaLanguageModel",
     "RNNLanguageModel",
     "TransformerLanguageModel",
     "build_model",
@@ -54,12 +55,15 @@ MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "gpt2": ("lmkit.models.transformer:TransformerLanguageModel",
              {"tie_weights": True, "pre_layer_norm": True, "position_embedding": "learned",
               "output_bias": False}),
+    # RMSNorm, rotary positions, SwiGLU, grouped-query attention: Llama, Qwen2, Mistral (lmkit.hf_llama).
+    "llama": ("lmkit.models.llama:LlamaLanguageModel", {}),
 }
 
 _LAZY = {
     "LanguageModel": "lmkit.models.base",
     "RNNLanguageModel": "lmkit.models.rnn",
     "TransformerLanguageModel": "lmkit.models.transformer",
+    "LlamaLanguageModel": "lmkit.models.llama",
 }
 # Constructor arguments that no config sets (the module name) or that a
 # config spells differently (dropout = 1 - keep_prob).

@@ -7,6 +7,8 @@ Every module creates its variables in ``__init__``, works eagerly and under
 from lmkit.modules.base import (Linear, Module, dropout, ones_initializer, uniform_initializer,
                                 zeros_initializer)
 from lmkit.modules.embedders import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
+from lmkit.modules.llama import (GatedFeedForward, GroupedQueryAttention, LlamaDecoder, LlamaLayer, RMSNorm,
+                                 RotaryEmbedding)
 from lmkit.modules.projection import OutputProjection
 from lmkit.modules.rnn import (GRUCell, LSTMCell, LSTMState, RecurrentCell, RNNDecoder, StackedRNN,
                                unroll)
@@ -16,16 +18,22 @@ from lmkit.modules.transformer import (AttentionCache, LayerNorm, MultiHeadAtten
 __all__ = [
     "AttentionCache",
     "GRUCell",
+    "GatedFeedForward",
+    "GroupedQueryAttention",
     "LSTMCell",
     "LSTMState",
     "LayerNorm",
     "Linear",
+    "LlamaDecoder",
+    "LlamaLayer",
     "Module",
     "MultiHeadAttention",
     "OutputProjection",
     "PositionEmbedder",
+    "RMSNorm",
     "RNNDecoder",
     "RecurrentCell",
+    "RotaryEmbedding",
     "SinusoidsPositionEmbedder",
     "StackedRNN",
     "TransformerDecoder",

@@ -14,7 +14,7 @@ a gather), and rows may sit at different positions.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -31,6 +31,8 @@ __all__ = [
     "TransformerDecoder",
     "TransformerLayer",
     "TransformerState",
+    "run_layers",
+    "write_cache",
 ]
 
 # Added to masked scores; exp() of it underflows to exactly 0 in float32.
@@ -49,6 +51,21 @@ class AttentionCache(NamedTuple):
     values: tf.Tensor
 
 
+def write_cache(cache: AttentionCache, keys: tf.Tensor, values: tf.Tensor,
+                query_positions: tf.Tensor) -> AttentionCache:
+    """``cache`` with ``keys`` and ``values`` [batch, heads, time, head_dim] written at
+    ``query_positions`` [batch, time] of each row (one shape throughout: no concat)."""
+    batch, heads, length = tf.shape(keys)[0], tf.shape(keys)[1], tf.shape(keys)[2]
+    index_shape = [batch, heads, length]
+    indices = tf.stack([
+        tf.broadcast_to(tf.range(batch)[:, tf.newaxis, tf.newaxis], index_shape),
+        tf.broadcast_to(tf.range(heads)[tf.newaxis, :, tf.newaxis], index_shape),
+        tf.broadcast_to(query_positions[:, tf.newaxis, :], index_shape),
+    ], axis=-1)  # [batch, heads, time, 3]
+    return AttentionCache(tf.tensor_scatter_nd_update(cast_like(cache.keys, keys), indices, keys),
+                          tf.tensor_scatter_nd_update(cast_like(cache.values, values), indices, values))
+
+
 class TransformerState(NamedTuple):
     """Decoding state of a :class:`TransformerDecoder`.
 
@@ -60,6 +77,28 @@ class TransformerState(NamedTuple):
 
     positions: tf.Tensor
     caches: Tuple[AttentionCache, ...]
+
+
+def run_layers(layers: Sequence[Any], inputs: tf.Tensor, state: Optional[TransformerState],
+               training: Training) -> Tuple[tf.Tensor, Optional[TransformerState]]:
+    """Runs decoder ``layers`` (each ``layer(x, training, cache, positions) -> (x, cache)``) over a window.
+
+    Without a state every layer attends within the window; with one, each
+    extends its cache and the state advances by the window's length.
+    """
+    x = inputs
+    if state is None:
+        for layer in layers:
+            x, _ = layer(x, training)
+        return x, None
+    if len(state.caches) != len(layers):
+        raise UsageError(f"state has {len(state.caches)} layer caches but the decoder has "
+                         f"{len(layers)} layers; use this decoder's initial_state")
+    caches: List[AttentionCache] = []
+    for layer, cache in zip(layers, state.caches):
+        x, cache = layer(x, training, cache, state.positions)
+        caches.append(cache)
+    return x, TransformerState(state.positions + tf.shape(inputs)[1], tuple(caches))
 
 
 class LayerNorm(Module):
@@ -185,16 +224,8 @@ class MultiHeadAttention(Module):
                 raise UsageError("positions is None but a cache was given; pass the [batch] int32 positions")
             positions = tf.cast(positions, tf.int32)
             query_positions = positions[:, tf.newaxis] + tf.range(length)[tf.newaxis, :]  # [batch, time]
-            index_shape = [batch, self.num_heads, length]
-            indices = tf.stack([
-                tf.broadcast_to(tf.range(batch)[:, tf.newaxis, tf.newaxis], index_shape),
-                tf.broadcast_to(tf.range(self.num_heads)[tf.newaxis, :, tf.newaxis], index_shape),
-                tf.broadcast_to(query_positions[:, tf.newaxis, :], index_shape),
-            ], axis=-1)  # [batch, heads, time, 3]
-            # [batch, heads, max_length, head_dim]
-            keys = tf.tensor_scatter_nd_update(cast_like(cache.keys, keys), indices, keys)
-            values = tf.tensor_scatter_nd_update(cast_like(cache.values, values), indices, values)
-            cache = AttentionCache(keys, values)
+            cache = write_cache(cache, keys, values, query_positions)
+            keys, values = cache  # [batch, heads, max_length, head_dim]
             max_length = tf.shape(keys)[2]
             # [batch, 1, time, max_length]: slots after the query are future or unwritten.
             mask = (tf.range(max_length)[tf.newaxis, tf.newaxis, :]
@@ -417,19 +448,7 @@ class TransformerDecoder(Module):
           ``(outputs [batch, time, dim], state)``; the state is None when
           none was given, else advanced by ``time`` positions.
         """
-        x = inputs
-        if state is None:
-            for layer in self.layers:
-                x, _ = layer(x, training)
-        else:
-            if len(state.caches) != len(self.layers):
-                raise UsageError(f"state has {len(state.caches)} layer caches but the decoder has "
-                                 f"{len(self.layers)} layers; use this decoder's initial_state")
-            caches: List[AttentionCache] = []
-            for layer, cache in zip(self.layers, state.caches):
-                x, cache = layer(x, training, cache, state.positions)
-                caches.append(cache)
-            state = TransformerState(state.positions + tf.shape(inputs)[1], tuple(caches))
+        x, state = run_layers(self.layers, inputs, state, training)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, state

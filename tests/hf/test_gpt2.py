@@ -220,7 +220,7 @@ def _edit_config(**values):
 def test_bad_folders_exit_2_naming_the_file(folder, tmp_path):
     cases = [
         (_broken(folder, tmp_path, "bert", _edit_config(model_type="bert")),
-         r"config\.json: model_type 'bert' is not 'gpt2'"),
+         r"config\.json: model_type 'bert' is not one lmkit reads; it reads gpt2, llama, qwen2, mistral"),
         (_broken(folder, tmp_path, "noweights", lambda p: os.remove(os.path.join(p, "model.safetensors"))),
          r"holds no weights: model\.safetensors \(or pytorch_model\.bin\) is missing"),
         (_broken(folder, tmp_path, "shapes", _edit_config(n_embd=64)),

@@ -5,9 +5,10 @@ import pytest
 import tensorflow as tf
 
 from lmkit import losses, models
-from lmkit.modules import (GRUCell, LayerNorm, Linear, LSTMCell, MultiHeadAttention, OutputProjection,
-                           PositionEmbedder, RNNDecoder, SinusoidsPositionEmbedder, StackedRNN,
-                           TransformerDecoder, TransformerLayer, WordEmbedder)
+from lmkit.modules import (GatedFeedForward, GroupedQueryAttention, GRUCell, LayerNorm, Linear, LlamaDecoder,
+                           LlamaLayer, LSTMCell, MultiHeadAttention, OutputProjection, PositionEmbedder, RMSNorm,
+                           RNNDecoder, RotaryEmbedding, SinusoidsPositionEmbedder, StackedRNN, TransformerDecoder,
+                           TransformerLayer, WordEmbedder)
 
 from .harness import ModuleCase, check_checkpoint, check_config, check_gradient_step, check_outputs, \
     check_variables
@@ -40,6 +41,12 @@ def _transformer_layers(prefix, n):
     parts = ("attention/qkv/kernel", "attention/qkv/bias", "attention/output/kernel", "attention/output/bias",
              "attention_norm/scale", "attention_norm/offset", "ffn_inner/kernel", "ffn_inner/bias",
              "ffn_outer/kernel", "ffn_outer/bias", "ffn_norm/scale", "ffn_norm/offset")
+    return [f"{prefix}/layer_{i}/{p}:0" for i in range(n) for p in parts]
+
+
+def _llama_layers(prefix, n):
+    parts = ("attention_norm/scale", "attention/query/kernel", "attention/key/kernel", "attention/value/kernel",
+             "attention/output/kernel", "ffn_norm/scale", "ffn/gate/kernel", "ffn/up/kernel", "ffn/down/kernel")
     return [f"{prefix}/layer_{i}/{p}:0" for i in range(n) for p in parts]
 
 
@@ -125,6 +132,47 @@ CASES = [
         variables=_transformer_layers("decoder", 2) + _names("decoder", "final_norm/scale", "final_norm/offset"),
         shapes=[(B, T, 6)]),
     ModuleCase(
+        id="RMSNorm", build=lambda: RMSNorm(dim=4, name="norm"), inputs=lambda: (_floats(B, T, 4),),
+        forward=lambda m, i, t: m(i[0]), variables=_names("norm", "scale"), shapes=[(B, T, 4)]),
+    ModuleCase(
+        id="RotaryEmbedding",
+        build=lambda: RotaryEmbedding(head_dim=4, theta=100.0, scaling={"rope_type": "linear", "factor": 2.0},
+                                      name="rotary"),
+        inputs=lambda: (_floats(B, T, 4),),
+        forward=lambda m, i, t: m.rotate(i[0], *m.cos_sin(tf.range(T)[tf.newaxis])), variables=[],
+        shapes=[(B, T, 4)]),
+    ModuleCase(
+        id="GatedFeedForward", build=lambda: GatedFeedForward(dim=6, ffn_dim=8, name="ffn"),
+        inputs=lambda: (_floats(B, T, 6),), forward=lambda m, i, t: m(i[0]),
+        variables=_names("ffn", "gate/kernel", "up/kernel", "down/kernel"), shapes=[(B, T, 6)]),
+    ModuleCase(
+        id="GroupedQueryAttention",
+        build=lambda: GroupedQueryAttention(dim=8, num_heads=4, num_kv_heads=2, sliding_window=3, qkv_bias=True,
+                                            dropout=0.1, name="attention"),
+        inputs=lambda: (_floats(B, T, 8),), forward=lambda m, i, t: m(i[0], training=t)[0],
+        variables=_names("attention", "query/kernel", "query/bias", "key/kernel", "key/bias", "value/kernel",
+                         "value/bias", "output/kernel"), shapes=[(B, T, 8)]),
+    ModuleCase(
+        id="LlamaLayer",
+        build=lambda: LlamaLayer(dim=8, num_heads=4, num_kv_heads=2, ffn_dim=8, dropout=0.1, name="layer_0"),
+        inputs=lambda: (_floats(B, T, 8),), forward=lambda m, i, t: m(i[0], training=t)[0],
+        variables=[v.replace("x/", "", 1) for v in _llama_layers("x", 1)], shapes=[(B, T, 8)]),
+    ModuleCase(
+        id="LlamaDecoder",
+        build=lambda: LlamaDecoder(num_layers=2, dim=8, num_heads=4, num_kv_heads=1, ffn_dim=8,
+                                   sliding_windows=[None, 2], max_positions=8, name="decoder"),
+        inputs=lambda: (_floats(B, T, 8),), forward=lambda m, i, t: m(i[0], training=t)[0],
+        variables=_llama_layers("decoder", 2) + _names("decoder", "final_norm/scale"), shapes=[(B, T, 8)]),
+    ModuleCase(
+        id="LlamaLanguageModel-tied",
+        build=lambda: models.LlamaLanguageModel(vocab_size=VOCAB, hidden_size=8, num_layers=2, num_heads=4,
+                                                num_kv_heads=2, ffn_dim=8, max_positions=8, dropout=0.1,
+                                                tie_weights=True),
+        inputs=lambda: (_ids(B, T),), forward=lambda m, i, t: m(i[0], training=t)[0],
+        variables=(_llama_layers("llama_language_model/decoder", 2)
+                   + _names("llama_language_model", "decoder/final_norm/scale", "embedder/embeddings")),
+        shapes=[(B, T, VOCAB)], loss=lambda logits: _lm_loss((logits, None)), rebuild=models.build_model),
+    ModuleCase(
         id="RNNLanguageModel-lstm-tied",
         build=lambda: models.RNNLanguageModel(vocab_size=VOCAB, hidden_size=4, num_layers=2, dropout=0.3,
                                               tie_weights=True),
@@ -199,4 +247,4 @@ def test_every_module_class_is_covered():
     abstract = {mod.Module, mod.RecurrentCell}
     covered = {type(c.build()) for c in CASES}
     assert module_classes - abstract <= covered
-    assert {models.RNNLanguageModel, models.TransformerLanguageModel} <= covered
+    assert {models.RNNLanguageModel, models.TransformerLanguageModel, models.LlamaLanguageModel} <= covered

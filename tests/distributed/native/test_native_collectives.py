@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import ROOT, run
 
-SCRIPT = os.path.join(ROOT, "tests", "dist", "native", "replica_collectives.py")
+SCRIPT = os.path.join(ROOT, "tests", "distributed", "native", "replica_collectives.py")
 REPLICAS = 2
 
 

@@ -1,0 +1,280 @@
+"""Hugging Face Llama, Qwen2 and Mistral checkpoints onto lmkit's ``llama`` model.
+
+A folder as ``save_pretrained`` writes it: ``config.json`` (``model_type``
+``llama``, ``qwen2`` or ``mistral``), the weights in ``model.safetensors`` or
+in shards listed by ``model.safetensors.index.json``, and the tokenizer
+(``tokenizer.json``). The weights are read with ``safetensors``
+(TensorFlow tensors, so bfloat16 checkpoints load without PyTorch), one
+shard at a time; every tensor is checked against the variable it fills,
+shape by shape, before any is assigned.
+
+Hugging Face keeps linear weights as [out, in]; lmkit's kernels are
+[in, out], so they are transposed on the way in (:func:`parameter_map`
+names each pair).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from lmkit.errors import UsageError
+from lmkit.hf import _read_json
+
+__all__ = ["FAMILIES", "llama_model_config", "load_llama", "load_llama_weights",
+           "parameter_map", "read_llama_config", "training_config", "weight_files"]
+
+HF_CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+#: model_type -> the transformers class whose checkpoints load here
+FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+# Tensors some checkpoints carry that are not parameters.
+_BUFFERS = ("rotary_emb.inv_freq",)
+
+
+def read_llama_config(folder: str) -> Dict[str, Any]:
+    """The folder's ``config.json``, checked to be a model lmkit's ``llama`` computes exactly.
+
+    Raises:
+      UsageError: a missing file, another model type, a missing size, or a
+        setting lmkit does not compute (naming the file, the key and the value).
+    """
+    path = os.path.join(folder, HF_CONFIG)
+    if not os.path.isfile(path):
+        raise UsageError(f"{folder} is not a Hugging Face model folder: {path} is missing")
+    config = _read_json(path)
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        raise UsageError(f"{path}: model_type {model_type!r} is not one of {', '.join(FAMILIES)} "
+                         f"({', '.join(FAMILIES.values())})")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        if isinstance(config.get(key), bool) or not isinstance(config.get(key), int) or config[key] < 1:
+            raise UsageError(f"{path}: {key} = {config.get(key)!r} must be a positive integer")
+    if config.get("hidden_act", "silu") != "silu":
+        raise UsageError(f"{path}: hidden_act {config.get('hidden_act')!r} is not supported (lmkit's llama "
+                         "gates its feed-forward with silu)")
+    if config.get("mlp_bias"):
+        raise UsageError(f"{path}: mlp_bias = true is not supported (no Llama, Qwen2 or Mistral release uses it)")
+    rope = _rope(config, path)
+    if rope[1] is not None and rope[1]["rope_type"] not in ("linear", "llama3"):
+        raise UsageError(f"{path}: rope type {rope[1]['rope_type']!r} is not supported; lmkit computes "
+                         "default, linear and llama3")
+    return config
+
+
+def _rope(config: Dict[str, Any], path: str) -> Tuple[float, Optional[Dict[str, Any]]]:
+    """``(rope_theta, rope_scaling or None)`` from a config of any transformers version.
+
+    transformers 5 writes ``rope_parameters`` (theta and type in one dict);
+    earlier versions ``rope_theta`` and ``rope_scaling``.
+    """
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta = params["rope_theta"]
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = config.get("rope_theta", 10000.0)
+        scaling = dict(config.get("rope_scaling") or {})
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise UsageError(f"{path}: rope_theta = {theta!r} must be a number > 0")
+    kind = scaling.pop("rope_type", scaling.pop("type", "default")) if scaling else "default"
+    if kind == "default":
+        return float(theta), None
+    return float(theta), {"rope_type": kind, **scaling}
+
+
+def llama_model_config(config: Dict[str, Any], path: str = HF_CONFIG) -> Dict[str, Any]:
+    """``lmkit.models.build_model`` keys of the model ``config`` (a checked ``config.json``) describes."""
+    theta, scaling = _rope(config, path)
+    model_type = config["model_type"]
+    heads = config["num_attention_heads"]
+    window = 0
+    layer_types = None
+    if model_type == "mistral":
+        window = config.get("sliding_window") or 0
+    elif model_type == "qwen2" and config.get("use_sliding_window"):
+        window = config.get("sliding_window") or 0
+        layer_types = config.get("layer_types")
+        if layer_types is None:  # transformers < 5: layers from max_window_layers on slide
+            first = config.get("max_window_layers", config["num_hidden_layers"])
+            layer_types = ["full_attention" if i < first else "sliding_attention"
+                           for i in range(config["num_hidden_layers"])]
+    attention_bias = bool(config.get("attention_bias", False))
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return {
+        "model": "llama", "vocab_size": config["vocab_size"], "hidden_size": config["hidden_size"],
+        "num_layers": config["num_hidden_layers"], "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": head_dim if head_dim != config["hidden_size"] // heads else 0,
+        "ffn_dim": config["intermediate_size"],
+        "max_positions": config.get("max_position_embeddings", 2048), "rope_theta": theta,
+        "rope_scaling": scaling, "sliding_window": window, "layer_types": layer_types,
+        "qkv_bias": model_type == "qwen2" or attention_bias, "attention_output_bias": attention_bias,
+        "rms_norm_epsilon": float(config.get("rms_norm_eps", 1e-6)),
+        "tie_weights": bool(config.get("tie_word_embeddings", False)), "activation": "silu",
+        "keep_prob": round(1.0 - float(config.get("attention_dropout", 0.0) or 0.0), 12),
+        "init_scale": float(config.get("initializer_range", 0.02)),
+    }
+
+
+def parameter_map(model: Any) -> Dict[str, Tuple[Any, bool]]:
+    """Hugging Face tensor name -> (lmkit variable, whether the tensor is transposed to fill it)."""
+    names: Dict[str, Tuple[Any, bool]] = {"model.embed_tokens.weight": (model.embedder.embeddings, False),
+                                          "model.norm.weight": (model.decoder.final_norm.scale, False)}
+    if not model.tie_weights:
+        names["lm_head.weight"] = (model.projection.kernel, True)
+    for i, layer in enumerate(model.decoder.layers):
+        prefix = f"model.layers.{i}."
+        attention, ffn = layer.attention, layer.ffn
+        names[prefix + "input_layernorm.weight"] = (layer.attention_norm.scale, False)
+        names[prefix + "post_attention_layernorm.weight"] = (layer.ffn_norm.scale, False)
+        for hf, linear in (("q_proj", attention.query), ("k_proj", attention.key), ("v_proj", attention.value),
+                           ("o_proj", attention.output)):
+            names[f"{prefix}self_attn.{hf}.weight"] = (linear.kernel, True)
+            if linear.use_bias:
+                names[f"{prefix}self_attn.{hf}.bias"] = (linear.bias, False)
+        for hf, linear in (("gate_proj", ffn.gate), ("up_proj", ffn.up), ("down_proj", ffn.down)):
+            names[f"{prefix}mlp.{hf}.weight"] = (linear.kernel, True)
+    return names
+
+
+def weight_files(folder: str) -> List[str]:
+    """The safetensors files of the folder: one, or the shards its index lists.
+
+    Raises:
+      UsageError: no weights, an index naming a missing shard, or only a
+        PyTorch ``.bin`` checkpoint (with the command that converts it).
+    """
+    index = os.path.join(folder, SAFETENSORS_INDEX)
+    if os.path.isfile(index):
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise UsageError(f"{index} has no weight_map")
+        files = sorted(set(weight_map.values()))
+        for name in files:
+            if not os.path.isfile(os.path.join(folder, name)):
+                raise UsageError(f"{index} lists the shard {name}, which is not in {folder}; download every "
+                                 "shard of the checkpoint")
+        return [os.path.join(folder, name) for name in files]
+    single = os.path.join(folder, SAFETENSORS)
+    if os.path.isfile(single):
+        return [single]
+    raise UsageError(f"{folder} holds no {SAFETENSORS} (nor {SAFETENSORS_INDEX}); lmkit reads safetensors "
+                     "checkpoints: convert a PyTorch one where PyTorch is with "
+                     "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder)")
+
+
+def _tensors(path: str) -> Iterator[Tuple[str, Any]]:
+    """(name, float32 NumPy array) of one safetensors file, one tensor at a time."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise UsageError(f"reading {path} needs the safetensors package; pip install 'lmkit[hf]'") from None
+    import tensorflow as tf
+    try:
+        handle = safe_open(path, framework="tf")
+    except Exception as exc:
+        raise UsageError(f"{path} is not a readable safetensors file ({exc})") from None
+    with handle as f:
+        for name in f.keys():
+            if name.endswith(_BUFFERS):
+                continue
+            yield name, tf.cast(f.get_tensor(name), tf.float32).numpy()
+
+
+def _shapes(path: str) -> Dict[str, List[int]]:
+    from safetensors import safe_open
+    try:
+        with safe_open(path, framework="tf") as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys() if not name.endswith(_BUFFERS)}
+    except Exception as exc:
+        raise UsageError(f"{path} is not a readable safetensors file ({exc})") from None
+
+
+def load_llama_weights(model: Any, folder: str) -> List[str]:
+    """Fills ``model`` (a ``llama`` model of the folder's sizes) from the folder's checkpoint.
+
+    Every tensor's name and shape is checked before any is assigned, so a
+    mismatch leaves the model as it was.
+
+    Returns:
+      The files read.
+
+    Raises:
+      UsageError: a missing, unexpected or mis-shaped tensor (naming the file,
+        the tensor and both shapes).
+    """
+    files = weight_files(folder)
+    targets = parameter_map(model)
+    where: Dict[str, str] = {}
+    for path in files:
+        for name, shape in _shapes(path).items():
+            if name == "lm_head.weight" and model.tie_weights:
+                continue  # some tied checkpoints store the shared table twice
+            if name not in targets:
+                raise UsageError(f"{path} holds {name}, which lmkit's llama has no use for; is "
+                                 f"{os.path.join(folder, HF_CONFIG)} the config of these weights?")
+            variable, transposed = targets[name]
+            want = list(variable.shape)[::-1] if transposed else list(variable.shape)
+            if shape != want:
+                raise UsageError(f"{path}: {name} has shape {shape} but {os.path.join(folder, HF_CONFIG)} "
+                                 f"gives {want}; the weights and the config come from different models")
+            where[name] = path
+    missing = [name for name in targets if name not in where]
+    if missing:
+        raise UsageError(f"{folder} lacks {missing[0]} ({len(missing)} tensors missing); the checkpoint is "
+                         "incomplete or of another model")
+    for path in files:
+        for name, value in _tensors(path):
+            if name in targets:
+                variable, transposed = targets[name]
+                variable.assign(value.T if transposed else value)
+    return files
+
+
+def load_llama(folder: str, tokenizer: Any = None) -> Tuple[Any, Any, Dict[str, Any]]:
+    """The model of a Llama/Qwen2/Mistral folder as an lmkit model, with its tokenizer and config.json.
+
+    Raises:
+      UsageError: any problem with the folder (one message naming the file).
+    """
+    from lmkit.hf import check_vocabulary, read_tokenizer
+    from lmkit.models import build_model
+
+    config = read_llama_config(folder)
+    tokenizer = tokenizer if tokenizer is not None else read_tokenizer(folder)
+    check_vocabulary(tokenizer, config["vocab_size"], folder)
+    model = build_model(llama_model_config(config, os.path.join(folder, HF_CONFIG)))
+    load_llama_weights(model, folder)
+    return model, tokenizer, config
+
+
+#: TrainConfig fields that the model keys of a llama fill; the rest go to model_params.
+_TRAIN_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "max_positions", "ffn_dim",
+                      "keep_prob", "init_scale", "tie_weights")
+
+
+def training_config(config: Any, folder: str) -> Any:
+    """``config`` (a :class:`lmkit.config.TrainConfig`) for fine-tuning the model in ``folder``.
+
+    The model keys come from the checkpoint; the tokenizer is the folder's;
+    the optimizer, schedule, batch and window stay the config's.
+    """
+    path = os.path.join(folder, HF_CONFIG)
+    keys = llama_model_config(read_llama_config(folder), path)
+    if config.num_steps > keys["max_positions"]:
+        raise UsageError(f"num_steps = {config.num_steps} (the training window) exceeds "
+                         f"max_position_embeddings = {keys['max_positions']} of {path}; pass --set "
+                         f"num_steps={keys['max_positions']} or less")
+    keys.pop("model")
+    extra = {k: v for k, v in keys.items() if k not in _TRAIN_CONFIG_KEYS}
+    return config.replace(model="llama", init_from=os.path.abspath(folder), tokenizer="hf", data="text",
+                          embedding_dim=0, model_params={**config.model_params, **extra},
+                          **{k: keys[k] for k in _TRAIN_CONFIG_KEYS})
+
+
+# The llama, qwen2 and mistral entries of lmkit.hf.FAMILIES.
+read_config = read_llama_config
+load = load_llama
+load_weights = load_llama_weights
