@@ -32,7 +32,7 @@ from lmkit.errors import UsageError
 __all__ = ["FAMILIES", "check_new_folder", "check_pretrained", "export_gpt2", "family_of", "gpt2_model_config",
            "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained", "load_pretrained_weights",
            "parameter_map", "pretrained_training_config", "read_gpt2_config", "read_tokenizer", "read_weights",
-           "resolve_source", "training_config"]
+           "resolve_source", "training_config", "write_folder"]
 
 #: Hugging Face ``model_type`` -> the module that reads that family's folders. Each has
 #: ``read_config(folder)`` (checked config.json), ``training_config(config, folder)``
@@ -384,18 +384,32 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
         "bos_token_id": end, "eos_token_id": end, "tie_word_embeddings": True, "use_cache": True}
     tensors = {f"transformer.{name}": np.ascontiguousarray(v.numpy(), dtype=np.float32)
                for name, v in parameter_map(model).items()}
-    parent = os.path.dirname(os.path.abspath(output)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+
+    def fill(tmp: str) -> None:
         save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
         with open(os.path.join(tmp, HF_CONFIG), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
         with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
             json.dump({"bos_token_id": end, "eos_token_id": end}, f, indent=2)
         tokenizer.save_hf(tmp, model.max_positions)
+
+    return write_folder(output, fill)
+
+
+def write_folder(output: str, fill: Any) -> List[str]:
+    """Makes the folder ``output`` whole or not at all: ``fill(tmp)`` writes into a temporary folder
+    next to it, which is then renamed into place (``output`` must be missing or empty).
+
+    Returns:
+      The names of the files written.
+    """
+    parent = os.path.dirname(os.path.abspath(output)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        fill(tmp)
         if os.path.isdir(output):
-            os.rmdir(output)  # empty (checked above)
+            os.rmdir(output)  # empty (checked by the caller)
         os.rename(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -15,13 +15,14 @@ names each pair).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 from lmkit.hf import _read_json
 
-__all__ = ["FAMILIES", "llama_model_config", "load_llama", "load_llama_weights",
+__all__ = ["FAMILIES", "export_llama", "llama_model_config", "load_llama", "load_llama_weights",
            "parameter_map", "read_llama_config", "training_config", "weight_files"]
 
 HF_CONFIG = "config.json"
@@ -272,6 +273,56 @@ def training_config(config: Any, folder: str) -> Any:
     return config.replace(model="llama", init_from=os.path.abspath(folder), tokenizer="hf", data="text",
                           embedding_dim=0, model_params={**config.model_params, **extra},
                           **{k: keys[k] for k in _TRAIN_CONFIG_KEYS})
+
+
+# Files of the source folder an export carries over unchanged (the architecture and the tokenizer
+# do not change in fine-tuning).
+_CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json", "chat_template.jinja", "tokenizer.model")
+
+
+def export_llama(model: Any, source: Optional[str], output: str) -> List[str]:
+    """Writes a fine-tuned ``llama`` run as a folder ``transformers`` loads (``AutoModelForCausalLM``).
+
+    The config, tokenizer and chat template are the ``source`` folder's (the
+    run's ``init_from``: fine-tuning keeps the architecture); the weights
+    are the model's, in ``model.safetensors`` (float32, Hugging Face names
+    and layouts). Written aside and renamed into place.
+
+    Raises:
+      UsageError: a run not started from a Hugging Face folder, a source
+        folder that is gone or does not fit the model, or an ``output``
+        that exists and is not empty.
+    """
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lmkit.hf import check_new_folder, write_folder
+    if not source:
+        raise UsageError("export --format hf of a llama run needs the Hugging Face folder it was fine-tuned "
+                         "from (its init_from), for the config and the tokenizer; this run started from scratch")
+    if not os.path.isdir(source):
+        raise UsageError(f"the run was fine-tuned from {source}, which is gone; export needs its config and "
+                         "tokenizer files")
+    if llama_model_config(read_llama_config(source))["num_layers"] != model.decoder.num_layers:
+        raise UsageError(f"{source} does not describe this run's model (another number of layers)")
+    check_new_folder(output)
+    tensors = {name: np.ascontiguousarray(v.numpy().T if transposed else v.numpy(), dtype=np.float32)
+               for name, (v, transposed) in parameter_map(model).items()}
+
+    def fill(tmp: str) -> None:
+        save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
+        for name in _CARRIED:
+            if os.path.isfile(os.path.join(source, name)):
+                shutil.copyfile(os.path.join(source, name), os.path.join(tmp, name))
+        config = _read_json(os.path.join(tmp, HF_CONFIG))
+        config["torch_dtype"] = config["dtype"] = "float32"  # the weights as written
+        with open(os.path.join(tmp, HF_CONFIG), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+
+    return write_folder(output, fill)
 
 
 # The llama, qwen2 and mistral entries of lmkit.hf.FAMILIES.

@@ -7,8 +7,11 @@ and the tokenizer files (``tokenizer.json``, ``vocab.json``, ``merges.txt``,
 ``tokenizer_config.json``) into --output, a new folder, so that
 ``transformers.GPT2LMHeadModel.from_pretrained(output)`` and
 ``AutoTokenizer.from_pretrained(output)`` load it. The run must hold a model
-of GPT-2's shape with a Hugging Face tokenizer: a run started with ``lmkit
-train --init_from``. The folder appears whole or not at all.
+of GPT-2's shape with a Hugging Face tokenizer (a run started with ``lmkit
+train --init_from``), or a Llama/Qwen2/Mistral fine-tune, written with its
+source folder's config, tokenizer and chat template
+(``AutoModelForCausalLM.from_pretrained(output)``). The folder appears
+whole or not at all.
 
 Exit status: 0 done, 2 bad input (one ``error:`` line), 1 a crash.
 """
@@ -28,7 +31,7 @@ FORMATS = ("hf",)
 def build_parser(prog: str = "lmkit export"):
     p = model_dir_parser(prog, __doc__)
     p.add_argument("--format", choices=FORMATS, default="hf",
-                   help="hf: a Hugging Face GPT-2 folder (safetensors, config.json, tokenizer files)")
+                   help="hf: a Hugging Face folder (safetensors, config.json, tokenizer files)")
     p.add_argument("--output", required=True, help="the folder to write (new, or empty)")
     return p
 
@@ -49,6 +52,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
 
     dist.init(backend="local")
     model, tokenizer, config = load_model(args.model_dir, checkpoint)
-    files = export_gpt2(model, tokenizer, args.output, dropout=default_dropout(config))
+    if config.model == "llama":  # a Llama, Qwen2 or Mistral fine-tune: its source folder's family
+        from lmkit.hf_llama import export_llama
+        files = export_llama(model, config.init_from, args.output)
+    else:
+        files = export_gpt2(model, tokenizer, args.output, dropout=default_dropout(config))
     print(f"wrote {args.output}: {', '.join(files)}", flush=True)
     return 0

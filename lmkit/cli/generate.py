@@ -95,10 +95,27 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                    help="write each sample on one line, its line breaks as \\n")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the random strategies (default: drawn, and printed to stderr)")
+    p.add_argument("--chat", action="store_true",
+                   help="lay each --prompt out as a user turn with the chat template of the Hugging Face "
+                        "folder (or of the folder a run was fine-tuned from), and stop at its end-of-turn token")
+    p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: a system turn before each prompt")
     p.add_argument("--verbose", action="store_true",
                    help="print the load time and the generation speed to stderr, and keep "
                         "TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
     return p
+
+
+def _chat_template(args: argparse.Namespace) -> Any:
+    """The chat template --chat uses: the Hugging Face folder's, or that of the folder a run started from."""
+    from lmkit.chat import read_chat_template
+    if is_hf_folder(args.model_dir):
+        return read_chat_template(args.model_dir)
+    from lmkit.train.checkpoint import read_config_dict
+    source = read_config_dict(args.model_dir).get("init_from")
+    if not source:
+        raise UsageError(f"--chat: {args.model_dir} is a run trained from scratch, which has no chat template; "
+                         "--chat needs a Hugging Face chat model's folder or a run fine-tuned from one")
+    return read_chat_template(source)
 
 
 def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[List[str]]]:
@@ -154,13 +171,25 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         check_model_dir(args.model_dir)
         tokenizer = tokenizer_of_run(args.model_dir)
     vocab = getattr(tokenizer, "vocab", None) if tokenizer.name == "word" else None
+    if args.system is not None and not args.chat:
+        raise UsageError("--system gives a chat's system turn; add --chat (or drop --system)")
+    chat = _chat_template(args) if args.chat else None
+    if chat is not None:
+        if not args.prompt:
+            raise UsageError("--chat needs a --prompt (the user's message)")
+        if chat.eos_token and chat.eos_token not in (args.stop or []):
+            args.stop = [*(args.stop or []), chat.eos_token]  # the end of the assistant's turn
     prompts, unknown = [], []
     for text in args.prompt or [None]:
         if text is None:
             prompts.append([])
             unknown.append([])
             continue
-        ids = tokenizer.encode(text) if text.strip() else []  # its line breaks are text
+        if chat is not None:  # the whole laid-out text at once: the template's special tokens are tokens
+            text = chat.render(chat.messages(text, args.system))
+            ids = list(tokenizer.hf.encode(text, add_special_tokens=False).ids)
+        else:
+            ids = tokenizer.encode(text) if text.strip() else []  # its line breaks are text
         if not ids:
             raise UsageError(f"--prompt {text!r} is empty after tokenization; give at least one "
                              "word, or leave --prompt out to start at the beginning of a line")

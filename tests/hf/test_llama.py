@@ -140,8 +140,9 @@ def test_sharded_checkpoints_load_and_mismatches_are_named(tmp_path):
 
 
 # ------------------------------------------------------------------ the commands on a Llama folder
-def make_llama_folder(folder, seed=0):
-    """A random Llama with a byte-level BPE tokenizer, saved as transformers saves them; returns the corpus."""
+def make_llama_folder(folder, seed=0, chat_template=None):
+    """A random Llama with a byte-level BPE tokenizer (and a chat template), saved as transformers saves
+    them; returns the corpus."""
     import random
 
     from tokenizers import ByteLevelBPETokenizer
@@ -154,8 +155,12 @@ def make_llama_folder(folder, seed=0):
     with open(corpus, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(lines, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>")
+    special = ["<|endoftext|>"] + (["<|im_start|>", "<|im_end|>"] if chat_template else [])
+    bpe.train_from_iterator(lines, vocab_size=300, min_frequency=1, special_tokens=special)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>",
+                                        eos_token="<|im_end|>" if chat_template else "<|endoftext|>")
+    if chat_template:
+        tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
     config = LlamaConfig(**{**SIZES, "vocab_size": len(tokenizer)}, attn_implementation="eager")
@@ -218,3 +223,11 @@ def test_generate_and_fine_tune_a_llama_folder_from_the_command_line(tmp_path):
     assert moved
     res = _lmkit("generate", "--model_dir", two, "--prompt", prompt, "--strategy", "greedy", "--max_new_tokens", "5")
     assert res.returncode == 0 and res.stdout.startswith("[0.0] the cat sat"), res.stderr[-3000:]
+    # The fine-tuned run exports to a folder transformers loads, with lmkit's logits.
+    exported = str(tmp_path / "exported")
+    res = _lmkit("export", "--model_dir", two, "--format", "hf", "--output", exported)
+    assert res.returncode == 0, res.stderr[-3000:]
+    with torch.no_grad():
+        theirs = LlamaForCausalLM.from_pretrained(exported).eval()(torch.tensor(IDS)).logits.numpy()
+    np.testing.assert_allclose(model_two(tf.constant(IDS))[0].numpy(), theirs, atol=1e-4, rtol=1e-4)
+    assert AutoTokenizer.from_pretrained(exported)(prompt)["input_ids"] == tokenizer(prompt)["input_ids"]
