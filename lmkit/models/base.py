@@ -21,7 +21,7 @@ import tensorflow as tf
 from lmkit.checks import check_non_negative_int
 from lmkit.modules.base import Module, Training
 
-__all__ = ["LanguageModel", "State", "keep_prob_of", "embedding_dim_of"]
+__all__ = ["LanguageModel", "State", "check_window", "keep_prob_of", "embedding_dim_of"]
 
 State = Any  # a nest of tensors, each [batch, ...]
 
@@ -35,6 +35,21 @@ def embedding_dim_of(embedding_dim: int, hidden_size: int) -> int:
     """``embedding_dim``, where 0 means ``hidden_size``."""
     return check_non_negative_int("embedding_dim", embedding_dim,
                                   f"0 means hidden_size = {hidden_size}") or hidden_size
+
+
+def check_window(ids: Any, state: Any, max_positions: int) -> tf.Tensor:
+    """``ids`` as a tensor; a training window (no state) longer than ``max_positions`` is refused.
+
+    Raises:
+      UsageError: the static window length exceeds ``max_positions``.
+    """
+    from lmkit.errors import UsageError
+    ids = tf.convert_to_tensor(ids)
+    static_length = ids.shape[1] if ids.shape.rank == 2 else None
+    if static_length is not None and state is None and static_length > max_positions:
+        raise UsageError(f"ids have {static_length} time steps but max_positions is {max_positions}; "
+                         f"use shorter windows or build with max_positions >= {static_length}")
+    return ids
 
 
 class LanguageModel(Module):

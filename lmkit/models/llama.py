@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from lmkit.checks import check_non_negative_int, check_positive_float, check_positive_int, check_rate
 from lmkit.errors import UsageError
-from lmkit.models.base import LanguageModel, keep_prob_of
+from lmkit.models.base import LanguageModel, check_window, keep_prob_of
 from lmkit.modules.base import Training, dropout, uniform_initializer
 from lmkit.modules.embedders import WordEmbedder
 from lmkit.modules.llama import LlamaDecoder, plain
@@ -122,11 +122,7 @@ class LlamaLanguageModel(LanguageModel):
     def __call__(self, ids: tf.Tensor, state: Optional[TransformerState] = None,
                  training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:
         """ids [batch, time] -> (logits [batch, time, vocab] float32, state or None), as the transformer's."""
-        ids = tf.convert_to_tensor(ids)
-        static_length = ids.shape[1] if ids.shape.rank == 2 else None
-        if static_length is not None and state is None and static_length > self.max_positions:
-            raise UsageError(f"ids have {static_length} time steps but max_positions is {self.max_positions}; "
-                             f"use shorter windows or build with max_positions >= {static_length}")
+        ids = check_window(ids, state, self.max_positions)
         x = dropout(self.embedder(ids), self.dropout, training)
         outputs, state = self.decoder(x, state, training)
         return self.projection(outputs), state

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from lmkit.checks import check_heads, check_positive_float, check_positive_int, check_rate
 from lmkit.errors import UsageError
-from lmkit.models.base import LanguageModel, embedding_dim_of, keep_prob_of
+from lmkit.models.base import LanguageModel, check_window, embedding_dim_of, keep_prob_of
 from lmkit.modules.base import Training, dropout, uniform_initializer
 from lmkit.modules.embedders import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.modules.projection import OutputProjection
@@ -149,11 +149,7 @@ class TransformerLanguageModel(LanguageModel):
         Returns:
           ``(logits [batch, time, vocab] float32, state or None)``.
         """
-        ids = tf.convert_to_tensor(ids)
-        static_length = ids.shape[1] if ids.shape.rank == 2 else None
-        if static_length is not None and state is None and static_length > self.max_positions:
-            raise UsageError(f"ids have {static_length} time steps but max_positions is {self.max_positions}; "
-                             f"use shorter windows or build with max_positions >= {static_length}")
+        ids = check_window(ids, state, self.max_positions)
         length = tf.shape(ids)[1]
         if state is None:
             positions = tf.range(length)[tf.newaxis, :]  # [1, time]
