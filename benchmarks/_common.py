@@ -23,6 +23,7 @@ __all__ = [
     "load_average",
     "machine_info",
     "median_ratio",
+    "package_version",
     "ratio_spread",
     "save_figure",
     "summarize",
@@ -100,6 +101,15 @@ def _gpus() -> List[str]:
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def package_version(name: str) -> Optional[str]:
+    """The installed version of the distribution ``name``, or None."""
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def summarize(values: Sequence[float]) -> Dict[str, float]:

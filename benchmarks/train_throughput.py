@@ -84,7 +84,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                ratio_spread, save_figure, summarize, write_json)
+                                package_version, ratio_spread, save_figure, summarize, write_json)
 
 DEFAULT_FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
 # lmkit variants: name -> config overrides (compared with plain "lmkit")
@@ -606,10 +606,11 @@ def worker_main(args: argparse.Namespace) -> int:
 class Worker:
     """The parent's handle on one framework's worker process."""
 
-    def __init__(self, framework: str, config: str, args: argparse.Namespace) -> None:
+    def __init__(self, framework: str, config: str, args: argparse.Namespace, script: str = "") -> None:
+        """Starts ``script`` (default this file) as ``--worker FRAMEWORK:CONFIG`` and waits for it to be ready."""
         self.framework = framework
         self.timeout = args.timeout
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{framework}:{config}",
+        cmd = [sys.executable, script or os.path.abspath(__file__), "--worker", f"{framework}:{config}",
                "--threads", str(args.threads), "--warmup", str(args.warmup), "--steps", str(args.steps),
                "--device", args.device]
         if args.quick:
@@ -762,7 +763,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.worker:
         return worker_main(args)
     import importlib.util
-    from importlib import metadata
     log = lambda s: print(s, flush=True)  # noqa: E731
     frameworks = list(args.frameworks)
     notes = []
@@ -775,18 +775,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         frameworks = [f for f in frameworks if f not in TORCH_VARIANTS]
     has_torch = any(f in TORCH_VARIANTS for f in frameworks)
 
-    def version(dist_name: str) -> Optional[str]:
-        try:
-            return metadata.version(dist_name)
-        except metadata.PackageNotFoundError:
-            return None
-
     results: Dict[str, Any] = {
         "benchmark": "train_throughput",
         "command": command_line(),
-        "machine": machine_info(tensorflow=version("tensorflow-cpu") or version("tensorflow"),
-                                keras=version("keras"),
-                                torch=version("torch") if has_torch else None),
+        "machine": machine_info(tensorflow=package_version("tensorflow-cpu") or package_version("tensorflow"),
+                                keras=package_version("keras"),
+                                torch=package_version("torch") if has_torch else None),
         "threads": {"tf_intra_op": args.threads, "tf_inter_op": args.threads,
                     **({"torch_intra_op": args.threads, "torch_inter_op": args.threads}
                        if has_torch else {})},

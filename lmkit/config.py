@@ -54,6 +54,8 @@ LEGACY_BACKEND_KEY = "use_horovod"
 MODEL_CONFIG_KEYS = ("model", "vocab_size", "hidden_size", "num_layers", "init_scale", "keep_prob",
                      "forget_bias", "tie_weights", "embedding_dim", "num_heads", "ffn_dim",
                      "max_positions", "pre_layer_norm")
+# The keys that shape a LoRA run's adapters (what its checkpoints hold): fixed for the run, like the model's.
+ADAPTER_KEYS = ("lora_rank", "lora_alpha", "lora_targets")
 
 
 def _map_legacy_backend(values: Mapping[str, Any], source: str) -> Mapping[str, Any]:
@@ -135,7 +137,11 @@ class TrainConfig:
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
     min_count: int = 1  # word tokenizer: drop words seen fewer times
     spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: vocab_size)
-    init_from: str = ""  # a Hugging Face GPT-2 folder: its weights, sizes and tokenizer start the run
+    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral folder: its weights, sizes and tokenizer start the run
+    lora_rank: int = 0  # with init_from: train rank-r adapters only, the base frozen (0 = full fine-tuning)
+    lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # on the adapters' inputs while training
+    lora_targets: str = ""  # comma-separated Linear layer names ("" = the model's: llama query,value; gpt2 qkv)
     # --- distributed -------------------------------------------------------
     backend: str = "auto"  # auto | horovod | native | local (lmkit.distributed.BACKENDS)
     num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)
@@ -260,6 +266,15 @@ class TrainConfig:
             bad("spm_model_type", f"is not one of {', '.join(SPM_MODEL_TYPES)}")
         if self.tokenizer == "hf" and not self.init_from:
             bad("tokenizer", "comes with a pretrained model; pass --init_from <a Hugging Face model folder>")
+        if self.lora_rank < 0:
+            bad("lora_rank", "must be >= 0 (0 = full fine-tuning)")
+        if self.lora_rank and not self.init_from:
+            bad("lora_rank", "adapts a pretrained model; pass --init_from <a Hugging Face model folder> "
+                "(or lora_rank = 0 to train every weight)")
+        if self.lora_alpha <= 0:
+            bad("lora_alpha", "must be > 0 (the update is scaled by lora_alpha / lora_rank)")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            bad("lora_dropout", "must be in [0, 1)")
         if self.init_from and (self.model not in PRETRAINED_MODELS or self.data != "text"):
             bad("init_from", "starts a pretrained (gpt2 or llama) model on text data; pass --train_file (and leave model to "
                 "--init_from)")

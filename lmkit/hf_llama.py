@@ -325,6 +325,53 @@ def export_llama(model: Any, source: Optional[str], output: str) -> List[str]:
     return write_folder(output, fill)
 
 
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def export_llama_adapters(model: Any, source: Optional[str], output: str) -> List[str]:
+    """Writes a LoRA run's adapters alone as a PEFT adapter folder (``adapter_config.json``,
+    ``adapter_model.safetensors``): ``peft.PeftModel.from_pretrained(base, output)`` on the
+    ``source`` model computes what the run computes.
+
+    Raises:
+      UsageError: a model without adapters (a run trained without ``lora_rank``),
+        or an ``output`` that exists and is not empty.
+    """
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lmkit.hf import check_new_folder, write_folder
+    from lmkit.modules.lora import linear_layers, lora_of
+    lora = lora_of(model)
+    if lora is None:
+        raise UsageError("export --format peft writes LoRA adapters, and this run has none (it trained every "
+                         "weight); train with --lora_rank, or export --format hf")
+    check_new_folder(output)
+    owners = {id(layer.kernel): layer for _, layer in linear_layers(model)}
+    tensors: Dict[str, Any] = {}
+    targets = set()
+    for name, (variable, _) in parameter_map(model).items():
+        layer = owners.get(id(variable))
+        if layer is None or layer.adapter is None or not name.endswith(".weight"):
+            continue
+        module = name[:-len(".weight")]
+        targets.add(module.rsplit(".", 1)[1])
+        # PEFT's nn.Linear layouts: lora_A [rank, in], lora_B [out, rank]; lmkit's a [in, rank], b [rank, out].
+        tensors[f"base_model.model.{module}.lora_A.weight"] = np.ascontiguousarray(layer.adapter.a.numpy().T)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = np.ascontiguousarray(layer.adapter.b.numpy().T)
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": source or None,
+              "r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+              "target_modules": sorted(targets), "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+              "use_rslora": False, "init_lora_weights": True, "modules_to_save": None}
+
+    def fill(tmp: str) -> None:
+        save_file(tensors, os.path.join(tmp, ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(tmp, ADAPTER_CONFIG), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2)
+
+    return write_folder(output, fill)
+
+
 # The llama, qwen2 and mistral entries of lmkit.hf.FAMILIES.
 read_config = read_llama_config
 load = load_llama

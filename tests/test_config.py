@@ -58,6 +58,10 @@ def test_missing_key_is_named(tmp_path):
     ({"keep_prob": 1.5}, r"keep_prob = 1.5 must be in \(0, 1\]"),
     ({"model": "rnn"}, "model = 'rnn' is not one of lstm, gru, transformer"),
     ({"lr_scaling": "cubic"}, "lr_scaling = 'cubic' is not one of none, linear, sqrt"),
+    ({"lora_rank": 8}, "lora_rank = 8 adapts a pretrained model; pass --init_from"),
+    ({"lora_rank": -1}, "lora_rank = -1 must be >= 0"),
+    ({"lora_alpha": 0.0}, "lora_alpha = 0.0 must be > 0"),
+    ({"lora_dropout": 1.0}, r"lora_dropout = 1.0 must be in \[0, 1\)"),
 ])
 def test_bad_values_are_rejected_not_coerced(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -10,7 +10,14 @@ and the tokenizer files (``tokenizer.json``, ``vocab.json``, ``merges.txt``,
 of GPT-2's shape with a Hugging Face tokenizer (a run started with ``lmkit
 train --init_from``), or a Llama/Qwen2/Mistral fine-tune, written with its
 source folder's config, tokenizer and chat template
-(``AutoModelForCausalLM.from_pretrained(output)``). The folder appears
+(``AutoModelForCausalLM.from_pretrained(output)``). A LoRA run
+(``--lora_rank``) exports with its adapters merged into the weights.
+
+    lmkit export --model_dir runs/lora --format peft --output adapters
+
+writes a LoRA run's adapters alone as a PEFT adapter folder
+(``adapter_config.json``, ``adapter_model.safetensors``), for
+``peft.PeftModel.from_pretrained(base_model, output)``. Either folder appears
 whole or not at all.
 
 Exit status: 0 done, 2 bad input (one ``error:`` line), 1 a crash.
@@ -25,19 +32,21 @@ from lmkit.layout import resolve_checkpoint
 
 __all__ = ["FORMATS", "build_parser", "main"]
 
-FORMATS = ("hf",)
+FORMATS = ("hf", "peft")
 
 
 def build_parser(prog: str = "lmkit export"):
     p = model_dir_parser(prog, __doc__)
     p.add_argument("--format", choices=FORMATS, default="hf",
-                   help="hf: a Hugging Face folder (safetensors, config.json, tokenizer files)")
+                   help="hf: a Hugging Face folder (safetensors, config.json, tokenizer files; LoRA "
+                        "adapters merged); peft: a LoRA run's adapters alone, as a PEFT adapter folder")
     p.add_argument("--output", required=True, help="the folder to write (new, or empty)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> int:
     """Exports as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
+    from lmkit.errors import UsageError
     from lmkit.hf import check_new_folder
 
     args = build_parser(prog).parse_args(argv)
@@ -51,6 +60,19 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
     from lmkit.train.checkpoint import load_model
 
     dist.init(backend="local")
+    if args.format == "peft":
+        from lmkit.train.checkpoint import read_config_dict
+        saved = read_config_dict(args.model_dir)
+        if saved.get("model") != "llama" or not saved.get("lora_rank"):
+            raise UsageError(f"export --format peft writes the LoRA adapters of a Llama/Qwen2/Mistral run; "
+                             f"{args.model_dir} is a {saved.get('model')!r} run with lora_rank = "
+                             f"{saved.get('lora_rank', 0)}: train with --init_from FOLDER --lora_rank R, or "
+                             "use --format hf")
+        from lmkit.hf_llama import export_llama_adapters
+        model, _, config = load_model(args.model_dir, checkpoint, merge_adapters=False)
+        files = export_llama_adapters(model, config.init_from, args.output)
+        print(f"wrote {args.output}: {', '.join(files)}", flush=True)
+        return 0
     model, tokenizer, config = load_model(args.model_dir, checkpoint)
     if config.model == "llama":  # a Llama, Qwen2 or Mistral fine-tune: its source folder's family
         from lmkit.hf_llama import export_llama

@@ -6,6 +6,7 @@
         --valid_file valid.txt --tokenizer sentencepiece --vocab_size 8000
     lmkit train --config config_transformer --model my_pkg.my_lm:MyLM --train_file train.txt
     mpirun -np 2 lmkit train --init_from gpt2_folder --train_file train.txt --model_dir runs/ft  # GPT-2
+    mpirun -np 2 lmkit train --init_from llama_folder --lora_rank 8 --train_file train.txt  # LoRA
     python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- lmkit train --backend native ...
 
 The config names the model and the data (``data = "ptb"`` or ``"text"``);
@@ -44,9 +45,20 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                         "config_transformer, config_gpt2_finetune, ...) or a path to a .py file; default "
                         "config_small, or config_gpt2_finetune with --init_from")
     p.add_argument("--init_from", default=None,
-                   help="fine-tune a pretrained GPT-2: a Hugging Face folder (config.json, model.safetensors, "
+                   help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral: a Hugging Face folder (config.json, model.safetensors, "
                         "tokenizer.json or vocab.json + merges.txt) or hf:<name> to download one (e.g. "
                         "hf:gpt2); its sizes, weights and tokenizer replace the config's; needs --train_file")
+    lora = p.add_argument_group("LoRA (with --init_from: train low-rank adapters, the base frozen)")
+    lora.add_argument("--lora_rank", type=int, default=None,
+                      help="the adapters' rank r (0 = train every weight); default: the config's lora_rank (0)")
+    lora.add_argument("--lora_alpha", type=float, default=None,
+                      help="the update is scaled by alpha / r; default: the config's lora_alpha (16)")
+    lora.add_argument("--lora_dropout", type=float, default=None,
+                      help="dropout on the adapters' inputs; default: the config's lora_dropout (0)")
+    lora.add_argument("--lora_targets", default=None,
+                      help="comma-separated linear layers to adapt (llama: query, key, value, output, gate, "
+                           "up, down; gpt2: qkv, output, ffn_inner, ffn_outer); default: the model's "
+                           "(llama query,value; gpt2 qkv)")
     p.add_argument("--model", default=None,
                    help="the model: a registered name (lstm, gru, transformer) or your own class "
                         "as package.module:Class; default: the config's model")
@@ -141,7 +153,8 @@ def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, An
              "sampling": args.sampling, "tokenizer": args.tokenizer,
              "vocab_size": args.vocab_size, "max_vocab": args.max_vocab, "min_count": args.min_count,
              "spm_model_type": args.spm_model_type, "precision": args.precision,
-             "grad_accum_steps": args.grad_accum_steps}
+             "grad_accum_steps": args.grad_accum_steps, "lora_rank": args.lora_rank,
+             "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets}
     overrides.update({k: v for k, v in named.items() if v is not None})
     if args.train_file is not None:
         overrides["data"] = "text"
@@ -173,6 +186,7 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
         return load_config(args.config, overrides)
     from lmkit.hf import pretrained_training_config, resolve_source
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
+    overrides["init_from"] = os.path.abspath(folder)  # checked with the keys that need it (lora_rank)
     return pretrained_training_config(load_config(args.config, overrides), folder)  # --train_file: data = "text"
 
 
@@ -195,7 +209,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     from lmkit import distributed as dist
     from lmkit.checks import check_divisible
     from lmkit.cli.data import load_run_data
-    from lmkit.models import build_model, model_class
+    from lmkit.lora import build_run_model, describe_lora
+    from lmkit.models import model_class
     from lmkit.train import Trainer
     from lmkit.train.accumulation import micro_batch_rows
 
@@ -220,10 +235,10 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     import tensorflow as tf
     tf.random.set_seed(config.seed)  # same initial values everywhere; rank 0's win anyway
     with dist.scope():  # DIST: native backend: one copy of each variable per replica
-        model = build_model(config.model_config())
-        if config.init_from:  # the pretrained weights (a checkpoint in --model_dir, if any, wins when fit resumes)
-            from lmkit.hf import load_pretrained_weights
-            load_pretrained_weights(model, config.init_from)
+        # The pretrained weights, if any (a checkpoint in --model_dir wins when fit resumes), and the adapters.
+        model = build_run_model(config)
+    if config.lora_rank:
+        log(describe_lora(model))
     trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
     result = trainer.fit(data.train, data.valid, data.test, max_steps=args.max_steps,
                          num_epochs=args.num_epochs, words=data.words)

@@ -58,10 +58,13 @@ class LanguageModel(Module):
     Attributes:
       vocab_size: size of the output distribution.
       stateful: True when the state carries across BPTT windows.
+      lora_targets: the names of the Linear layers ``lora_rank`` adapts when
+        ``lora_targets`` is not set (:func:`lmkit.modules.lora.add_lora`).
     """
 
     vocab_size: int
     stateful: bool
+    lora_targets: Tuple[str, ...] = ()
 
     def initial_state(self, batch_size: Union[int, tf.Tensor], max_length: Optional[int] = None) -> State:
         """The state before the first token: a nest of [batch, ...] tensors."""

@@ -41,6 +41,7 @@ class LlamaLanguageModel(LanguageModel):
     """
 
     stateful = False
+    lora_targets = ("query", "value")  # PEFT's default for Llama models (q_proj, v_proj)
 
     def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int = 2, num_heads: int = 4,
                  num_kv_heads: int = 0, head_dim: int = 0, ffn_dim: int = 0, max_positions: int = 2048,

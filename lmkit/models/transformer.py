@@ -39,6 +39,7 @@ class TransformerLanguageModel(LanguageModel):
     """
 
     stateful = False
+    lora_targets = ("qkv",)  # GPT-2's c_attn, PEFT's default for GPT-2
 
     def __init__(self,
                  *,

@@ -9,6 +9,7 @@ from lmkit.modules.base import (Linear, Module, dropout, ones_initializer, unifo
 from lmkit.modules.embedders import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.modules.llama import (GatedFeedForward, GroupedQueryAttention, LlamaDecoder, LlamaLayer, RMSNorm,
                                  RotaryEmbedding)
+from lmkit.modules.lora import LoRAAdapter, add_lora, frozen, merge_lora
 from lmkit.modules.projection import OutputProjection
 from lmkit.modules.rnn import (GRUCell, LSTMCell, LSTMState, RecurrentCell, RNNDecoder, StackedRNN,
                                unroll)
@@ -26,6 +27,7 @@ __all__ = [
     "Linear",
     "LlamaDecoder",
     "LlamaLayer",
+    "LoRAAdapter",
     "Module",
     "MultiHeadAttention",
     "OutputProjection",
@@ -40,7 +42,10 @@ __all__ = [
     "TransformerLayer",
     "TransformerState",
     "WordEmbedder",
+    "add_lora",
     "dropout",
+    "frozen",
+    "merge_lora",
     "ones_initializer",
     "uniform_initializer",
     "unroll",

@@ -193,8 +193,11 @@ class Linear(Module):
     """``y = x @ kernel + bias`` over the last axis of an input of any rank.
 
     Variables: ``kernel`` [input_size, output_size] and, with ``use_bias``,
-    ``bias`` [output_size].
+    ``bias`` [output_size]. ``adapter``: None, or a low-rank update added to
+    the output (:func:`lmkit.modules.lora.add_lora` sets it).
     """
+
+    adapter: Optional[Any] = None
 
     def __init__(self,
                  *,
@@ -232,17 +235,21 @@ class Linear(Module):
             if self.use_bias:
                 self.bias = tf.Variable(bias_initializer([output_size], tf.float32), name="bias")
 
-    def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
+    def __call__(self, inputs: tf.Tensor, training: Training = False) -> tf.Tensor:
         """Applies the layer.
 
         Args:
           inputs: [..., input_size] float (float32, or the compute dtype of
             a mixed-precision policy).
+          training: passed to the adapter (its dropout), if there is one.
 
         Returns:
           [..., output_size] in the input's dtype.
         """
-        return matmul_last_axis(inputs, self.kernel, self.bias if self.use_bias else None)
+        outputs = matmul_last_axis(inputs, self.kernel, self.bias if self.use_bias else None)
+        if self.adapter is not None:
+            outputs = outputs + self.adapter(inputs, training)
+        return outputs
 
     def get_config(self) -> Dict[str, Any]:
         return {"input_size": self.input_size, "output_size": self.output_size,

@@ -195,8 +195,10 @@ class GatedFeedForward(Module):
             self.down = Linear(input_size=ffn_dim, output_size=dim, use_bias=False, init_scale=init_scale,
                                name="down")
 
-    def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
-        return self.down(_ACTIVATIONS[self.activation](self.gate(inputs)) * self.up(inputs))
+    def __call__(self, inputs: tf.Tensor, training: Training = False) -> tf.Tensor:
+        """inputs [..., dim] -> [..., dim]; ``training`` reaches the layers' adapters (LoRA dropout)."""
+        gated = _ACTIVATIONS[self.activation](self.gate(inputs, training)) * self.up(inputs, training)
+        return self.down(gated, training)
 
     def get_config(self) -> Dict[str, Any]:
         return {"dim": self.dim, "ffn_dim": self.ffn_dim, "activation": self.activation,
@@ -310,9 +312,9 @@ class GroupedQueryAttention(Module):
             query_positions = tf.cast(positions, tf.int32)[:, tf.newaxis] + tf.range(length)[tf.newaxis, :]
         cos, sin = self.rotary.cos_sin(query_positions)  # [1 or batch, time, head_dim]
         cos, sin = cos[:, tf.newaxis], sin[:, tf.newaxis]  # broadcast over heads
-        queries = self.rotary.rotate(self._heads(self.query(inputs), self.num_heads), cos, sin)
-        keys = self.rotary.rotate(self._heads(self.key(inputs), self.num_kv_heads), cos, sin)
-        values = self._heads(self.value(inputs), self.num_kv_heads)
+        queries = self.rotary.rotate(self._heads(self.query(inputs, training), self.num_heads), cos, sin)
+        keys = self.rotary.rotate(self._heads(self.key(inputs, training), self.num_kv_heads), cos, sin)
+        values = self._heads(self.value(inputs, training), self.num_kv_heads)
         if cache is not None:
             cache = write_cache(cache, keys, values, query_positions)
             keys, values = cache  # [batch, kv_heads, max_length, head_dim]
@@ -329,7 +331,7 @@ class GroupedQueryAttention(Module):
         context = tf.matmul(tf.reshape(probs, [batch, self.num_kv_heads, group * length, key_count]), values)
         context = tf.reshape(context, [batch, self.num_heads, length, self.head_dim])
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.num_heads * self.head_dim])
-        return self.output(context), cache
+        return self.output(context, training), cache
 
     def get_config(self) -> Dict[str, Any]:
         return {"dim": self.dim, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
@@ -373,7 +375,7 @@ class LlamaLayer(Module):
                  positions: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         attended, cache = self.attention(self.attention_norm(inputs), training, cache, positions)
         x = inputs + dropout(attended, self.dropout, training)
-        x = x + dropout(self.ffn(self.ffn_norm(x)), self.dropout, training)
+        x = x + dropout(self.ffn(self.ffn_norm(x), training), self.dropout, training)
         return x, cache
 
     def get_config(self) -> Dict[str, Any]:

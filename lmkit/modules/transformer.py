@@ -209,7 +209,7 @@ class MultiHeadAttention(Module):
         """
         batch = tf.shape(inputs)[0]
         length = tf.shape(inputs)[1]
-        qkv = self.qkv(inputs)  # [batch, time, 3 * dim]
+        qkv = self.qkv(inputs, training)  # [batch, time, 3 * dim]
         qkv = tf.reshape(qkv, [batch, length, 3, self.num_heads, self.head_dim])
         # each [batch, heads, time, head_dim]
         queries, keys, values = tf.unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]))
@@ -238,7 +238,7 @@ class MultiHeadAttention(Module):
         probs = dropout(probs, self.dropout, training)
         context = tf.matmul(probs, values)  # [batch, heads, time, head_dim]
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.dim])
-        return self.output(context), cache
+        return self.output(context, training), cache
 
     def get_config(self) -> Dict[str, Any]:
         return {"dim": self.dim, "num_heads": self.num_heads, "dropout": self.dropout,
@@ -306,8 +306,8 @@ class TransformerLayer(Module):
             self.ffn_outer = Linear(input_size=ffn_dim, output_size=dim, init_scale=init_scale, name="ffn_outer")
             self.ffn_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="ffn_norm")
 
-    def _feed_forward(self, x: tf.Tensor) -> tf.Tensor:
-        return self.ffn_outer(_ACTIVATIONS[self.activation](self.ffn_inner(x)))  # [batch, time, dim]
+    def _feed_forward(self, x: tf.Tensor, training: Training = False) -> tf.Tensor:
+        return self.ffn_outer(_ACTIVATIONS[self.activation](self.ffn_inner(x, training)), training)  # [b, t, dim]
 
     def __call__(self,
                  inputs: tf.Tensor,
@@ -323,11 +323,11 @@ class TransformerLayer(Module):
         if self.pre_layer_norm:
             attended, cache = self.attention(self.attention_norm(x), training, cache, positions)
             x = x + dropout(attended, self.dropout, training)
-            x = x + dropout(self._feed_forward(self.ffn_norm(x)), self.dropout, training)
+            x = x + dropout(self._feed_forward(self.ffn_norm(x), training), self.dropout, training)
         else:
             attended, cache = self.attention(x, training, cache, positions)
             x = self.attention_norm(x + dropout(attended, self.dropout, training))
-            x = self.ffn_norm(x + dropout(self._feed_forward(x), self.dropout, training))
+            x = self.ffn_norm(x + dropout(self._feed_forward(x, training), self.dropout, training))
         return x, cache
 
     def get_config(self) -> Dict[str, Any]:

@@ -113,13 +113,18 @@ def read_config_dict(model_dir: str) -> Dict[str, Any]:
         return json.load(f)
 
 
-def load_model(model_dir: str, checkpoint: Optional[str] = None):
+def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters: bool = True):
     """Rebuilds a trained model from its model directory, for generation and evaluation.
+
+    A LoRA run (``lora_rank`` > 0) is its base, read from the ``init_from``
+    folder again, with the checkpoint's adapters: merged into the base's
+    kernels (a plain model) unless ``merge_adapters`` is False.
 
     Args:
       model_dir: the ``--model_dir`` of a training run (single-process or
         distributed: both write the same layout).
       checkpoint: a specific ``ckpt-<step>`` folder; default the latest.
+      merge_adapters: a LoRA run's adapters merged (True) or kept apart.
 
     Returns:
       ``(model, tokenizer, config)``: the tokenizer the run saved (a PTB
@@ -132,12 +137,15 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None):
     """
     from lmkit.config import TrainConfig
     from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.models import build_model
+    from lmkit.lora import build_run_model
+    from lmkit.modules.lora import lora_of, merge_lora
 
     config = TrainConfig.from_dict(read_config_dict(model_dir), source=f"{model_dir}/{CONFIG_FILE}")
     tokenizer = tokenizer_of_run(model_dir)
-    model = build_model(config.model_config())
-    ckpt = tf.train.Checkpoint(model=model)
+    # A LoRA run's checkpoints hold its adapters alone: the base comes from init_from.
+    model = build_run_model(config, load_pretrained=bool(config.lora_rank))
+    lora = lora_of(model)
+    ckpt = tf.train.Checkpoint(model=model if lora is None else lora)
     path = checkpoint or CheckpointManager(os.path.join(model_dir, CHECKPOINT_DIR), ckpt).latest()
     if path is None:
         raise UsageError(f"{model_dir}/{CHECKPOINT_DIR} holds no complete checkpoint; "
@@ -148,4 +156,6 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None):
         raise CheckpointError(f"the checkpoint {path} does not match {model_dir}/{CONFIG_FILE} "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
                               "pass the --model_dir of one training run, unchanged") from None
+    if merge_adapters:
+        merge_lora(model)
     return model, tokenizer, config

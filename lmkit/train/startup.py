@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from typing import Any, Dict, Optional
 
 from lmkit import distributed as dist
+from lmkit.config import ADAPTER_KEYS, MODEL_CONFIG_KEYS
 from lmkit.data.vocab import Vocab
 from lmkit.errors import CheckpointError, UsageError
 from lmkit.fileio import atomic_write_text
@@ -68,8 +71,13 @@ def _check_stored(model_dir: str, config: Any, vocab: Any) -> None:
     """An earlier run's config and vocabulary in ``model_dir`` must match this run's."""
     if os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
         stored = read_config_dict(model_dir)
-        mine = config.model_config()
-        diff = {k: (stored.get(k), v) for k, v in mine.items() if stored.get(k) != v}
+        defaults = {f.name: f.default for f in dataclasses.fields(config)}
+        # The model's shape (model_params merged, as model_config() does) and its adapters.
+        theirs = {**{k: stored.get(k) for k in MODEL_CONFIG_KEYS}, **(stored.get("model_params") or {}),
+                  **{k: stored.get(k, defaults[k]) for k in ADAPTER_KEYS}}
+        # As config.json stores them (tuples as lists).
+        mine = json.loads(json.dumps({**config.model_config(), **{k: getattr(config, k) for k in ADAPTER_KEYS}}))
+        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if diff:
             k, (old, new) = sorted(diff.items())[0]
             raise CheckpointError(

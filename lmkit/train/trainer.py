@@ -47,6 +47,7 @@ from lmkit.errors import NonFiniteError, PreemptedError, UsageError
 from lmkit.fileio import atomic_write_text
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
 from lmkit.losses import window_loss
+from lmkit.modules.lora import lora_of
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
 from lmkit.train.checkpoint import CheckpointManager
@@ -131,6 +132,12 @@ class Trainer:
         self._watchdog = Watchdog(self.rank, 0.0)  # armed by fit() when there are peers
         self._bptt: Optional[Tuple[np.ndarray, np.ndarray]] = None
         self._tokens_per_word: Dict[str, float] = {}
+
+    @property
+    def _saved_model(self) -> tf.Module:
+        """What the checkpoints hold of the model: the LoRA adapters alone (the base is its own folder), or all of it."""
+        lora = lora_of(self.model)
+        return self.model if lora is None else lora
 
     def log(self, text: str) -> None:
         """Prints ``text`` on rank 0."""
@@ -385,7 +392,7 @@ class Trainer:
         self._checkpoints = Checkpointer(self._checkpoint_manager(), self.progress, self.world, self.log,
                                          self._watchdog.beat, self.loss_scale)
         result.resumed_from, position = self._checkpoints.restore(
-            list(self.model.variables) + list(self.optimizer.variables), self.initial_state(), cfg.seed)
+            list(self._saved_model.variables) + list(self.optimizer.variables), self.initial_state(), cfg.seed)
         if result.resumed_from:
             epoch = int(self.progress.epoch.numpy())
             self.log(f"resumed from {result.resumed_from} (epoch {epoch}, step "
@@ -490,7 +497,7 @@ class Trainer:
     def _checkpoint_manager(self) -> Optional[CheckpointManager]:
         if self.model_dir is None:
             return None
-        ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, progress=self.progress)
+        ckpt = tf.train.Checkpoint(model=self._saved_model, optimizer=self.optimizer, progress=self.progress)
         return CheckpointManager(os.path.join(self.model_dir, CHECKPOINT_DIR), ckpt,
                                  keep=self.config.keep_checkpoints)
 

@@ -104,3 +104,20 @@ def test_a_closed_output_ends_a_command_quietly_with_the_sigpipe_status():
             "run_main(main, [])\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 141 and res.stdout == "one line\n" and res.stderr == ""
+
+
+def test_lora_flags_reach_the_config_with_a_pretrained_folder(tmp_path):
+    import json
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": 50, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 1024}))
+    flags = ["--init_from", str(folder), "--train_file", "t.txt", "--lora_rank", "8", "--lora_alpha", "32",
+             "--lora_dropout", "0.1", "--lora_targets", "query,key,down"]
+    config = config_from_args(build_parser().parse_args(flags))
+    assert (config.model, config.init_from) == ("llama", str(folder))
+    assert (config.lora_rank, config.lora_alpha, config.lora_dropout, config.lora_targets) == (
+        8, 32.0, 0.1, "query,key,down")
+    with pytest.raises(ConfigError, match="lora_rank = 4 adapts a pretrained model; pass --init_from"):
+        config_from_args(build_parser().parse_args(["--train_file", "t.txt", "--lora_rank", "4"]))

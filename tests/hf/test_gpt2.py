@@ -300,3 +300,28 @@ def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, 
                      r"[\d.]+ s, \d+ tokens/sec", res.stderr), res.stderr[-2000:]
     line = res.stdout.strip().splitlines()[-1]
     assert line.startswith("[0.0] " + PROMPTS[0]) and len(line) > len("[0.0] " + PROMPTS[0])
+
+
+def test_lora_on_gpt2_starts_as_the_base_and_exports_merged(folder, loaded, tmp_path):
+    """A LoRA run of a GPT-2 folder as lmkit train builds it: base frozen, adapters on qkv, merged on export."""
+    from lmkit.config import load_config
+    from lmkit.lora import build_run_model
+    from lmkit.modules.lora import lora_of, merge_lora
+    config = hf.pretrained_training_config(load_config("config_gpt2_finetune", {
+        "data": "text", "train_file": "t.txt", "init_from": folder, "lora_rank": 2, "num_steps": 16}), folder)
+    model = build_run_model(config)
+    lora = lora_of(model)
+    assert sorted(lora.adapters) == ["decoder/layers/0/attention/qkv", "decoder/layers/1/attention/qkv"]
+    assert {v.ref() for v in model.trainable_variables} == {v.ref() for v in lora.variables}
+    ids = loaded[1].encode(PROMPTS[1])
+    np.testing.assert_allclose(model(tf.constant([ids]))[0].numpy()[0], reference_logits(folder, ids),
+                               atol=1e-4, rtol=0)  # B = 0: the base
+    for i, adapter in enumerate(lora.adapters.values()):
+        adapter.b.assign(tf.random.stateless_normal(adapter.b.shape, [i, 7], stddev=0.5))
+    adapted = model(tf.constant([ids]))[0].numpy()[0]
+    merge_lora(model)
+    out = str(tmp_path / "merged")
+    hf.export_gpt2(model, loaded[1], out, dropout=0.0)
+    theirs = reference_logits(out, ids)
+    np.testing.assert_allclose(theirs, adapted, atol=1e-4, rtol=0)
+    assert np.abs(theirs - reference_logits(folder, ids)).max() > 1e-2

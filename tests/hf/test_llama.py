@@ -231,3 +231,8 @@ def test_generate_and_fine_tune_a_llama_folder_from_the_command_line(tmp_path):
         theirs = LlamaForCausalLM.from_pretrained(exported).eval()(torch.tensor(IDS)).logits.numpy()
     np.testing.assert_allclose(model_two(tf.constant(IDS))[0].numpy(), theirs, atol=1e-4, rtol=1e-4)
     assert AutoTokenizer.from_pretrained(exported)(prompt)["input_ids"] == tokenizer(prompt)["input_ids"]
+    # A run without adapters has none to export alone: one clear error, nothing written.
+    res = _lmkit("export", "--model_dir", two, "--format", "peft", "--output", str(tmp_path / "adapters"))
+    assert res.returncode == 2 and not os.path.exists(tmp_path / "adapters")
+    assert res.stderr.strip().splitlines()[-1].startswith("error: export --format peft writes the LoRA adapters"), \
+        res.stderr[-2000:]

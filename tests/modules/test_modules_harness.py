@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from lmkit import losses, models
 from lmkit.modules import (GatedFeedForward, GroupedQueryAttention, GRUCell, LayerNorm, Linear, LlamaDecoder,
-                           LlamaLayer, LSTMCell, MultiHeadAttention, OutputProjection, PositionEmbedder, RMSNorm,
+                           LlamaLayer, LoRAAdapter, LSTMCell, MultiHeadAttention, OutputProjection, PositionEmbedder, RMSNorm,
                            RNNDecoder, RotaryEmbedding, SinusoidsPositionEmbedder, StackedRNN, TransformerDecoder,
                            TransformerLayer, WordEmbedder)
 
@@ -26,6 +26,13 @@ def _ids(*shape, seed=0):
 
 def _names(prefix, *suffixes):
     return [f"{prefix}/{s}:0" for s in suffixes]
+
+
+def _adapter():
+    """An adapter whose B is not zero yet (as after training): A gets a gradient too."""
+    adapter = LoRAAdapter(input_size=3, output_size=4, rank=2, alpha=4.0, dropout=0.1, name="lora")
+    adapter.b.assign(_floats(2, 4, seed=3))
+    return adapter
 
 
 def _lm_loss(outputs):
@@ -67,6 +74,9 @@ CASES = [
         id="Linear", build=lambda: Linear(input_size=3, output_size=4, name="linear"),
         inputs=lambda: (_floats(B, T, 3),), forward=lambda m, i, t: m(*i),
         variables=_names("linear", "kernel", "bias"), shapes=[(B, T, 4)]),
+    ModuleCase(
+        id="LoRAAdapter", build=lambda: _adapter(), inputs=lambda: (_floats(B, T, 3),),
+        forward=lambda m, i, t: m(i[0], training=t), variables=_names("lora", "a", "b"), shapes=[(B, T, 4)]),
     ModuleCase(
         id="WordEmbedder", build=lambda: WordEmbedder(vocab_size=VOCAB, dim=4, dropout=0.2, name="words"),
         inputs=lambda: (_ids(B, T),), forward=lambda m, i, t: m(i[0], training=t),
