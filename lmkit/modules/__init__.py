@@ -6,6 +6,8 @@ Every module creates its variables in ``__init__``, works eagerly and under
 
 from lmkit.modules.base import (Linear, Module, dropout, ones_initializer, uniform_initializer,
                                 zeros_initializer)
+from lmkit.modules.encoder_decoder import (CrossAttentionLayer, Memory, MemoryAttention, TransformerCrossDecoder,
+                                           TransformerEncoder, TransformerEncoderLayer)
 from lmkit.modules.embedders import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.modules.llama import (GatedFeedForward, GroupedQueryAttention, LlamaDecoder, LlamaLayer, RMSNorm,
                                  RotaryEmbedding)
@@ -18,12 +20,15 @@ from lmkit.modules.transformer import (AttentionCache, LayerNorm, MultiHeadAtten
 
 __all__ = [
     "AttentionCache",
+    "CrossAttentionLayer",
     "GRUCell",
     "GatedFeedForward",
     "GroupedQueryAttention",
     "LSTMCell",
     "LSTMState",
     "LayerNorm",
+    "Memory",
+    "MemoryAttention",
     "Linear",
     "LlamaDecoder",
     "LlamaLayer",
@@ -38,7 +43,10 @@ __all__ = [
     "RotaryEmbedding",
     "SinusoidsPositionEmbedder",
     "StackedRNN",
+    "TransformerCrossDecoder",
     "TransformerDecoder",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "TransformerLayer",
     "TransformerState",
     "WordEmbedder",

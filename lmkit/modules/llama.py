@@ -21,13 +21,13 @@ import tensorflow as tf
 from lmkit.errors import UsageError
 from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
                                 check_rate, dropout, ones_initializer)
-from lmkit.modules.transformer import AttentionCache, TransformerState, run_layers, write_cache
+from lmkit.modules.transformer import (AttentionCache, TransformerState, attend, empty_state, run_layers,
+                                       write_cache)
 from lmkit.precision import cast_like
 
 __all__ = ["GatedFeedForward", "GroupedQueryAttention", "LlamaDecoder", "LlamaLayer", "RMSNorm",
            "RotaryEmbedding", "ROPE_TYPES"]
 
-_MASK_VALUE = -1.0e9  # exp() underflows to exactly 0 in float32
 
 _ACTIVATIONS = {"silu": tf.nn.silu, "gelu": lambda x: tf.nn.gelu(x, approximate=True)}
 
@@ -321,14 +321,11 @@ class GroupedQueryAttention(Module):
         key_count = tf.shape(keys)[2]
         mask = attention_mask(query_positions, key_count, self.sliding_window)  # [1|b, 1, time, keys]
         group = self.num_heads // self.num_kv_heads
-        # Queries of one group share their key/value head: [batch, kv, group * time, head_dim].
+        # Queries of one group share their key/value head: [batch, kv, group * time, head_dim],
+        # the group's rows one after the other, each with the window's mask.
         grouped = tf.reshape(queries * (1.0 / math.sqrt(self.head_dim)),
                              [batch, self.num_kv_heads, group * length, self.head_dim])
-        scores = tf.matmul(grouped, keys, transpose_b=True)  # [batch, kv, group * time, keys]
-        scores = tf.reshape(scores, [batch, self.num_heads, length, key_count])
-        scores = tf.where(mask, tf.cast(scores, tf.float32), _MASK_VALUE)
-        probs = dropout(cast_like(tf.nn.softmax(scores, axis=-1), values), self.dropout, training)
-        context = tf.matmul(tf.reshape(probs, [batch, self.num_kv_heads, group * length, key_count]), values)
+        context = attend(grouped, keys, values, tf.tile(mask, [1, 1, group, 1]), self.dropout, training)
         context = tf.reshape(context, [batch, self.num_heads, length, self.head_dim])
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.num_heads * self.head_dim])
         return self.output(context, training), cache
@@ -421,11 +418,7 @@ class LlamaDecoder(Module):
 
     def initial_state(self, batch_size: Union[int, tf.Tensor], max_length: Optional[int] = None) -> TransformerState:
         """An empty cache of ``max_length`` (default ``max_positions``) positions."""
-        max_length = self.max_positions if max_length is None else check_positive_int("max_length", max_length)
-        if max_length > self.max_positions:
-            raise UsageError(f"max_length {max_length} exceeds max_positions {self.max_positions}")
-        return TransformerState(tf.zeros([batch_size], tf.int32),
-                                tuple(layer.attention.initial_cache(batch_size, max_length) for layer in self.layers))
+        return empty_state([layer.attention for layer in self.layers], batch_size, max_length, self.max_positions)
 
     def __call__(self, inputs: tf.Tensor, state: Optional[TransformerState] = None,
                  training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:

@@ -14,7 +14,7 @@ a gather), and rows may sit at different positions.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -25,12 +25,18 @@ from lmkit.modules.base import (Linear, Module, Training, check_positive_float, 
 from lmkit.precision import cast_like
 
 __all__ = [
+    "ACTIVATIONS",
     "AttentionCache",
     "LayerNorm",
     "MultiHeadAttention",
     "TransformerDecoder",
     "TransformerLayer",
+    "ResidualLayer",
     "TransformerState",
+    "attend",
+    "default_ffn_dim",
+    "empty_state",
+    "layer_stack",
     "run_layers",
     "write_cache",
 ]
@@ -38,10 +44,32 @@ __all__ = [
 # Added to masked scores; exp() of it underflows to exactly 0 in float32.
 _MASK_VALUE = -1.0e9
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu": lambda x: tf.nn.gelu(x, approximate=True),  # GPT-2's tanh approximation
     "relu": tf.nn.relu,
 }
+
+
+def attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, mask: Optional[tf.Tensor],
+           rate: float, training: Training) -> tf.Tensor:
+    """Scaled dot-product attention: softmax(queries keys^T) values, masked.
+
+    Args:
+      queries: [batch, heads, time, head_dim], already scaled by 1/sqrt(head_dim).
+      keys, values: [batch, heads, keys, head_dim].
+      mask: bool, broadcastable to [batch, heads, time, keys] (True = attend), or None.
+      rate: dropout on the attention probabilities while training.
+      training: apply dropout.
+
+    Returns:
+      [batch, heads, time, head_dim]. The mask and softmax run in float32
+      (mixed precision: -1e9 overflows float16).
+    """
+    scores = tf.cast(tf.matmul(queries, keys, transpose_b=True), tf.float32)  # [batch, heads, time, keys]
+    if mask is not None:
+        scores = tf.where(mask, scores, _MASK_VALUE)
+    probs = dropout(cast_like(tf.nn.softmax(scores, axis=-1), values), rate, training)
+    return tf.matmul(probs, values)
 
 
 class AttentionCache(NamedTuple):
@@ -231,12 +259,7 @@ class MultiHeadAttention(Module):
             mask = (tf.range(max_length)[tf.newaxis, tf.newaxis, :]
                     <= query_positions[:, :, tf.newaxis])[:, tf.newaxis]
 
-        scores = tf.matmul(queries, keys, transpose_b=True)  # [batch, heads, time, keys]
-        # The mask and softmax in float32 (mixed precision: -1e9 overflows float16).
-        scores = tf.where(mask, tf.cast(scores, tf.float32), _MASK_VALUE)
-        probs = cast_like(tf.nn.softmax(scores, axis=-1), values)
-        probs = dropout(probs, self.dropout, training)
-        context = tf.matmul(probs, values)  # [batch, heads, time, head_dim]
+        context = attend(queries, keys, values, mask, self.dropout, training)  # [batch, heads, time, head_dim]
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.dim])
         return self.output(context, training), cache
 
@@ -245,15 +268,16 @@ class MultiHeadAttention(Module):
                 "init_scale": self.init_scale, "name": self.name}
 
 
-class TransformerLayer(Module):
-    """Self-attention and a feed-forward block, each with a residual connection.
+class ResidualLayer(Module):
+    """What every transformer layer shares: an attention block and a feed-forward block (and, in
+    subclasses, blocks between them), each with a residual connection.
 
     Pre-layer-norm (GPT-2): ``x + drop(f(norm(x)))``; post-layer-norm
-    (Vaswani et al.): ``norm(x + drop(f(x)))``.
-
-    Variables: ``attention/...``, ``attention_norm/...``, ``ffn_inner``
-    (Linear dim -> ffn_dim), ``ffn_outer`` (Linear ffn_dim -> dim),
-    ``ffn_norm/...``.
+    (Vaswani et al.): ``norm(x + drop(f(x)))``. A subclass names its
+    attention (:meth:`_attention`) and any modules between the two blocks
+    (:meth:`_middle`); the variables are created in the order attention,
+    ``attention_norm``, the middle's, ``ffn_inner`` (Linear dim -> ffn_dim),
+    ``ffn_outer`` (Linear ffn_dim -> dim), ``ffn_norm``.
     """
 
     def __init__(self,
@@ -279,7 +303,7 @@ class TransformerLayer(Module):
           pre_layer_norm: normalize before (True) or after (False) each block.
           activation: ``"gelu"`` or ``"relu"``.
           init_scale: kernels from uniform(-init_scale, init_scale).
-          layer_norm_epsilon: added to the variance in both layer norms.
+          layer_norm_epsilon: added to the variance in every layer norm.
           name: module name.
 
         Raises:
@@ -293,21 +317,58 @@ class TransformerLayer(Module):
         self.dropout = check_rate("dropout", dropout)
         self.attention_dropout = check_rate(
             "attention_dropout", dropout if attention_dropout is None else attention_dropout)
-        if activation not in _ACTIVATIONS:
-            raise UsageError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
+        if activation not in ACTIVATIONS:
+            raise UsageError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
         self.activation = activation
         self.pre_layer_norm = bool(pre_layer_norm)
         self.init_scale = check_positive_float("init_scale", init_scale)
         with self.name_scope:
-            self.attention = MultiHeadAttention(dim=dim, num_heads=num_heads, dropout=self.attention_dropout,
-                                                init_scale=init_scale, name="attention")
+            self.attention = self._attention()
             self.attention_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="attention_norm")
+            self._middle()
             self.ffn_inner = Linear(input_size=dim, output_size=ffn_dim, init_scale=init_scale, name="ffn_inner")
             self.ffn_outer = Linear(input_size=ffn_dim, output_size=dim, init_scale=init_scale, name="ffn_outer")
             self.ffn_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="ffn_norm")
 
+    def _attention(self) -> Module:
+        """The first block's attention module (named ``attention``)."""
+        raise NotImplementedError
+
+    def _middle(self) -> None:
+        """Creates the modules of any blocks between attention and feed-forward (none here)."""
+
+    def _residual(self, x: tf.Tensor, norm: LayerNorm, block: Callable[[tf.Tensor], tf.Tensor],
+                  training: Training) -> tf.Tensor:
+        """``x + drop(block(norm(x)))`` (pre-LN) or ``norm(x + drop(block(x)))`` (post-LN)."""
+        if self.pre_layer_norm:
+            return x + dropout(block(norm(x)), self.dropout, training)
+        return norm(x + dropout(block(x), self.dropout, training))
+
     def _feed_forward(self, x: tf.Tensor, training: Training = False) -> tf.Tensor:
-        return self.ffn_outer(_ACTIVATIONS[self.activation](self.ffn_inner(x, training)), training)  # [b, t, dim]
+        return self.ffn_outer(ACTIVATIONS[self.activation](self.ffn_inner(x, training)), training)  # [b, t, dim]
+
+    def get_config(self) -> Dict[str, Any]:
+        return {"dim": self.dim, "num_heads": self.num_heads, "ffn_dim": self.ffn_dim,
+                "dropout": self.dropout, "attention_dropout": self.attention_dropout,
+                "pre_layer_norm": self.pre_layer_norm, "activation": self.activation,
+                "init_scale": self.init_scale, "layer_norm_epsilon": self.attention_norm.epsilon,
+                "name": self.name}
+
+
+class TransformerLayer(ResidualLayer):
+    """Causal self-attention and a feed-forward block, each with a residual connection.
+
+    Pre-layer-norm (GPT-2): ``x + drop(f(norm(x)))``; post-layer-norm
+    (Vaswani et al.): ``norm(x + drop(f(x)))``. Arguments as :class:`ResidualLayer`.
+
+    Variables: ``attention/...`` (:class:`MultiHeadAttention`),
+    ``attention_norm/...``, ``ffn_inner`` (Linear dim -> ffn_dim),
+    ``ffn_outer`` (Linear ffn_dim -> dim), ``ffn_norm/...``.
+    """
+
+    def _attention(self) -> Module:
+        return MultiHeadAttention(dim=self.dim, num_heads=self.num_heads, dropout=self.attention_dropout,
+                                  init_scale=self.init_scale, name="attention")
 
     def __call__(self,
                  inputs: tf.Tensor,
@@ -319,23 +380,53 @@ class TransformerLayer(Module):
         Returns:
           ``(outputs [batch, time, dim], cache)``.
         """
-        x = inputs
-        if self.pre_layer_norm:
-            attended, cache = self.attention(self.attention_norm(x), training, cache, positions)
-            x = x + dropout(attended, self.dropout, training)
-            x = x + dropout(self._feed_forward(self.ffn_norm(x), training), self.dropout, training)
-        else:
-            attended, cache = self.attention(x, training, cache, positions)
-            x = self.attention_norm(x + dropout(attended, self.dropout, training))
-            x = self.ffn_norm(x + dropout(self._feed_forward(x, training), self.dropout, training))
-        return x, cache
+        x, cache = self._self_attention(inputs, training, cache, positions)
+        return self._residual(x, self.ffn_norm, lambda h: self._feed_forward(h, training), training), cache
 
-    def get_config(self) -> Dict[str, Any]:
-        return {"dim": self.dim, "num_heads": self.num_heads, "ffn_dim": self.ffn_dim,
-                "dropout": self.dropout, "attention_dropout": self.attention_dropout,
-                "pre_layer_norm": self.pre_layer_norm, "activation": self.activation,
-                "init_scale": self.init_scale, "layer_norm_epsilon": self.attention_norm.epsilon,
-                "name": self.name}
+    def _self_attention(self, inputs: tf.Tensor, training: Training, cache: Optional[AttentionCache],
+                        positions: Optional[tf.Tensor]) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+        """The first block (residual included) and the extended cache."""
+        extended = [cache]
+
+        def attention(x: tf.Tensor) -> tf.Tensor:
+            attended, extended[0] = self.attention(x, training, cache, positions)
+            return attended
+
+        return self._residual(inputs, self.attention_norm, attention, training), extended[0]
+
+
+def default_ffn_dim(ffn_dim: int, dim: int) -> int:
+    """A stack's feed-forward size: ``ffn_dim``, or ``4 * dim`` for 0."""
+    if isinstance(ffn_dim, bool) or not isinstance(ffn_dim, int) or ffn_dim < 0:
+        raise UsageError(f"ffn_dim {ffn_dim!r} must be an integer >= 0 (0 means 4 * dim = {4 * dim})")
+    return ffn_dim or 4 * dim
+
+
+def layer_stack(layer_class: Any, num_layers: int, **options: Any) -> Tuple[List[Any], Optional[LayerNorm]]:
+    """``num_layers`` layers ``layer_<i>`` of ``layer_class`` and, with ``pre_layer_norm``, the final layer
+    norm ``final_norm`` (None otherwise): the body of every transformer stack. Call it in the stack's name scope."""
+    layers = [layer_class(name=f"layer_{i}", **options) for i in range(num_layers)]
+    final_norm = (LayerNorm(dim=options["dim"], epsilon=options["layer_norm_epsilon"], name="final_norm")
+                  if options["pre_layer_norm"] else None)
+    return layers, final_norm
+
+
+def empty_state(attentions: Sequence[Any], batch_size: Union[int, tf.Tensor], max_length: Optional[int],
+                max_positions: int) -> TransformerState:
+    """A :class:`TransformerState` at position 0 with an empty cache of ``max_length`` (default
+    ``max_positions``) positions for each of ``attentions`` (modules with ``initial_cache``).
+
+    Raises:
+      UsageError: ``max_length`` is not in [1, max_positions].
+    """
+    if max_length is None:
+        max_length = max_positions
+    check_positive_int("max_length", max_length)
+    if max_length > max_positions:
+        raise UsageError(f"max_length {max_length} exceeds max_positions {max_positions}; "
+                         f"use max_length <= {max_positions} or build with a larger max_positions")
+    return TransformerState(positions=tf.zeros([batch_size], tf.int32),
+                            caches=tuple(a.initial_cache(batch_size, max_length) for a in attentions))
 
 
 class TransformerDecoder(Module):
@@ -389,21 +480,14 @@ class TransformerDecoder(Module):
         self.dim = check_positive_int("dim", dim)
         check_heads("dim", dim, num_heads)
         self.num_heads = num_heads
-        if isinstance(ffn_dim, bool) or not isinstance(ffn_dim, int) or ffn_dim < 0:
-            raise UsageError(f"ffn_dim {ffn_dim!r} must be an integer >= 0 (0 means 4 * dim = {4 * dim})")
-        self.ffn_dim = ffn_dim or 4 * dim
+        self.ffn_dim = default_ffn_dim(ffn_dim, dim)
         self.max_positions = check_positive_int("max_positions", max_positions)
         self.pre_layer_norm = bool(pre_layer_norm)
         with self.name_scope:
-            self.layers = [
-                TransformerLayer(dim=dim, num_heads=num_heads, ffn_dim=self.ffn_dim, dropout=dropout,
-                                 attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm,
-                                 activation=activation, init_scale=init_scale,
-                                 layer_norm_epsilon=layer_norm_epsilon, name=f"layer_{i}")
-                for i in range(num_layers)
-            ]
-            self.final_norm = (LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="final_norm")
-                               if pre_layer_norm else None)
+            self.layers, self.final_norm = layer_stack(
+                TransformerLayer, num_layers, dim=dim, num_heads=num_heads, ffn_dim=self.ffn_dim, dropout=dropout,
+                attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm, activation=activation,
+                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon)
 
     def initial_state(self, batch_size: Union[int, tf.Tensor],
                       max_length: Optional[int] = None) -> TransformerState:
@@ -421,15 +505,7 @@ class TransformerDecoder(Module):
         Raises:
           ValueError: ``max_length`` is not in [1, max_positions].
         """
-        if max_length is None:
-            max_length = self.max_positions
-        check_positive_int("max_length", max_length)
-        if max_length > self.max_positions:
-            raise UsageError(f"max_length {max_length} exceeds max_positions {self.max_positions}; "
-                             f"use max_length <= {self.max_positions} or build with a larger max_positions")
-        return TransformerState(
-            positions=tf.zeros([batch_size], tf.int32),
-            caches=tuple(layer.attention.initial_cache(batch_size, max_length) for layer in self.layers))
+        return empty_state([layer.attention for layer in self.layers], batch_size, max_length, self.max_positions)
 
     def __call__(self,
                  inputs: tf.Tensor,

@@ -5,10 +5,11 @@ import pytest
 import tensorflow as tf
 
 from lmkit import losses, models
-from lmkit.modules import (GatedFeedForward, GroupedQueryAttention, GRUCell, LayerNorm, Linear, LlamaDecoder,
+from lmkit.modules import (CrossAttentionLayer, GatedFeedForward, GroupedQueryAttention, GRUCell, LayerNorm, Linear, LlamaDecoder,
                            LlamaLayer, LoRAAdapter, LSTMCell, MultiHeadAttention, OutputProjection, PositionEmbedder, RMSNorm,
                            RNNDecoder, RotaryEmbedding, SinusoidsPositionEmbedder, StackedRNN, TransformerDecoder,
-                           TransformerLayer, WordEmbedder)
+                           TransformerLayer, WordEmbedder, MemoryAttention, TransformerCrossDecoder,
+                           TransformerEncoder, TransformerEncoderLayer)
 
 from .harness import ModuleCase, check_checkpoint, check_config, check_gradient_step, check_outputs, \
     check_variables
@@ -33,6 +34,25 @@ def _adapter():
     adapter = LoRAAdapter(input_size=3, output_size=4, rank=2, alpha=4.0, dropout=0.1, name="lora")
     adapter.b.assign(_floats(2, 4, seed=3))
     return adapter
+
+
+def _source_mask():
+    return tf.constant([[True, True, True, True], [True, True, False, False]])
+
+
+def _encoder_layers(prefix):
+    return _names(prefix, "attention/query/kernel", "attention/query/bias", "attention/key_value/kernel",
+                  "attention/key_value/bias", "attention/output/kernel", "attention/output/bias",
+                  "attention_norm/scale", "attention_norm/offset", "ffn_inner/kernel", "ffn_inner/bias",
+                  "ffn_outer/kernel", "ffn_outer/bias", "ffn_norm/scale", "ffn_norm/offset")
+
+
+def _cross_layers(prefix):
+    return (_names(prefix, "attention/qkv/kernel", "attention/qkv/bias", "attention/output/kernel",
+                   "attention/output/bias", "cross_norm/scale", "cross_norm/offset")
+            + [name.replace(f"{prefix}/attention/", f"{prefix}/cross_attention/")
+               for name in _encoder_layers(prefix) if "/attention/" in name]
+            + [name for name in _encoder_layers(prefix) if "/attention/" not in name])
 
 
 def _lm_loss(outputs):
@@ -77,6 +97,36 @@ CASES = [
     ModuleCase(
         id="LoRAAdapter", build=lambda: _adapter(), inputs=lambda: (_floats(B, T, 3),),
         forward=lambda m, i, t: m(i[0], training=t), variables=_names("lora", "a", "b"), shapes=[(B, T, 4)]),
+    ModuleCase(
+        id="MemoryAttention", build=lambda: MemoryAttention(dim=6, num_heads=3, dropout=0.1, name="attention"),
+        inputs=lambda: (_floats(B, T, 6), _floats(B, 4, 6, seed=1), _source_mask()),
+        forward=lambda m, i, t: m(i[0], m.memory(i[1]), i[2], training=t),
+        variables=_names("attention", "query/kernel", "query/bias", "key_value/kernel", "key_value/bias",
+                         "output/kernel", "output/bias"), shapes=[(B, T, 6)]),
+    ModuleCase(
+        id="TransformerEncoderLayer",
+        build=lambda: TransformerEncoderLayer(dim=6, num_heads=2, ffn_dim=8, dropout=0.1, name="layer_0"),
+        inputs=lambda: (_floats(B, 4, 6), _source_mask()), forward=lambda m, i, t: m(i[0], i[1], training=t),
+        variables=_encoder_layers("layer_0"), shapes=[(B, 4, 6)]),
+    ModuleCase(
+        id="TransformerEncoder",
+        build=lambda: TransformerEncoder(num_layers=2, dim=6, num_heads=2, ffn_dim=8, name="encoder"),
+        inputs=lambda: (_floats(B, 4, 6), _source_mask()), forward=lambda m, i, t: m(i[0], i[1], training=t),
+        variables=(_encoder_layers("encoder/layer_0") + _encoder_layers("encoder/layer_1")
+                   + _names("encoder", "final_norm/scale", "final_norm/offset")), shapes=[(B, 4, 6)]),
+    ModuleCase(
+        id="CrossAttentionLayer",
+        build=lambda: CrossAttentionLayer(dim=6, num_heads=2, ffn_dim=8, dropout=0.1, name="layer_0"),
+        inputs=lambda: (_floats(B, T, 6), _floats(B, 4, 6, seed=1), _source_mask()),
+        forward=lambda m, i, t: m(i[0], t, memory=m.cross_attention.memory(i[1]), memory_mask=i[2])[0],
+        variables=_cross_layers("layer_0"), shapes=[(B, T, 6)]),
+    ModuleCase(
+        id="TransformerCrossDecoder",
+        build=lambda: TransformerCrossDecoder(num_layers=2, dim=6, num_heads=2, ffn_dim=8, max_positions=8,
+                                              pre_layer_norm=False, name="decoder"),
+        inputs=lambda: (_floats(B, T, 6), _floats(B, 4, 6, seed=1), _source_mask()),
+        forward=lambda m, i, t: m(i[0], m.memory(i[1], i[2]), training=t)[0],
+        variables=_cross_layers("decoder/layer_0") + _cross_layers("decoder/layer_1"), shapes=[(B, T, 6)]),
     ModuleCase(
         id="WordEmbedder", build=lambda: WordEmbedder(vocab_size=VOCAB, dim=4, dropout=0.2, name="words"),
         inputs=lambda: (_ids(B, T),), forward=lambda m, i, t: m(i[0], training=t),
