@@ -4,6 +4,7 @@ Every module creates its variables in ``__init__``, works eagerly and under
 ``tf.function``, and describes itself with ``get_config()``.
 """
 
+from lmkit.modules.attention_rnn import AttentionRNNDecoder, AttentionRNNState, RNNEncoder, RNNMemory
 from lmkit.modules.base import (Linear, Module, dropout, ones_initializer, uniform_initializer,
                                 zeros_initializer)
 from lmkit.modules.encoder_decoder import (CrossAttentionLayer, Memory, MemoryAttention, TransformerCrossDecoder,
@@ -20,6 +21,8 @@ from lmkit.modules.transformer import (AttentionCache, LayerNorm, MultiHeadAtten
 
 __all__ = [
     "AttentionCache",
+    "AttentionRNNDecoder",
+    "AttentionRNNState",
     "CrossAttentionLayer",
     "GRUCell",
     "GatedFeedForward",
@@ -39,6 +42,8 @@ __all__ = [
     "PositionEmbedder",
     "RMSNorm",
     "RNNDecoder",
+    "RNNEncoder",
+    "RNNMemory",
     "RecurrentCell",
     "RotaryEmbedding",
     "SinusoidsPositionEmbedder",

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from lmkit import losses, models
-from lmkit.modules import (CrossAttentionLayer, GatedFeedForward, GroupedQueryAttention, GRUCell, LayerNorm, Linear, LlamaDecoder,
+from lmkit.modules import (AttentionRNNDecoder, CrossAttentionLayer, RNNEncoder, GatedFeedForward, GroupedQueryAttention, GRUCell, LayerNorm, Linear, LlamaDecoder,
                            LlamaLayer, LoRAAdapter, LSTMCell, MultiHeadAttention, OutputProjection, PositionEmbedder, RMSNorm,
                            RNNDecoder, RotaryEmbedding, SinusoidsPositionEmbedder, StackedRNN, TransformerDecoder,
                            TransformerLayer, WordEmbedder, MemoryAttention, TransformerCrossDecoder,
@@ -127,6 +127,20 @@ CASES = [
         inputs=lambda: (_floats(B, T, 6), _floats(B, 4, 6, seed=1), _source_mask()),
         forward=lambda m, i, t: m(i[0], m.memory(i[1], i[2]), training=t)[0],
         variables=_cross_layers("decoder/layer_0") + _cross_layers("decoder/layer_1"), shapes=[(B, T, 6)]),
+    ModuleCase(
+        id="RNNEncoder-bidirectional",
+        build=lambda: RNNEncoder(input_size=3, hidden_size=4, cell="gru", bidirectional=True, name="encoder"),
+        inputs=lambda: (_floats(B, 4, 3), _source_mask()), forward=lambda m, i, t: m(i[0], i[1], training=t),
+        variables=(_lstm_layers("encoder/forward", 1) + _lstm_layers("encoder/backward", 1)), shapes=[(B, 4, 8)]),
+    ModuleCase(
+        id="AttentionRNNDecoder-bahdanau",
+        build=lambda: AttentionRNNDecoder(input_size=3, hidden_size=4, memory_size=6, attention="bahdanau",
+                                          dropout=0.1, name="decoder"),
+        inputs=lambda: (_floats(B, T, 3), _floats(B, 4, 6, seed=1), _source_mask()),
+        forward=lambda m, i, t: m(i[0], m.memory(i[1], i[2]), training=t)[0],
+        variables=(_lstm_layers("decoder/rnn", 1)
+                   + _names("decoder", "memory_key/kernel", "query/kernel", "score", "attentional/kernel")),
+        shapes=[(B, T, 4)]),
     ModuleCase(
         id="WordEmbedder", build=lambda: WordEmbedder(vocab_size=VOCAB, dim=4, dropout=0.2, name="words"),
         inputs=lambda: (_ids(B, T),), forward=lambda m, i, t: m(i[0], training=t),
