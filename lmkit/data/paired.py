@@ -1,0 +1,202 @@
+"""Line-aligned source/target pairs for conditional generation: reading, checking, bucketing, sharding.
+
+Line ``i`` of the source file goes with line ``i`` of the target file
+(translation, summarization, any transduction). :func:`read_pairs` checks
+that the files have as many lines, :func:`encode_pairs` tokenizes them and
+leaves out, counting each kind, the pairs with an empty side and the pairs
+longer than the limits (:class:`PairReport` says how many, and which lines
+first), and :func:`bucketed_batches` forms an epoch's global batches:
+
+* pairs are shuffled by ``np.random.default_rng([seed, epoch])`` (the same on
+  every rank), cut into pools of ``pool_batches`` batches, each pool sorted
+  by (source length, target length) and cut into batches, and the batches
+  shuffled again: rows of one batch have similar lengths (little padding)
+  while the order stays random;
+* only full batches are kept, so every epoch has ``len(pairs) // batch_size``
+  of them, whatever the lengths.
+
+``batch_size`` is the GLOBAL batch and sharding is a pure function of
+``(rank, size)`` as for language models: rank ``r`` of ``N`` takes rows
+``[r*B/N, (r+1)*B/N)`` of every global batch (:func:`shard_rows`), so every
+rank runs the same number of steps and the ranks' rows in rank order are the
+single-process batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from lmkit.data.batching import check_shard
+from lmkit.data.errors import DataError
+
+__all__ = ["PairReport", "Pairs", "bucketed_batches", "encode_pairs", "pad_rows", "read_pairs", "shard_rows"]
+
+
+def _lines(path: str, side: str) -> List[str]:
+    """The file's lines split at "\n" only (as `wc -l` counts them), a final "\r" (CRLF) dropped."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            lines = f.read().split("\n")
+    except FileNotFoundError:
+        raise DataError(f"{side}_file {path} does not exist; pass an existing UTF-8 text file") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{side}_file {path} is not UTF-8 text (byte {exc.start}); convert it to UTF-8") from None
+    if lines and lines[-1] == "":  # the end of the last line
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_pairs(source_path: str, target_path: str) -> Tuple[List[str], List[str]]:
+    """The lines of both files (without line ends); they must have as many lines.
+
+    Raises:
+      DataError: a missing or non-UTF-8 file, or files of different line counts
+        (naming both counts).
+    """
+    source, target = _lines(source_path, "source"), _lines(target_path, "target")
+    for lines, path in ((source, source_path), (target, target_path)):
+        if not lines:
+            raise DataError(f"{path} holds no lines; pass a file with one example a line")
+    if len(source) != len(target):
+        raise DataError(f"source_file {source_path} has {len(source)} lines but target_file {target_path} has "
+                        f"{len(target)}; the files must be line-aligned (line i of one goes with line i of the "
+                        "other)")
+    return source, target
+
+
+@dataclasses.dataclass
+class PairReport:
+    """What :func:`encode_pairs` kept and left out (1-based line numbers, the first few of each kind)."""
+
+    kept: int = 0
+    empty: int = 0
+    too_long: int = 0
+    empty_lines: List[int] = dataclasses.field(default_factory=list)
+    too_long_lines: List[int] = dataclasses.field(default_factory=list)
+
+    def summary(self, source: str = "") -> str:
+        """One line for the log, e.g. ``kept 998 pairs; skipped 1 with an empty side (line 7), ...``."""
+        def lines(numbers: List[int], count: int) -> str:
+            shown = ", ".join(str(n) for n in numbers)
+            return f" (line{'s' if count > 1 else ''} {shown}{', ...' if count > len(numbers) else ''})"
+
+        parts = [f"kept {self.kept} pairs" + (f" of {source}" if source else "")]
+        if self.empty:
+            parts.append(f"skipped {self.empty} with an empty side{lines(self.empty_lines, self.empty)}")
+        if self.too_long:
+            parts.append(f"skipped {self.too_long} longer than the limits{lines(self.too_long_lines, self.too_long)}")
+        return "; ".join(parts)
+
+
+@dataclasses.dataclass
+class Pairs:
+    """Encoded pairs: ``source[i]`` and ``target[i]`` int32 id arrays, and what was left out."""
+
+    source: List[np.ndarray]
+    target: List[np.ndarray]
+    report: PairReport
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def lengths(self) -> Tuple[np.ndarray, np.ndarray]:
+        return (np.array([len(s) for s in self.source], np.int64), np.array([len(t) for t in self.target], np.int64))
+
+
+_SHOWN = 5
+
+
+def encode_pairs(source_lines: Sequence[str], target_lines: Sequence[str],
+                 encode_source: Callable[[str], Sequence[int]], encode_target: Callable[[str], Sequence[int]], *,
+                 max_source_length: int, max_target_length: int) -> Pairs:
+    """Tokenizes line-aligned pairs; pairs with an empty side or over a limit are counted and left out.
+
+    Args:
+      source_lines, target_lines: as :func:`read_pairs` returns them.
+      encode_source, encode_target: text -> ids (the same tokenizer's encode for a shared vocabulary).
+      max_source_length, max_target_length: the most ids a side may have
+        (the target's count includes the start and end tokens the model adds:
+        pass the limit less those).
+
+    Raises:
+      DataError: different line counts, bad limits, or no pair left.
+    """
+    if len(source_lines) != len(target_lines):
+        raise DataError(f"{len(source_lines)} source lines but {len(target_lines)} target lines; pairs must align")
+    for name, value in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataError(f"{name} = {value!r} must be a positive integer")
+    report = PairReport()
+    source: List[np.ndarray] = []
+    target: List[np.ndarray] = []
+    for number, (s, t) in enumerate(zip(source_lines, target_lines), start=1):
+        if not s.strip() or not t.strip():
+            report.empty += 1
+            if len(report.empty_lines) < _SHOWN:
+                report.empty_lines.append(number)
+            continue
+        s_ids, t_ids = np.asarray(encode_source(s), np.int32), np.asarray(encode_target(t), np.int32)
+        if len(s_ids) > max_source_length or len(t_ids) > max_target_length or not len(s_ids) or not len(t_ids):
+            report.too_long += 1
+            if len(report.too_long_lines) < _SHOWN:
+                report.too_long_lines.append(number)
+            continue
+        source.append(s_ids)
+        target.append(t_ids)
+    report.kept = len(source)
+    if not source:
+        raise DataError(f"no pair is left ({report.summary()}); check the files or raise the length limits")
+    return Pairs(source, target, report)
+
+
+def bucketed_batches(source_lengths: np.ndarray, target_lengths: np.ndarray, batch_size: int, *, epoch: int,
+                     seed: int, pool_batches: int = 50) -> np.ndarray:
+    """An epoch's global batches of pair indices, rows of similar lengths together: [num_batches, batch_size].
+
+    Deterministic in ``(seed, epoch)``; ``len // batch_size`` full batches
+    (the pairs left over rotate with the shuffle, so none is always out).
+
+    Raises:
+      DataError: a bad batch size, or fewer pairs than one batch.
+    """
+    check_shard(batch_size, 0, 1)
+    source_lengths, target_lengths = np.asarray(source_lengths), np.asarray(target_lengths)
+    count = len(source_lengths)
+    if count < batch_size:
+        raise DataError(f"{count} pairs make no batch of batch_size {batch_size}; use a smaller batch_size or "
+                        "more pairs")
+    if isinstance(pool_batches, bool) or not isinstance(pool_batches, int) or pool_batches < 1:
+        raise DataError(f"pool_batches = {pool_batches!r} must be a positive integer")
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    order = rng.permutation(count)[: count // batch_size * batch_size]
+    pool = pool_batches * batch_size
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = order[start:start + pool]
+        # Stable sort by (source, target) length: the shuffle decides among equals.
+        chunk = chunk[np.lexsort((target_lengths[chunk], source_lengths[chunk]))]
+        batches.extend(chunk.reshape(-1, batch_size))
+    batches = np.stack(batches)
+    return batches[rng.permutation(len(batches))]
+
+
+def shard_rows(batch: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """Rank ``rank`` of ``size``'s rows ``[rank*B/N, (rank+1)*B/N)`` of one global batch (any leading axis B)."""
+    local = check_shard(len(batch), rank, size)
+    return batch[rank * local:(rank + 1) * local]
+
+
+def pad_rows(rows: Sequence[np.ndarray], pad_id: int, length: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """``(ids [len(rows), length] int32 padded with pad_id, lengths [len(rows)] int32)``; ``length`` defaults to
+    the longest row's (a fixed length keeps one compiled shape)."""
+    lengths = np.array([len(r) for r in rows], np.int32)
+    width = int(lengths.max()) if length is None else int(length)
+    if width < lengths.max():
+        raise DataError(f"a row of {int(lengths.max())} ids does not fit length {width}")
+    out = np.full([len(rows), width], pad_id, np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out, lengths
