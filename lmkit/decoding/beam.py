@@ -96,7 +96,8 @@ class BeamSampler(Sampler):
                  max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int] = None,
                  use_cache: bool = True, compiled: bool = True,
                  jit_compile: Optional[bool] = None, repetition_penalty: float = 1.0,
-                 min_new_tokens: Optional[np.ndarray] = None, on_token: Any = None) -> "BeamSearchResult":
+                 min_new_tokens: Optional[np.ndarray] = None, on_token: Any = None,
+                 condition: Any = None) -> "BeamSearchResult":
         """Finds high-scoring continuations of the prompts (arguments as in ``Sampler.generate``).
 
         The model state is built for ``batch * beam_width`` rows.
@@ -119,7 +120,7 @@ class BeamSampler(Sampler):
         ids, lengths, scores, log_probs = search(
             model, tf.constant(prompt_ids), tf.constant(prompt_lengths), beam_width=self.beam_width,
             max_length=max_length, alpha=self.length_penalty,
-            eos_id=NO_EOS if eos_id is None else eos_id)
+            eos_id=NO_EOS if eos_id is None else eos_id, condition=condition)
         ids, lengths, scores, log_probs = ids.numpy(), lengths.numpy(), scores.numpy(), log_probs.numpy()
         return BeamSearchResult(ids=ids[:, 0], lengths=lengths[:, 0], prompt_lengths=prompt_lengths,
                                 log_probs=log_probs[:, 0], seed=None, scores=scores[:, 0],
@@ -138,7 +139,8 @@ def beam_search(model: Any,
                 start_id: Optional[int] = None,
                 pad_id: Optional[int] = None,
                 compiled: bool = True,
-                jit_compile: Optional[bool] = None) -> BeamSearchResult:
+                jit_compile: Optional[bool] = None,
+                condition: Any = None) -> BeamSearchResult:
     """``decode(model, max_length, BeamSampler(beam_width, length_penalty), ...)``.
 
     Args:
@@ -151,6 +153,7 @@ def beam_search(model: Any,
         :func:`lmkit.decoding.decode`.
       compiled: run inside ``tf.function``; False runs eagerly, for debugging.
       jit_compile: compile the search with XLA (default: when ``compiled``).
+      condition: an encoder-decoder's encoded sources, as in :func:`lmkit.decoding.decode`.
 
     Returns:
       A :class:`BeamSearchResult`.
@@ -163,7 +166,7 @@ def beam_search(model: Any,
         model, max_length, batch_size=batch_size, prompts=prompts, eos_id=eos_id,
         start_id=start_id, pad_id=pad_id)
     return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
-                            pad_id=pad_id, compiled=compiled, jit_compile=jit_compile)
+                            pad_id=pad_id, compiled=compiled, jit_compile=jit_compile, condition=condition)
 
 
 def _beam_search(model: Any,
@@ -173,7 +176,8 @@ def _beam_search(model: Any,
                  beam_width: int,
                  max_length: int,
                  alpha: float,
-                 eos_id: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+                 eos_id: int,
+                 condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """The search itself; returns the finished set ``(ids, lengths, scores, log_probs)``."""
     batch_size = prompt_ids.shape[0]
     width = beam_width
@@ -257,7 +261,9 @@ def _beam_search(model: Any,
         tf.constant(0, tf.int32),
         alive_ids,
         first_beam,  # [batch, width]
-        model.initial_state(batch_size * width, max_length),
+        # A conditional model repeats each row's condition for its width hypotheses (rows b * width + w).
+        model.initial_state(batch_size * width, max_length,
+                            **({} if condition is None else {"condition": condition})),
         alive_ids,  # finished ids: any content, their scores are -inf
         tf.zeros([batch_size, width], tf.int32),
         tf.fill([batch_size, width], neg_inf),

@@ -34,7 +34,8 @@ def decode(model: Any,
            jit_compile: Optional[bool] = None,
            repetition_penalty: float = 1.0,
            min_new_tokens: Union[int, Sequence[int]] = 0,
-           on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None) -> DecodeResult:
+           on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
+           condition: Any = None) -> DecodeResult:
     """Generates a batch of sequences with one sampler.
 
     Args:
@@ -74,6 +75,10 @@ def decode(model: Any,
         value, or one per sequence).
       on_token: ``on_token(tokens, generated)`` after every step, on the host
         (streaming; the loop then runs without XLA).
+      condition: what a conditional model generates from (an encoder-decoder's
+        ``model.encode(source_ids, source_mask)``, one row per sequence), given
+        to ``model.initial_state(..., condition=)`` and, without the cache, to
+        ``model(ids, condition=)``; None for a language model.
 
     Returns:
       A :class:`DecodeResult`.
@@ -101,6 +106,8 @@ def decode(model: Any,
         repetition_penalty=float(repetition_penalty), min_new_tokens=min_new.astype(np.int32))
     if on_token is not None:
         extra["on_token"] = on_token
+    if condition is not None:
+        extra["condition"] = condition
     return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
                             pad_id=pad_id, seed=seed, use_cache=use_cache, compiled=compiled,
                             jit_compile=jit_compile, **extra)

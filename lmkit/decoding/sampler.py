@@ -65,7 +65,8 @@ class Sampler:
                  max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int],
                  use_cache: bool, compiled: bool, jit_compile: Optional[bool] = None,
                  repetition_penalty: float = 1.0, min_new_tokens: Optional[np.ndarray] = None,
-                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None) -> DecodeResult:
+                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
+                 condition: Any = None) -> DecodeResult:
         """Runs the decode loop with this sampler (``lmkit.decoding.decode`` checks the arguments).
 
         Args:
@@ -108,7 +109,7 @@ class Sampler:
             tf.constant([seed, 0], tf.int64), tf.constant(np.asarray(min_new, np.int32)),
             max_length=max_length, eos_id=NO_EOS if eos_id is None else eos_id, pad_id=pad_id,
             use_cache=use_cache, repetition_penalty=float(repetition_penalty), hold_eos=hold_eos,
-            on_token=on_token)
+            on_token=on_token, condition=condition)
         return DecodeResult(ids=ids.numpy(), lengths=lengths.numpy(), prompt_lengths=prompt_lengths,
                             log_probs=log_probs.numpy(), seed=seed)
 
@@ -152,8 +153,8 @@ def _decode_loop(model: Any,
                  use_cache: bool,
                  repetition_penalty: float = 1.0,
                  hold_eos: bool = False,
-                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None
-                 ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
+                 condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The per-token loop of :meth:`Sampler.generate`; compiled by ``_decode_loop_compiled``.
 
     Returns:
@@ -162,7 +163,8 @@ def _decode_loop(model: Any,
     batch_size = prompt_ids.shape[0]
     vocab_size = int(model.vocab_size)
     positions = tf.range(max_length, dtype=tf.int32)  # [max_length]
-    state = model.initial_state(batch_size, max_length) if use_cache else ()
+    conditioned = {} if condition is None else {"condition": condition}  # an encoder-decoder's source
+    state = model.initial_state(batch_size, max_length, **conditioned) if use_cache else ()
     penalize = repetition_penalty != 1.0
     # The tokens each row holds so far (for the repetition penalty), carried through the loop.
     seen = tf.zeros([batch_size, vocab_size if penalize else 0], tf.bool)
@@ -176,7 +178,7 @@ def _decode_loop(model: Any,
         if use_cache:
             logits, state = model.step(inputs, state)  # [batch, vocab]
         else:
-            all_logits, _ = model(ids[:, :t + 1], training=False)  # [batch, t + 1, vocab]
+            all_logits, _ = model(ids[:, :t + 1], training=False, **conditioned)  # [batch, t + 1, vocab]
             logits = all_logits[:, -1]  # [batch, vocab]
         logits = tf.cast(logits, tf.float32)
         pos = t + 1  # the position being chosen
