@@ -1,5 +1,6 @@
-"""The transformer encoder-decoder: cached steps = the full pass, decoding with a condition (XLA, plain,
-uncached, beam search), padded sources decode as alone, and it learns a copy task."""
+"""The encoder-decoders (transformer, RNN with Luong or Bahdanau attention): cached steps = the full pass,
+decoding with a condition (XLA, plain, uncached, beam search), padded sources decode as alone, and each
+learns a copy task."""
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import tensorflow as tf
 
 from lmkit import decoding
 from lmkit.errors import UsageError
+from lmkit.models.rnn_seq2seq import RNNSeq2Seq
 from lmkit.models.transformer_seq2seq import TransformerSeq2Seq
 
 START, END = 1, 2
@@ -14,20 +16,29 @@ SOURCES = [[5, 6, 7, 8, 9], [9, 4, 3, 0, 0]]  # the second padded with 0
 MASK = [[True] * 5, [True, True, True, False, False]]
 
 
-def _model(**options):
+KINDS = {
+    "transformer-pre-ln": (TransformerSeq2Seq, dict(num_heads=2, max_source_positions=8)),
+    "transformer-post-ln": (TransformerSeq2Seq, dict(num_heads=2, max_source_positions=8, pre_layer_norm=False)),
+    "rnn-luong": (RNNSeq2Seq, dict(cell="lstm", attention="luong")),
+    "rnn-bahdanau": (RNNSeq2Seq, dict(cell="gru", attention="bahdanau", bidirectional=False)),
+}
+
+
+def _model(kind="transformer-pre-ln", **options):
     tf.random.set_seed(0)
-    config = dict(source_vocab_size=12, vocab_size=11, hidden_size=16, num_layers=2, num_heads=2,
-                  max_source_positions=8, max_positions=10, init_scale=0.3)
-    return TransformerSeq2Seq(**{**config, **options})
+    cls, extra = KINDS[kind]
+    config = dict(source_vocab_size=12, vocab_size=11, hidden_size=16, num_layers=2, max_positions=10,
+                  init_scale=0.3, **extra)
+    return cls(**{**config, **options})
 
 
-@pytest.mark.parametrize("pre_layer_norm", [True, False], ids=["pre-ln", "post-ln"])
-def test_cached_steps_equal_the_teacher_forced_pass(pre_layer_norm):
-    model = _model(pre_layer_norm=pre_layer_norm)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_cached_steps_equal_the_teacher_forced_pass(kind):
+    model = _model(kind)
     memory = model.encode(tf.constant(SOURCES), tf.constant(MASK))
     target = tf.constant([[START, 3, 4, 5, 6], [START, 7, 7, 2, 0]])
-    full, none = model(target, condition=memory)
-    assert none is None and full.shape == (2, 5, 11)
+    full, _ = model(target, condition=memory)
+    assert full.shape == (2, 5, 11)
     state = model.initial_state(2, 5, condition=memory)
     prefill, state = model(target[:, :2], state)
     steps = [prefill]
@@ -37,8 +48,9 @@ def test_cached_steps_equal_the_teacher_forced_pass(pre_layer_norm):
     np.testing.assert_allclose(tf.concat(steps, 1).numpy(), full.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_decoding_with_a_condition_agrees_across_loops_and_rows_decode_as_alone():
-    model = _model()
+@pytest.mark.parametrize("kind", ["transformer-pre-ln", "rnn-luong", "rnn-bahdanau"])
+def test_decoding_with_a_condition_agrees_across_loops_and_rows_decode_as_alone(kind):
+    model = _model(kind)
     memory = model.encode(tf.constant(SOURCES), tf.constant(MASK))
     prompts = [[START], [START]]
     runs = [decoding.decode(model, 8, prompts=prompts, eos_id=END, condition=memory, **options).ids
@@ -57,9 +69,11 @@ def test_decoding_with_a_condition_agrees_across_loops_and_rows_decode_as_alone(
     assert wide.ids.shape == (2, 8) and np.all(wide.scores >= beam.scores - 1e-5)  # never worse
 
 
-def test_it_learns_to_copy_its_source():
-    model = _model(num_layers=1, hidden_size=32, num_heads=4, max_source_positions=6, max_positions=8,
-                   share_embeddings=True, source_vocab_size=11)
+@pytest.mark.parametrize("kind", ["transformer-pre-ln", "rnn-luong"])
+def test_it_learns_to_copy_its_source(kind):
+    sizes = dict(num_heads=4, max_source_positions=6) if kind.startswith("transformer") else {}
+    model = _model(kind, num_layers=1, hidden_size=32, max_positions=8, share_embeddings=True, source_vocab_size=11,
+                   **sizes)
     rng = np.random.default_rng(0)
     optimizer = tf.keras.optimizers.Adam(0.01)
 
@@ -83,12 +97,17 @@ def test_it_learns_to_copy_its_source():
     assert loss < 0.1 and exact >= 0.9, (loss, exact)
 
 
-def test_bad_settings_and_missing_conditions_are_named():
+@pytest.mark.parametrize("kind", ["transformer-pre-ln", "rnn-luong"])
+def test_bad_settings_and_missing_conditions_are_named(kind):
     with pytest.raises(UsageError, match="share_embeddings needs one vocabulary: source_vocab_size 12 != "
                                          "vocab_size 11"):
-        _model(share_embeddings=True)
-    model = _model()
+        _model(kind, share_embeddings=True)
+    model = _model(kind)
     with pytest.raises(UsageError, match="condition=model.encode"):
         model.initial_state(2, 5)
+    if kind.startswith("rnn"):
+        with pytest.raises(UsageError, match="tie_weights needs embedding_dim = hidden_size = 16, got 8"):
+            _model(kind, tie_weights=True, embedding_dim=8)
+        return
     with pytest.raises(UsageError, match="longer than max_source_positions 8"):
         model.encode(tf.zeros([1, 9], tf.int32))
