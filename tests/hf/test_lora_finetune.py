@@ -65,11 +65,16 @@ def test_lora_fine_tune_on_two_workers_resumes_generates_and_exports_merged(tmp_
     base_size = sum(v.shape.num_elements() for v in lora_model.variables) - lora.num_parameters()
     assert lora.num_parameters() < base_size / 4
 
-    # 2 workers applied the updates of 1 process (resumed half-way).
-    other = lora_of(load_model(one, merge_adapters=False)[0])
-    for path, adapter in lora.adapters.items():
-        for a, b in zip(adapter.variables, other.adapters[path].variables):
-            assert_relatively_close(a.numpy(), b.numpy(), 1e-5, f"{path}/{a.name}")
+    # 2 workers applied the updates of 1 process (resumed half-way), and so did the native backend's
+    # 2 replicas (its variables made under the strategy's scope, the base's not trainable there too).
+    native = str(tmp_path / "native")
+    res = _lmkit(*flags, "--model_dir", native, "--max_steps", "2", "--backend", "native", "--num_gpus", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for run in (one, native):
+        other = lora_of(load_model(run, merge_adapters=False)[0])
+        for path, adapter in lora.adapters.items():
+            for a, b in zip(adapter.variables, other.adapters[path].variables):
+                assert_relatively_close(a.numpy(), b.numpy(), 1e-5, f"{run}: {path}/{a.name}")
     assert all(np.any(a.b.numpy()) for a in lora.adapters.values())  # B moved off zero
 
     res = _lmkit("generate", "--model_dir", two, "--prompt", "the cat sat", "--strategy", "greedy",
