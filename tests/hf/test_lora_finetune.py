@@ -1,5 +1,6 @@
-"""LoRA fine-tuning of a Llama folder from the command line: 2 workers = 1 process (resumed), adapters saved
-alone, generation from the run, and an export with the adapters merged that transformers loads."""
+"""LoRA fine-tuning of a Llama folder from the command line: 2 workers = 1 process (resumed) = 2 native
+replicas, adapters saved alone, an export with the adapters merged that transformers loads (through
+load_model, as lmkit generate and evaluate read the run) and a PEFT export that peft loads."""
 import json
 import os
 
@@ -31,7 +32,7 @@ def _checkpoint_values(model_dir):
 
 @pytest.mark.horovod
 @pytest.mark.mpi
-def test_lora_fine_tune_on_two_workers_resumes_generates_and_exports_merged(tmp_path):
+def test_lora_fine_tune_on_two_workers_and_native_replicas_resumes_and_exports(tmp_path):
     folder = str(tmp_path / "llama")
     corpus = make_llama_folder(folder, seed=1)
     flags = ["train", "--init_from", folder, "--train_file", corpus, "--lora_rank", "4", "--lora_alpha", "8",
@@ -76,10 +77,6 @@ def test_lora_fine_tune_on_two_workers_resumes_generates_and_exports_merged(tmp_
             for a, b in zip(adapter.variables, other.adapters[path].variables):
                 assert_relatively_close(a.numpy(), b.numpy(), 1e-5, f"{run}: {path}/{a.name}")
     assert all(np.any(a.b.numpy()) for a in lora.adapters.values())  # B moved off zero
-
-    res = _lmkit("generate", "--model_dir", two, "--prompt", "the cat sat", "--strategy", "greedy",
-                 "--max_new_tokens", "5")
-    assert res.returncode == 0 and res.stdout.startswith("[0.0] the cat sat"), res.stderr[-3000:]
 
     # The export merges the adapters: transformers computes lmkit's adapted logits; only targets changed.
     exported = str(tmp_path / "exported")
