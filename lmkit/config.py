@@ -137,7 +137,7 @@ class TrainConfig:
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
     min_count: int = 1  # word tokenizer: drop words seen fewer times
     spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: vocab_size)
-    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral folder: its weights, sizes and tokenizer start the run
+    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral folder: its weights, sizes, tokenizer
     lora_rank: int = 0  # with init_from: train rank-r adapters only, the base frozen (0 = full fine-tuning)
     lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.0  # on the adapters' inputs while training
@@ -276,8 +276,8 @@ class TrainConfig:
         if not 0.0 <= self.lora_dropout < 1.0:
             bad("lora_dropout", "must be in [0, 1)")
         if self.init_from and (self.model not in PRETRAINED_MODELS or self.data != "text"):
-            bad("init_from", "starts a pretrained (gpt2 or llama) model on text data; pass --train_file (and leave model to "
-                "--init_from)")
+            bad("init_from", "starts a pretrained (gpt2 or llama) model on text data; pass --train_file (and "
+                "leave model to --init_from)")
 
     @property
     def tokenizer_options(self) -> Dict[str, Any]:

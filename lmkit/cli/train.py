@@ -45,8 +45,9 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                         "config_transformer, config_gpt2_finetune, ...) or a path to a .py file; default "
                         "config_small, or config_gpt2_finetune with --init_from")
     p.add_argument("--init_from", default=None,
-                   help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral: a Hugging Face folder (config.json, model.safetensors, "
-                        "tokenizer.json or vocab.json + merges.txt) or hf:<name> to download one (e.g. "
+                   help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral: a Hugging Face folder "
+                        "(config.json, model.safetensors, tokenizer.json or vocab.json + merges.txt) or "
+                        "hf:<name> to download one (e.g. "
                         "hf:gpt2); its sizes, weights and tokenizer replace the config's; needs --train_file")
     lora = p.add_argument_group("LoRA (with --init_from: train low-rank adapters, the base frozen)")
     lora.add_argument("--lora_rank", type=int, default=None,

@@ -87,7 +87,8 @@ class RNNEncoder(Module):
 
 class RNNMemory(NamedTuple):
     """What an :class:`AttentionRNNDecoder` attends to: the encoder outputs [batch, source_time, memory_size],
-    their keys [batch, source_time, hidden_size or attention_size] (projected once) and the mask [batch, source_time]."""
+    their keys [batch, source_time, hidden_size or attention_size] (projected once) and the mask
+    [batch, source_time]."""
 
     values: tf.Tensor
     keys: tf.Tensor
