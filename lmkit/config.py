@@ -41,7 +41,7 @@ class ConfigError(UsageError):
     """A config that cannot be used; the message names the key and the fix."""
 
 
-DATA_KINDS = ("ptb", "text")
+DATA_KINDS = ("ptb", "text", "pairs")
 # The models --init_from fills from a Hugging Face folder (lmkit.hf.FAMILIES maps the folders onto them).
 PRETRAINED_MODELS = ("gpt2", "llama")
 # OpenSeq2Seq's spelling of the backend, still accepted: True -> "horovod"
@@ -53,7 +53,11 @@ LEGACY_BACKEND_KEY = "use_horovod"
 # lmkit.models.build_model checks them against the model's constructor).
 MODEL_CONFIG_KEYS = ("model", "vocab_size", "hidden_size", "num_layers", "init_scale", "keep_prob",
                      "forget_bias", "tie_weights", "embedding_dim", "num_heads", "ffn_dim",
-                     "max_positions", "pre_layer_norm")
+                     "max_positions", "pre_layer_norm", "source_vocab_size", "max_source_positions",
+                     "share_embeddings")
+# data = "pairs": the line-aligned files of each split (training, validation, test).
+PAIR_FILE_KEYS = (("source_file", "target_file"), ("valid_source_file", "valid_target_file"),
+                  ("test_source_file", "test_target_file"))
 # The keys that shape a LoRA run's adapters (what its checkpoints hold): fixed for the run, like the model's.
 ADAPTER_KEYS = ("lora_rank", "lora_alpha", "lora_targets")
 
@@ -125,13 +129,25 @@ class TrainConfig:
     ffn_dim: int = 0  # transformer; 0 = 4 * hidden_size
     max_positions: int = 512  # transformer
     pre_layer_norm: bool = True  # transformer
+    source_vocab_size: int = 0  # encoder-decoders: the source's ids (0: set from the source tokenizer)
+    max_source_positions: int = 256  # transformer_seq2seq: the longest source
+    share_embeddings: bool = False  # encoder-decoders: one embedding table for both sides (needs share_vocab)
     model_params: Dict[str, Any] = field(default_factory=dict)  # more constructor arguments
     # --- data ----------------------------------------------------------------
-    data: str = "ptb"  # ptb | text
+    data: str = "ptb"  # ptb | text | pairs (line-aligned source/target files, for encoder-decoders)
     train_file: str = ""  # data = "text": UTF-8 text, one sentence or paragraph a line
     valid_file: str = ""  # optional; evaluated by rank 0 after every epoch
     test_file: str = ""  # optional; evaluated by rank 0 at the end
     data_cache: str = ""  # text: token cache folder ("" = $LMKIT_DATA_CACHE or ~/.cache/lmkit/tokens; "none" = off)
+    source_file: str = ""  # data = "pairs": line i is the source of line i of target_file
+    target_file: str = ""
+    valid_source_file: str = ""  # pairs: optional; evaluated by rank 0 after every epoch
+    valid_target_file: str = ""
+    test_source_file: str = ""  # pairs: optional; evaluated by rank 0 at the end
+    test_target_file: str = ""
+    share_vocab: bool = True  # pairs: one tokenizer for both sides; False: the source gets its own
+    max_source_length: int = 0  # pairs: longer sources are skipped, counted (0 = max_source_positions)
+    max_target_length: int = 0  # pairs: longer targets are skipped, counted (0 = max_positions - 1)
     sampling: str = "windows"  # transformers: windows (shuffled fixed windows) | random (random offsets)
     tokenizer: str = "word"  # data = "text": word | sentencepiece | char | byte | hf (with init_from)
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
@@ -253,10 +269,18 @@ class TrainConfig:
             bad("tokenizer", f"is not one of {', '.join(TOKENIZERS)}")
         if self.data == "text" and not self.train_file:
             bad("train_file", "is empty but data = 'text' needs one; pass --train_file")
+        pair_keys = [key for keys in PAIR_FILE_KEYS for key in keys]
         if self.data == "ptb":
             for key in ("train_file", "valid_file", "test_file"):
                 if getattr(self, key):
                     bad(key, "is set but data = 'ptb'; set data = 'text' (or pass --train_file)")
+        if self.data == "pairs":
+            self._validate_pairs(bad)
+        else:
+            for key in pair_keys:
+                if getattr(self, key):
+                    bad(key, f"is set but data = {self.data!r}; source/target files train an encoder-decoder: "
+                        "set data = 'pairs' (pass --source_file and --target_file)")
             if self.tokenizer != "word":
                 bad("tokenizer", "applies to data = 'text' (PTB is word-level); pass --train_file")
         if self.max_vocab < 0 or self.min_count < 1:
@@ -278,6 +302,42 @@ class TrainConfig:
         if self.init_from and (self.model not in PRETRAINED_MODELS or self.data != "text"):
             bad("init_from", "starts a pretrained (gpt2 or llama) model on text data; pass --train_file (and "
                 "leave model to --init_from)")
+
+    def _validate_pairs(self, bad) -> None:
+        for key in ("train_file", "valid_file", "test_file"):
+            if getattr(self, key):
+                bad(key, "is set but data = 'pairs' reads source_file and target_file; drop it")
+        if not self.source_file or not self.target_file:
+            bad("source_file" if not self.source_file else "target_file",
+                "is empty but data = 'pairs' needs both sides; pass --source_file and --target_file")
+        for source_key, target_key in PAIR_FILE_KEYS[1:]:
+            if bool(getattr(self, source_key)) != bool(getattr(self, target_key)):
+                key = source_key if not getattr(self, source_key) else target_key
+                bad(key, f"is empty but {source_key if key == target_key else target_key} is set; "
+                    "give both sides of the split")
+        if self.share_embeddings and not self.share_vocab:
+            bad("share_embeddings", "needs one vocabulary for both sides: set share_vocab = True")
+        if self.tokenizer == "hf":
+            bad("tokenizer", "comes with a pretrained language model; pairs use word, sentencepiece, char or byte")
+        for key, limit, room in (("max_source_length", self.max_source_positions, 0),
+                                 ("max_target_length", self.max_positions, 1)):
+            value = getattr(self, key)
+            if value < 0:
+                bad(key, "must be >= 0 (0 = what the model holds)")
+            if value + room > limit:
+                holds = "max_source_positions" if room == 0 else "max_positions - 1 (the start or end id)"
+                bad(key, f"exceeds what the model holds: {holds} = {limit - room}; lower it or raise "
+                    f"{'max_source_positions' if room == 0 else 'max_positions'}")
+
+    @property
+    def source_length_limit(self) -> int:
+        """The most ids a source may have (``max_source_length``, 0 meaning ``max_source_positions``)."""
+        return self.max_source_length or self.max_source_positions
+
+    @property
+    def target_length_limit(self) -> int:
+        """The most ids a target may have, without its start/end id (0 meaning ``max_positions - 1``)."""
+        return self.max_target_length or self.max_positions - 1
 
     @property
     def tokenizer_options(self) -> Dict[str, Any]:

@@ -3,6 +3,8 @@
     model_dir/
       config.json              TrainConfig of the run (rebuilds the model)
       vocab.txt                the vocabulary, one token a line (word-level data)
+      tokenizer.json, ...      the tokenizer of text data (an encoder-decoder's target side)
+      source_tokenizer/        an encoder-decoder's source tokenizer (share_vocab = False)
       checkpoints/
         ckpt-000001200/        one complete checkpoint (renamed into place)
           ckpt.index, ckpt.data-00000-of-00001, meta.json
@@ -21,13 +23,14 @@ from typing import List, Optional, Tuple
 from lmkit.errors import UsageError
 
 __all__ = [
-    "CONFIG_FILE", "VOCAB_FILE", "CHECKPOINT_DIR", "RESULTS_FILE", "TENSORBOARD_DIR",
+    "CONFIG_FILE", "VOCAB_FILE", "SOURCE_TOKENIZER_DIR", "CHECKPOINT_DIR", "RESULTS_FILE", "TENSORBOARD_DIR",
     "CHECKPOINT_PREFIX", "META_FILE", "checkpoint_folder_name", "complete_checkpoints",
     "resolve_checkpoint",
 ]
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
+SOURCE_TOKENIZER_DIR = "source_tokenizer"  # an encoder-decoder's own source tokenizer (share_vocab = False)
 CHECKPOINT_DIR = "checkpoints"
 RESULTS_FILE = "results.json"
 TENSORBOARD_DIR = "tensorboard"

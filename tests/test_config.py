@@ -94,3 +94,33 @@ def test_usage_errors_keep_their_type_through_tf_function():
 
     with pytest.raises(UsageError, match="num_layers 0 must be a positive integer"):
         traced(tf.constant(1))
+
+
+PAIRS = {"source_file": "s.txt", "target_file": "t.txt"}
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"data": "pairs"}, "source_file = '' is empty but data = 'pairs' needs both sides; pass --source_file"),
+    ({"data": "pairs", "source_file": "s.txt"}, "target_file = '' is empty but data = 'pairs' needs both sides"),
+    ({"data": "pairs", **PAIRS, "train_file": "x.txt"}, "train_file = 'x.txt' is set but data = 'pairs' reads"),
+    ({"data": "pairs", **PAIRS, "valid_source_file": "v.txt"},
+     "valid_target_file = '' is empty but valid_source_file is set; give both sides"),
+    ({"data": "pairs", **PAIRS, "share_vocab": False}, "share_embeddings = True needs one vocabulary"),
+    ({"data": "pairs", **PAIRS, "max_target_length": 64},
+     r"max_target_length = 64 exceeds what the model holds: max_positions - 1 \(the start or end id\) = 63"),
+    ({"data": "pairs", **PAIRS, "max_source_length": 65},
+     "max_source_length = 65 exceeds what the model holds: max_source_positions = 64"),
+    ({"data": "text", "train_file": "x.txt", **PAIRS}, "source_file = 's.txt' is set but data = 'text'"),
+])
+def test_paired_data_keys_are_checked(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("config_seq2seq", override)
+
+
+def test_the_seq2seq_configs_train_on_pairs_with_the_flags():
+    cfg = load_config("config_seq2seq", {"data": "pairs", **PAIRS})
+    assert (cfg.model, cfg.share_vocab, cfg.share_embeddings) == ("transformer_seq2seq", True, True)
+    assert (cfg.source_length_limit, cfg.target_length_limit) == (64, 63)  # 0: what the model holds
+    assert cfg.model_config()["max_source_positions"] == 64
+    rnn = load_config("config_seq2seq_rnn", {"data": "pairs", **PAIRS, "max_target_length": 20})
+    assert rnn.target_length_limit == 20 and rnn.model_config()["attention"] == "luong"

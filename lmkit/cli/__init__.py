@@ -18,11 +18,14 @@ __all__ = ["COMMANDS", "main"]
 
 #: command -> (module with main(argv, prog), one-line description)
 COMMANDS = {
-    "train": ("lmkit.cli.train", "train a language model on PTB or your own text, on 1 or N workers"),
+    "train": ("lmkit.cli.train", "train a language model on PTB or your own text (or an encoder-decoder on "
+                                 "source/target pairs), on 1 or N workers"),
     "prepare": ("lmkit.cli.prepare", "encode your text into the data cache ahead of training (lmkit train's flags)"),
-    "generate": ("lmkit.cli.generate", "generate text from a trained model folder"),
-    "evaluate": ("lmkit.cli.evaluate", "perplexity of a trained model on a text file or a split"),
-    "export": ("lmkit.cli.export", "write a trained GPT-2 run as a Hugging Face folder"),
+    "generate": ("lmkit.cli.generate", "generate text from a trained model folder (an encoder-decoder: one line "
+                                       "per source)"),
+    "evaluate": ("lmkit.cli.evaluate", "perplexity of a trained model on a text file or a split (an "
+                                       "encoder-decoder: also BLEU and exact match)"),
+    "export": ("lmkit.cli.export", "write a trained GPT-2 or Llama-family run as a Hugging Face folder"),
     "download": ("lmkit.cli.download", "fetch a public corpus (wikitext-2, ptb), each file checked by its hash"),
 }
 

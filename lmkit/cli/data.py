@@ -6,6 +6,11 @@
 * Text (``data = "text"``): rank 0 trains the tokenizer into the model folder
   (or reuses the one there); the other ranks read it (or receive its files
   from rank 0); every rank then encodes the text files.
+* Pairs (``data = "pairs"``, encoder-decoders): the tokenizer is trained as
+  for text, on both sides (``share_vocab``) or one for each side (the
+  source's in ``<model_dir>/source_tokenizer``); every rank reads and
+  encodes the line-aligned files, pairs with an empty side or over the
+  length limits counted and left out (rank 0 says how many and where).
 
 Every rank calls :func:`load_run_data` in the same order: it holds the
 collectives that keep the ranks together, and an error on any rank is raised
@@ -26,7 +31,7 @@ from lmkit.cli.common import same_outcome_everywhere
 from lmkit.errors import UsageError
 from lmkit.fileio import atomic_write_bytes
 
-__all__ = ["RunData", "load_run_data", "load_ptb_everywhere", "tokenizer_everywhere"]
+__all__ = ["RunData", "load_run_data", "load_pair_data", "load_ptb_everywhere", "tokenizer_everywhere"]
 
 
 @dataclass
@@ -34,19 +39,22 @@ class RunData:
     """The id streams of a run and what made them.
 
     Attributes:
-      train, valid, test: int32 id streams (valid and test may be None).
-      vocab: the PTB :class:`~lmkit.data.Vocab`, or the text data's tokenizer.
+      train, valid, test: int32 id streams (valid and test may be None); for
+        pairs, :class:`~lmkit.data.paired.Pairs`.
+      vocab: the PTB :class:`~lmkit.data.Vocab`, or the text data's tokenizer
+        (for pairs the target side's).
       words: words of each split, for perplexity per word; empty for
         word-level data, where a token is a word.
       config: the config, its ``vocab_size`` the tokenizer's for text data.
     """
 
-    train: np.ndarray
-    valid: Optional[np.ndarray]
-    test: Optional[np.ndarray]
+    train: Any
+    valid: Optional[Any]
+    test: Optional[Any]
     vocab: Any
     config: Any
     words: Dict[str, int] = field(default_factory=dict)
+    source_vocab: Any = None  # pairs: the source side's tokenizer (the same object when shared)
 
 
 def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
@@ -93,11 +101,13 @@ def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size:
     return _everywhere(local is not None, lambda: ptb.load_ptb(local if local else data_dir))
 
 
-def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] = None):
+def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] = None,
+                         train_file: Optional[str] = None):
     """Rank 0 trains (or reuses) the config's tokenizer in ``model_dir``; every rank gets it.
 
     With a data cache, a tokenizer trained before on the same files with the
-    same settings (in any model folder) is copied from it.
+    same settings (in any model folder) is copied from it. ``train_file``
+    (default: the config's) names the text it trains on.
 
     Raises:
       DataError: on every rank, when rank 0 cannot train or reuse it.
@@ -105,7 +115,7 @@ def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] =
     from lmkit.data.tokenizers import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 
     def train() -> None:
-        train_tokenizer(config.tokenizer, config.train_file, model_dir, cache_dir=cache_dir,
+        train_tokenizer(config.tokenizer, train_file or config.train_file, model_dir, cache_dir=cache_dir,
                         **config.tokenizer_options)
 
     dist.run_on_chief(train)
@@ -131,6 +141,8 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
       UsageError: bad files, a vocabulary that does not match the config,
         a tokenizer in ``model_dir`` unlike the one asked for.
     """
+    if config.data == "pairs":
+        return load_pair_data(config, model_dir, log)
     if config.data == "ptb":
         data = load_ptb_everywhere(data_path, data_url, expected_vocab_size=config.vocab_size,
                                    verify=verify)
@@ -236,3 +248,67 @@ def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: 
              for k, name in enumerate(streams)]
     log(f"text: {', '.join(sizes)} ({tokenizer.name} ids, from the data cache {root})")
     return streams
+
+
+def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> RunData:
+    """An encoder-decoder's pairs and tokenizers on every rank (call it on every rank, in the same order).
+
+    Returns:
+      :class:`RunData` with :class:`~lmkit.data.paired.Pairs` for train,
+      valid and test, the target tokenizer as ``vocab``, the source's as
+      ``source_vocab``, and the config's ``vocab_size`` and
+      ``source_vocab_size`` set from them.
+
+    Raises:
+      UsageError: a missing or non-UTF-8 file, files of different line
+        counts, a split with no usable pair, a tokenizer without start, end
+        and padding ids (on every rank).
+    """
+    from lmkit.config import PAIR_FILE_KEYS
+    from lmkit.data.paired import SpecialIds, encode_pairs, read_pairs
+    from lmkit.data.sources import SEPARATOR
+    from lmkit.data.textfile import check_text_file
+    from lmkit.data.token_cache import cache_root
+    from lmkit.layout import SOURCE_TOKENIZER_DIR
+
+    splits = {split: (getattr(config, source_key), getattr(config, target_key))
+              for split, (source_key, target_key) in zip(("train", "valid", "test"), PAIR_FILE_KEYS)
+              if getattr(config, source_key)}
+    readable = all(os.path.isfile(path) for paths in splits.values() for path in paths)
+
+    def read() -> Dict[str, Any]:  # checked before anything is written into the model folder
+        lines = {}
+        for split, (source_path, target_path) in splits.items():
+            prefix = "" if split == "train" else f"{split}_"
+            check_text_file(source_path, f"{prefix}source_file")
+            check_text_file(target_path, f"{prefix}target_file")
+            lines[split] = read_pairs(source_path, target_path)
+        return lines
+
+    lines = _everywhere(readable, read)
+    cache = cache_root(config.data_cache)
+    source, target = splits["train"]
+    if config.share_vocab:
+        tokenizer = source_tokenizer = tokenizer_everywhere(config, model_dir, cache,
+                                                            train_file=f"{source}{SEPARATOR}{target}")
+    else:
+        tokenizer = tokenizer_everywhere(config, model_dir, cache, train_file=target)
+        source_tokenizer = tokenizer_everywhere(config, os.path.join(model_dir, SOURCE_TOKENIZER_DIR), cache,
+                                                train_file=source)
+
+    def encode() -> Dict[str, Any]:
+        SpecialIds.of(tokenizer)  # the targets' start, end and padding ids
+        return {split: encode_pairs(*lines[split], source_tokenizer.encode, tokenizer.encode,
+                                    max_source_length=config.source_length_limit,
+                                    max_target_length=config.target_length_limit) for split in splits}
+
+    pairs = same_outcome_everywhere(encode)
+    for split, (source_path, target_path) in splits.items():
+        log(f"{split} pairs: {pairs[split].report.summary()} ({source_path}, {target_path}; at most "
+            f"{config.source_length_limit} source and {config.target_length_limit} target tokens)")
+    config = config.replace(vocab_size=tokenizer.vocab_size, source_vocab_size=source_tokenizer.vocab_size)
+    shared = "one tokenizer for both sides" if config.share_vocab else \
+        f"source {source_tokenizer.vocab_size} ids in {os.path.join(model_dir, SOURCE_TOKENIZER_DIR)}"
+    log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir} ({shared})")
+    return RunData(pairs["train"], pairs.get("valid"), pairs.get("test"), tokenizer, config,
+                   source_vocab=source_tokenizer)

@@ -1,7 +1,8 @@
-"""``lmkit evaluate``: perplexity of a trained model on a text, per token and per word.
+"""``lmkit evaluate``: perplexity of a trained model on a text, per token and per word; BLEU of an encoder-decoder.
 
     lmkit evaluate --model_dir runs/wt2 --text_file ../shared/data/wikitext-2/test.txt
     lmkit evaluate --model_dir runs/config_small --split test --data_path data/ptb
+    lmkit evaluate --model_dir runs/reverse --source_file test.src --target_file test.tgt --json
 
 The text is encoded with the run's own tokenizer (or PTB vocabulary) and read
 in order, ``--batch_size`` rows of ``num_steps`` tokens at a time (a
@@ -9,6 +10,15 @@ recurrent state carries across windows). Perplexity per word divides the
 total negative log-likelihood by the whitespace-separated words of the same
 text (plus one per line, whose end is predicted too), so models with
 different tokenizers compare. Runs in one process.
+
+An encoder-decoder's run (trained on pairs) is evaluated on line-aligned
+--source_file and --target_file (default: the run's --split, test): the
+perplexity of the targets given the sources (per target token, the end id
+included), then each source decoded (--strategy greedy by default, or beam
+with --beam_width and --length_penalty) and compared with its target: corpus
+BLEU (sacrebleu, the standard implementation, 13a tokenization) and exact
+match (the share of outputs equal to their target). --output writes the
+outputs, one a line.
 
 Output: one line on stdout (or a JSON object with --json). Exit status: 0
 done, 2 bad input (one ``error:`` line on stderr), 1 a crash.
@@ -38,6 +48,15 @@ def build_parser(prog: str = "lmkit evaluate") -> argparse.ArgumentParser:
     p.add_argument("--data_path", default="data/ptb", help="PTB runs: the folder with ptb.*.txt")
     p.add_argument("--batch_size", type=int, default=None,
                    help="rows read side by side; default: the run's eval_batch_size or batch_size")
+    pairs = p.add_argument_group("encoder-decoders")
+    pairs.add_argument("--source_file", default=None, metavar="PATH", help="sources, one a line")
+    pairs.add_argument("--target_file", default=None, metavar="PATH", help="their references, line-aligned")
+    pairs.add_argument("--strategy", choices=["greedy", "beam"], default="greedy", help="how outputs are decoded")
+    pairs.add_argument("--beam_width", type=int, default=4)
+    pairs.add_argument("--length_penalty", type=float, default=0.6, help="GNMT alpha for beam search")
+    pairs.add_argument("--max_new_tokens", type=int, default=None,
+                       help="the longest output (default: the model's max_positions - 1)")
+    pairs.add_argument("--output", default=None, metavar="PATH", help="write the outputs there, one a line")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a line")
     p.add_argument("--verbose", action="store_true",
                    help="keep TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
@@ -68,6 +87,12 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     check_model_dir(args.model_dir)
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch_size {args.batch_size} must be >= 1")
+    from lmkit.transduction import is_seq2seq_run
+    if is_seq2seq_run(args.model_dir):
+        return _evaluate_pairs(args)
+    if args.source_file or args.target_file:
+        raise UsageError(f"--source_file and --target_file evaluate an encoder-decoder, but {args.model_dir} holds a "
+                         "language model; pass --text_file")
     from lmkit.config import TrainConfig
     from lmkit.data.text import load_text_data
     from lmkit.data.tokenizers import tokenizer_of_run
@@ -98,4 +123,76 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     else:
         print(f"{path}: perplexity {report['perplexity']:.2f} per token ({tokens} tokens), "
               f"{report['word_perplexity']:.2f} per word ({words} words)", flush=True)
+    return 0
+
+
+def _pair_paths(args: argparse.Namespace, config) -> "tuple[str, str]":
+    """The sources and references to evaluate: the flags, or the run's --split."""
+    if args.text_file is not None:
+        raise UsageError(f"{args.model_dir} holds an encoder-decoder: pass --source_file and --target_file, "
+                         "not --text_file")
+    if bool(args.source_file) != bool(args.target_file):
+        raise UsageError("give both --source_file and --target_file (line i of one goes with line i of the other)")
+    if args.source_file:
+        return args.source_file, args.target_file
+    split = args.split or "test"
+    prefix = "" if split == "train" else f"{split}_"
+    source, target = getattr(config, f"{prefix}source_file"), getattr(config, f"{prefix}target_file")
+    if not source:
+        raise UsageError(f"the run in {args.model_dir} had no {prefix}source_file; pass --source_file and "
+                         "--target_file")
+    return source, target
+
+
+def _evaluate_pairs(args: argparse.Namespace) -> int:
+    """Perplexity, BLEU and exact match of an encoder-decoder on line-aligned pairs."""
+    from lmkit.config import TrainConfig
+    from lmkit.data.paired import encode_pairs, read_pairs
+    from lmkit.data.tokenizers import tokenizer_of_run
+    from lmkit.train.checkpoint import read_config_dict
+    from lmkit.transduction import score, source_tokenizer_of_run
+
+    for flag, value in (("--beam_width", args.beam_width), ("--max_new_tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} {value} must be >= 1")
+    config = TrainConfig.from_dict(read_config_dict(args.model_dir), source=f"{args.model_dir}/{CONFIG_FILE}")
+    checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
+    source_path, target_path = _pair_paths(args, config)
+    sources, references = read_pairs(source_path, target_path)  # checks the files: no TF yet
+    tokenizer = tokenizer_of_run(args.model_dir)
+    source_tokenizer = source_tokenizer_of_run(args.model_dir, config.share_vocab)
+    # Perplexity over the pairs the model can read; BLEU and exact match over every line.
+    pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
+                         max_source_length=config.max_source_positions, max_target_length=config.max_positions - 1)
+    user_modules_importable()
+
+    from lmkit import distributed as dist
+    from lmkit.data.paired import SpecialIds
+    from lmkit.train.evaluation import PairEvaluator
+    from lmkit.train.metrics import perplexity
+    from lmkit.transduction import load_seq2seq, transduce
+
+    dist.init(backend="local")
+    run = load_seq2seq(args.model_dir, checkpoint)
+    batch = args.batch_size or config.eval_batch_size or config.batch_size
+    total, tokens = PairEvaluator(run.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
+    loss = total / max(tokens, 1)
+    outputs = transduce(run, sources, strategy=args.strategy, beam_width=args.beam_width,
+                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, batch_size=batch)
+    if args.output:
+        from lmkit.fileio import atomic_write_text
+        atomic_write_text(args.output, "".join(text.replace("\n", " ") + "\n" for text in outputs))
+    scores = score(outputs, references)
+    report = {"model_dir": args.model_dir, "source_file": source_path, "target_file": target_path,
+              "pairs": len(sources), "scored_pairs": len(pairs), "target_tokens": tokens,
+              "loss_per_token": loss, "perplexity": perplexity(loss), "strategy": args.strategy,
+              **({"beam_width": args.beam_width, "length_penalty": args.length_penalty}
+                 if args.strategy == "beam" else {}), **scores}
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        skipped = "" if len(pairs) == len(sources) else f" of {len(pairs)} readable pairs ({pairs.report.summary()})"
+        print(f"{target_path}: perplexity {report['perplexity']:.2f} per token ({tokens} target tokens{skipped}), "
+              f"BLEU {scores['bleu']:.2f}, exact match {100 * scores['exact_match']:.1f}% of {len(sources)} "
+              f"({args.strategy})", flush=True)
     return 0

@@ -32,6 +32,13 @@ their training text does; a Hugging Face folder reads the prompt as given
 samples of a prompt are the best --num_samples hypotheses of one beam
 search (within the model's context).
 
+An encoder-decoder's run (trained on pairs) writes one output line per
+source: the lines of --source_file (or each --prompt, read as a source), in
+their order, with --strategy greedy (its default there), sample, top_k, top_p
+or beam (--beam_width, --length_penalty); --max_new_tokens bounds an output
+(default: the model's max_positions - 1), --batch_size sources are decoded
+side by side (docs/seq2seq.md).
+
 Exit status: 0 done, 2 bad input (one ``error:`` line on stderr), 141 the
 reader of the output left (``| head``; no message), 1 a crash.
 """
@@ -55,15 +62,22 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
     """The flags of ``lmkit generate``; a bad flag prints the usage and exits with status 2."""
     p = model_dir_parser(prog, __doc__)
     p.add_argument("--prompt", action="append", default=None,
-                   help="text to continue (repeatable; default: the start of a sentence)")
-    p.add_argument("--strategy", choices=SAMPLER_NAMES, default="top_p")
+                   help="text to continue (repeatable; default: the start of a sentence); an encoder-decoder's "
+                        "source")
+    p.add_argument("--source_file", default=None, metavar="PATH",
+                   help="encoder-decoders: the sources, one a line; one output line per source line")
+    p.add_argument("--batch_size", type=int, default=32, help="encoder-decoders: sources decoded side by side")
+    p.add_argument("--strategy", choices=SAMPLER_NAMES, default=None,
+                   help="top_p for language models, greedy for encoder-decoders")
     p.add_argument("--temperature", type=float, default=1.0, help="sample, top_k, top_p")
     p.add_argument("--top_k", type=int, default=40)
     p.add_argument("--top_p", type=float, default=0.9)
     p.add_argument("--beam_width", type=int, default=4)
     p.add_argument("--length_penalty", type=float, default=0.6, help="GNMT alpha for beam search")
     p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
-    p.add_argument("--max_length", type=int, default=50, help="tokens per sample, prompt included")
+    p.add_argument("--max_length", type=int, default=None,
+                   help="tokens per sample, prompt included (default 50; not for encoder-decoders: "
+                        "--max_new_tokens)")
     p.add_argument("--context", type=int, default=None,
                    help="transformers: tokens the model reads before its window slides on (default: "
                         "the num_steps it was trained on, whose positions it learned; a pretrained "
@@ -132,6 +146,13 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     """
     from lmkit.data.tokenizers import tokenizer_of_run
 
+    if args.source_file is not None:
+        raise UsageError(f"--source_file is for an encoder-decoder's run, but {args.model_dir} holds a language "
+                         "model; give its text as --prompt")
+    if args.max_length is None:
+        args.max_length = 50
+    if args.strategy is None:
+        args.strategy = "top_p"
     limits = [
         ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
         ("--max_length", args.max_length, args.max_length >= 1, "must be >= 1"),
@@ -240,9 +261,93 @@ def build_sampler(args: argparse.Namespace):
                               beam_width=args.beam_width, length_penalty=args.length_penalty)
 
 
+def _sources(args: argparse.Namespace) -> List[str]:
+    """An encoder-decoder's sources: the lines of --source_file, or the --prompt texts (not both)."""
+    from lmkit.data.paired import read_lines
+    if args.source_file is not None and args.prompt:
+        raise UsageError("give the sources as --source_file or as --prompt, not both")
+    if args.source_file is None and not args.prompt:
+        raise UsageError(f"{args.model_dir} holds an encoder-decoder: give --source_file (one source a line) "
+                         "or --prompt TEXT (one source)")
+    return read_lines(args.source_file, "source") if args.source_file is not None else list(args.prompt)
+
+
+def check_transduction_args(args: argparse.Namespace) -> None:
+    """The flags of an encoder-decoder's run: the per-token and language-model-only ones are refused.
+
+    Raises:
+      UsageError: naming the flag.
+    """
+    only_lm = [("--max_length", args.max_length is not None), ("--context", args.context is not None),
+               ("--stop", bool(args.stop)), ("--stop_at_eos", args.stop_at_eos), ("--chat", args.chat),
+               ("--system", args.system is not None), ("--stream", bool(args.stream)),
+               ("--start_token/--no_start_token", args.start_token is not None),
+               ("--num_samples", args.num_samples != 1), ("--repetition_penalty", args.repetition_penalty != 1.0),
+               ("--min_new_tokens", args.min_new_tokens != 0), ("--one_line", args.one_line)]
+    for flag, given in only_lm:
+        if given:
+            raise UsageError(f"{flag} applies to language models; {args.model_dir} holds an encoder-decoder, which "
+                             "writes one line per source (--max_new_tokens bounds it)")
+    limits = [("--batch_size", args.batch_size, args.batch_size >= 1, "must be >= 1"),
+              ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
+              ("--temperature", args.temperature, args.temperature > 0, "must be > 0"),
+              ("--top_k", args.top_k, args.top_k >= 1, "must be >= 1"),
+              ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
+              ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
+              ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
+               "must be >= 1")]
+    for flag, value, ok, need in limits:
+        if not ok:
+            raise UsageError(f"{flag} {value} {need}")
+
+
+def _transduce_main(args: argparse.Namespace) -> int:
+    """``lmkit generate`` for an encoder-decoder: one output line per source."""
+    check_transduction_args(args)
+    sources = _sources(args)
+    strategy = args.strategy or "greedy"
+    user_modules_importable()
+    from lmkit import distributed as dist
+    from lmkit.layout import resolve_checkpoint
+    from lmkit.transduction import load_seq2seq, transduce
+
+    dist.init(backend="local")
+    start = time.perf_counter()
+    run = load_seq2seq(args.model_dir, resolve_checkpoint(args.model_dir, args.checkpoint))
+    loaded = time.perf_counter() - start
+    seed = args.seed
+    if seed is None and strategy not in ("greedy", "beam"):
+        from lmkit.decoding.prompts import check_seed
+        seed = check_seed(None)
+        sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
+    limit = run.model.max_positions - 1
+    if args.max_new_tokens is not None and args.max_new_tokens > limit:
+        raise UsageError(f"--max_new_tokens {args.max_new_tokens} exceeds what the decoder holds: {limit} "
+                         f"(max_positions {run.model.max_positions}, the start id included)")
+    start = time.perf_counter()
+    outputs = transduce(run, sources, strategy=strategy, beam_width=args.beam_width,
+                        length_penalty=args.length_penalty, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                        seed=seed)
+    seconds = time.perf_counter() - start
+    try:
+        for text in outputs:
+            print(one_line(text), flush=False)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise OutputClosed() from None
+    if args.verbose:
+        sys.stderr.write(f"model {run.config.model} loaded in {loaded:.1f} s; {len(sources)} sources in "
+                         f"{seconds:.2f} s (compiling the decode loop included), {strategy}\n")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> int:
     """Generates as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     args = build_parser(prog).parse_args(argv)
+    from lmkit.transduction import is_seq2seq_run
+    if not is_hf_folder(args.model_dir) and is_seq2seq_run(args.model_dir):
+        return _transduce_main(args)
     tokenizer, prompts, unknown = check_args(args)
     user_modules_importable()
 

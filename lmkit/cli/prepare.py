@@ -37,6 +37,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
     parser.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
     args = parser.parse_args(argv)
     config = config_from_args(args, distributed=False)
+    if config.data == "pairs":
+        raise UsageError("lmkit prepare fills the data cache of language models' text; source/target pairs "
+                         "are read and encoded at the start of lmkit train itself (nothing to prepare)")
     if config.data != "text":
         raise UsageError("lmkit prepare encodes your own text; pass --train_file (PTB needs no "
                          "preparing: lmkit train downloads and reads it)")

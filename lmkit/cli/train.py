@@ -8,9 +8,12 @@
     mpirun -np 2 lmkit train --init_from gpt2_folder --train_file train.txt --model_dir runs/ft  # GPT-2
     mpirun -np 2 lmkit train --init_from llama_folder --lora_rank 8 --train_file train.txt  # LoRA
     python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- lmkit train --backend native ...
+    lmkit train --config config_seq2seq --source_file src.txt --target_file tgt.txt \
+        --valid_source_file vsrc.txt --valid_target_file vtgt.txt     # an encoder-decoder
 
-The config names the model and the data (``data = "ptb"`` or ``"text"``);
-flags override it (``--train_file`` alone switches a PTB config to text).
+The config names the model and the data (``data = "ptb"``, ``"text"`` or
+``"pairs"``); flags override it (``--train_file`` alone switches a PTB config
+to text, ``--source_file`` to pairs, which an encoder-decoder trains on).
 Rank 0 downloads PTB or trains the tokenizer into ``--model_dir``, splits
 nothing but the global batch across the workers, evaluates, logs and writes
 checkpoints (also when ``--max_steps`` stops training inside an epoch), the
@@ -42,8 +45,9 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", default=None,
                    help="config name in configs/ (config_small, config_medium, config_large, "
-                        "config_transformer, config_gpt2_finetune, ...) or a path to a .py file; default "
-                        "config_small, or config_gpt2_finetune with --init_from")
+                        "config_transformer, config_gpt2_finetune, config_seq2seq, ...) or a path to a .py "
+                        "file; default config_small, config_gpt2_finetune with --init_from, config_seq2seq "
+                        "with --source_file")
     p.add_argument("--init_from", default=None,
                    help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral: a Hugging Face folder "
                         "(config.json, model.safetensors, tokenizer.json or vocab.json + merges.txt) or "
@@ -81,6 +85,15 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                       help="validation text (rank 0 evaluates it), as --train_file")
     data.add_argument("--test_file", default=None, nargs="+", metavar="PATH",
                       help="test text (rank 0 evaluates it at the end), as --train_file")
+    pairs = p.add_argument_group("pairs (encoder-decoders: config_seq2seq, config_seq2seq_rnn)")
+    pairs.add_argument("--source_file", default=None, metavar="PATH",
+                       help="the training sources, one a line (UTF-8); line i goes with line i of "
+                            "--target_file; switches the config to data = 'pairs'")
+    pairs.add_argument("--target_file", default=None, metavar="PATH", help="the training targets, one a line")
+    for split, what in (("valid", "evaluated by rank 0 after every epoch"), ("test", "evaluated at the end")):
+        pairs.add_argument(f"--{split}_source_file", default=None, metavar="PATH",
+                           help=f"{split} sources ({what}), with --{split}_target_file")
+        pairs.add_argument(f"--{split}_target_file", default=None, metavar="PATH", help=f"{split} targets")
     data.add_argument("--data_cache", default=None, metavar="DIR",
                       help="text: the folder where encoded text is kept and reused by later runs "
                            "(default: $LMKIT_DATA_CACHE, else ~/.cache/lmkit/tokens); 'none' encodes "
@@ -156,9 +169,13 @@ def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, An
              "spm_model_type": args.spm_model_type, "precision": args.precision,
              "grad_accum_steps": args.grad_accum_steps, "lora_rank": args.lora_rank,
              "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets}
+    from lmkit.config import PAIR_FILE_KEYS
+    named.update({key: getattr(args, key) for keys in PAIR_FILE_KEYS for key in keys})
     overrides.update({k: v for k, v in named.items() if v is not None})
     if args.train_file is not None:
         overrides["data"] = "text"
+    if args.source_file is not None or args.target_file is not None:
+        overrides["data"] = "pairs"
     if distributed:
         if args.sparse_as_dense:
             overrides["sparse_as_dense"] = True  # DIST
@@ -181,7 +198,8 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     """
     from lmkit.config import load_config
     if args.config is None:
-        args.config = "config_gpt2_finetune" if args.init_from else "config_small"
+        args.config = ("config_gpt2_finetune" if args.init_from else
+                       "config_seq2seq" if args.source_file or args.target_file else "config_small")
     overrides = _flag_overrides(args, distributed)
     if not args.init_from:
         return load_config(args.config, overrides)
@@ -189,6 +207,23 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
     overrides["init_from"] = os.path.abspath(folder)  # checked with the keys that need it (lora_rank)
     return pretrained_training_config(load_config(args.config, overrides), folder)  # --train_file: data = "text"
+
+
+def check_model_data(cls: type, config: Any) -> None:
+    """An encoder-decoder trains on pairs, a language model on a stream: the config must fit the model.
+
+    Raises:
+      UsageError: naming the model, the data and the fix.
+    """
+    from lmkit.errors import UsageError
+    conditional = bool(getattr(cls, "conditional", False))
+    if conditional and config.data != "pairs":
+        raise UsageError(f"model {config.model!r} is an encoder-decoder: it trains on source/target pairs, not "
+                         f"data = {config.data!r}; pass --source_file and --target_file (config_seq2seq)")
+    if not conditional and config.data == "pairs":
+        raise UsageError(f"model {config.model!r} is a language model, but data = 'pairs' is for encoder-decoders; "
+                         "use model = 'transformer_seq2seq' or 'rnn_seq2seq' (--config config_seq2seq), or "
+                         "--train_file for a language model")
 
 
 def _model_dir(args: argparse.Namespace) -> str:
@@ -215,7 +250,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     from lmkit.train import Trainer
     from lmkit.train.accumulation import micro_batch_rows
 
-    model_class(config.model)  # a model that cannot be built fails before anything is written
+    check_model_data(model_class(config.model)[0], config)  # before anything is written
 
     # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
     dist.init(backend=config.backend if distributed else "local",  # DIST

@@ -20,6 +20,18 @@ first), and :func:`bucketed_batches` forms an epoch's global batches:
 ``[r*B/N, (r+1)*B/N)`` of every global batch (:func:`shard_rows`), so every
 rank runs the same number of steps and the ranks' rows in rank order are the
 single-process batch.
+
+:class:`PairBatches` turns the bucketed batches into what the trainer feeds
+the model, one batch at a time: ``(source, source_mask, target_inputs)`` and
+``(target_outputs, weights)``. Every rank pads its rows to the lengths of the
+*global* batch, rounded up to a length bucket (:func:`padded_length`: 8, 16,
+24, 32, then about 1.5 times the one before, so a compiled step sees few
+shapes and about a third of a row at most is padding), and the weights are the target mask times
+``batch_size / tokens``, ``tokens`` the global batch's target tokens: the
+trainer's loss (the mean over rows of the weighted sum over positions) is
+then the mean loss per target token of the global batch, whatever the number
+of ranks and micro-batches it is split into. :func:`eval_pair_batches` reads
+pairs in order for evaluation, with weights 1 (the sum).
 """
 
 from __future__ import annotations
@@ -32,10 +44,15 @@ import numpy as np
 from lmkit.data.batching import check_shard
 from lmkit.data.errors import DataError
 
-__all__ = ["PairReport", "Pairs", "bucketed_batches", "encode_pairs", "pad_rows", "read_pairs", "shard_rows"]
+__all__ = ["PAD_MULTIPLE", "PairBatches", "PairReport", "Pairs", "bucketed_batches", "encode_pairs",
+           "SpecialIds", "eval_pair_batches", "pad_rows", "padded_length", "read_lines", "read_pairs",
+           "shard_rows"]
+
+#: Batches are padded to a multiple of this many positions (and to buckets growing by 1.5x past 32).
+PAD_MULTIPLE = 8
 
 
-def _lines(path: str, side: str) -> List[str]:
+def read_lines(path: str, side: str) -> List[str]:
     """The file's lines split at "\n" only (as `wc -l` counts them), a final "\r" (CRLF) dropped."""
     try:
         with open(path, encoding="utf-8", newline="") as f:
@@ -56,7 +73,7 @@ def read_pairs(source_path: str, target_path: str) -> Tuple[List[str], List[str]
       DataError: a missing or non-UTF-8 file, or files of different line counts
         (naming both counts).
     """
-    source, target = _lines(source_path, "source"), _lines(target_path, "target")
+    source, target = read_lines(source_path, "source"), read_lines(target_path, "target")
     for lines, path in ((source, source_path), (target, target_path)):
         if not lines:
             raise DataError(f"{path} holds no lines; pass a file with one example a line")
@@ -200,3 +217,123 @@ def pad_rows(rows: Sequence[np.ndarray], pad_id: int, length: Optional[int] = No
     for i, row in enumerate(rows):
         out[i, :len(row)] = row
     return out, lengths
+
+
+def padded_length(length: int, multiple: int = PAD_MULTIPLE) -> int:
+    """The smallest bucket that holds ``length``: 8, 16, 24, 32, 48, 72, 112, 168, 256, ...
+
+    Multiples of ``multiple`` up to ``4 * multiple``, then each bucket about 1.5
+    times the one before (rounded up to a multiple of ``multiple``): few
+    shapes for a compiled step (under XLA each one compiles once), and
+    about a third of a padded row at most is padding.
+    """
+    bucket = multiple
+    while bucket < length:
+        bucket = bucket + multiple if bucket < 4 * multiple else -(-(bucket * 3 // 2) // multiple) * multiple
+    return bucket
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    """The target side's start (fed first), end (predicted last) and padding ids."""
+
+    bos: int
+    eos: int
+    pad: int
+
+    @classmethod
+    def of(cls, tokenizer) -> "SpecialIds":
+        """The tokenizer's ``bos_id``, ``eos_id`` and ``pad_id``.
+
+        Raises:
+          DataError: the tokenizer lacks one (naming it).
+        """
+        ids = {role: getattr(tokenizer, f"{role}_id", None) for role in ("bos", "eos", "pad")}
+        missing = [role for role, value in ids.items() if value is None]
+        if missing:
+            raise DataError(f"the {getattr(tokenizer, 'name', type(tokenizer).__name__)} tokenizer has no "
+                            f"{' or '.join(r + '_id' for r in missing)}; an encoder-decoder's targets need start, "
+                            "end and padding ids: use the word, sentencepiece, char or byte tokenizer")
+        return cls(**ids)
+
+
+def _pair_arrays(pairs: Pairs, rows: np.ndarray, special: SpecialIds, source_length: int,
+                 target_length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """source, source mask, target inputs (bos + ids), target outputs (ids + eos), target mask of ``rows``."""
+    source, source_lengths = pad_rows([pairs.source[j] for j in rows], special.pad, source_length)
+    targets = [pairs.target[j] for j in rows]
+    target_in, lengths = pad_rows([np.concatenate([[special.bos], t]) for t in targets], special.pad,
+                                  target_length)
+    target_out, _ = pad_rows([np.concatenate([t, [special.eos]]) for t in targets], special.pad, target_length)
+    positions = np.arange(source_length)[np.newaxis]
+    source_mask = positions < source_lengths[:, np.newaxis]
+    target_mask = np.arange(target_length)[np.newaxis] < lengths[:, np.newaxis]
+    return source, source_mask, target_in, target_out, target_mask
+
+
+class PairBatches:
+    """This rank's batches of one epoch of pairs: ``len()`` steps, ``[i]`` is ``(inputs, targets)``.
+
+    ``inputs = (source [rows, S] int32, source_mask [rows, S] bool, target_inputs [rows, T] int32)``
+    and ``targets = (target_outputs [rows, T] int32, weights [rows, T] float32)``, ``rows`` =
+    ``batch_size / size``; ``S`` and ``T`` the global batch's longest source and target (plus
+    one: the start or end id), rounded up to :data:`PAD_MULTIPLE`. The weights are the target
+    mask times ``batch_size / tokens`` (``tokens``: the global batch's target positions), so
+    the mean over rows of the weighted loss sum is the global batch's mean loss per token.
+
+    Attributes:
+      loss_tokens: 1: a step's loss is already per token (a language model's window sums
+        ``num_steps`` of them).
+      tokens_per_step: the mean number of target tokens of a global batch.
+    """
+
+    loss_tokens = 1
+
+    def __init__(self, pairs: Pairs, batch_size: int, special: SpecialIds, *, epoch: int, seed: int,
+                 rank: int = 0, size: int = 1, pool_batches: int = 50) -> None:
+        """Args and errors: as :func:`bucketed_batches` and :func:`shard_rows`."""
+        check_shard(batch_size, rank, size)
+        self.pairs, self.special = pairs, special
+        self.batch_size, self.rank, self.size = int(batch_size), int(rank), int(size)
+        self.source_lengths, self.target_lengths = pairs.lengths()
+        self.index = bucketed_batches(self.source_lengths, self.target_lengths, batch_size, epoch=epoch,
+                                      seed=seed, pool_batches=pool_batches)
+        self.tokens_per_step = float(np.mean(np.sum(self.target_lengths[self.index] + 1, axis=1)))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> Tuple[Tuple[np.ndarray, np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"batch {i} of {len(self)}")
+        rows = self.index[i]  # the global batch: the same on every rank
+        source_length = padded_length(self.source_lengths[rows].max())
+        target_length = padded_length(self.target_lengths[rows].max() + 1)
+        tokens = int(np.sum(self.target_lengths[rows] + 1))
+        source, source_mask, target_in, target_out, target_mask = _pair_arrays(
+            self.pairs, shard_rows(rows, self.rank, self.size), self.special, source_length, target_length)
+        weights = target_mask.astype(np.float32) * np.float32(self.batch_size / tokens)
+        return (source, source_mask, target_in), (target_out, weights)
+
+
+def eval_pair_batches(pairs: Pairs, batch_size: int, special: SpecialIds):
+    """Every pair once, ``batch_size`` rows at a time sorted by length, as ``(inputs, (outputs, mask))``.
+
+    The mask is 1.0 at each target position (0 for padding); the last batch
+    is filled up with copies of its first row, masked out entirely, so each
+    batch has ``batch_size`` rows. Yields ``(inputs, targets)`` like
+    :class:`PairBatches` with the plain mask as the weights: the weighted sum
+    is a batch's total loss.
+    """
+    check_shard(batch_size, 0, 1)
+    source_lengths, target_lengths = pairs.lengths()
+    order = np.lexsort((target_lengths, source_lengths))
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        real = len(rows)
+        rows = np.concatenate([rows, np.full(batch_size - real, rows[0])])
+        source, source_mask, target_in, target_out, target_mask = _pair_arrays(
+            pairs, rows, special, padded_length(source_lengths[rows].max()),
+            padded_length(target_lengths[rows].max() + 1))
+        target_mask[real:] = False
+        yield (source, source_mask, target_in), (target_out, target_mask.astype(np.float32))

@@ -57,6 +57,9 @@ MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
               "output_bias": False}),
     # RMSNorm, rotary positions, SwiGLU, grouped-query attention: Llama, Qwen2, Mistral (lmkit.hf_llama).
     "llama": ("lmkit.models.llama:LlamaLanguageModel", {}),
+    # Encoder-decoders (conditional = True: they train on data = "pairs").
+    "transformer_seq2seq": ("lmkit.models.transformer_seq2seq:TransformerSeq2Seq", {}),
+    "rnn_seq2seq": ("lmkit.models.rnn_seq2seq:RNNSeq2Seq", {}),
 }
 
 _LAZY = {

@@ -72,8 +72,9 @@ def accumulate_gradients(micro_step: MicroStep, inputs: tf.Tensor, targets: tf.T
 
     Args:
       micro_step: computes one micro-batch's loss, (local) gradients and new state.
-      inputs: int32 [rows, time]; ``rows`` a multiple of ``steps``.
-      targets: the same shape.
+      inputs: int32 [rows, time]; ``rows`` a multiple of ``steps``; or a nest of
+        [rows, ...] tensors (an encoder-decoder's source, mask and target inputs).
+      targets: the same shape (or a nest of [rows, ...] tensors).
       state: the carried state of all the rows (a nest of [rows, ...]), or None.
       steps: the number of micro-batches k (1 calls ``micro_step`` once).
       sparse_as_dense: sum ``IndexedSlices`` gradients densely.
@@ -84,18 +85,18 @@ def accumulate_gradients(micro_step: MicroStep, inputs: tf.Tensor, targets: tf.T
     """
     if steps == 1:
         return micro_step(inputs, targets, state)
-    xs, ys = _blocks(inputs, steps), _blocks(targets, steps)
+    xs, ys = (tf.nest.map_structure(lambda t: _blocks(t, steps), nest) for nest in (inputs, targets))
     states = None if state is None else tf.nest.map_structure(lambda s: _blocks(s, steps), state)
 
-    def block_state(j: Any) -> Any:
-        return None if states is None else tf.nest.map_structure(lambda s: s[j], states)
+    def block(nest: Any, j: Any) -> Any:
+        return None if nest is None else tf.nest.map_structure(lambda t: t[j], nest)
 
     def prepare(grads: List[Any]) -> List[Any]:
         return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
                 for g in grads]
 
     # The first micro-batch outside the loop fixes the structure of what the loop carries.
-    loss0, grads0, state0 = micro_step(xs[0], ys[0], block_state(0))
+    loss0, grads0, state0 = micro_step(block(xs, 0), block(ys, 0), block(states, 0))
     grads0 = prepare(grads0)
     kinds = ["none" if g is None else "sparse" if isinstance(g, tf.IndexedSlices) else "dense" for g in grads0]
     dense0 = [g for g, kind in zip(grads0, kinds) if kind == "dense"]
@@ -108,7 +109,7 @@ def accumulate_gradients(micro_step: MicroStep, inputs: tf.Tensor, targets: tf.T
     state_tas = [tf.TensorArray(s.dtype, size=steps, element_shape=s.shape).write(0, s) for s in flat_state0]
 
     def body(j, loss_sum, dense_sums, values_tas, index_tas, state_tas):
-        loss, grads, new_state = micro_step(xs[j], ys[j], block_state(j))
+        loss, grads, new_state = micro_step(block(xs, j), block(ys, j), block(states, j))
         grads = prepare(grads)
         dense = [g for g, kind in zip(grads, kinds) if kind == "dense"]
         sparse = [g for g, kind in zip(grads, kinds) if kind == "sparse"]

@@ -23,11 +23,11 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit.data.batching import BpttBatches
-from lmkit.losses import window_loss
+from lmkit.losses import sequence_softmax_cross_entropy, window_loss
 from lmkit.precision import scope as precision_scope
 from lmkit.train.metrics import perplexity
 
-__all__ = ["Evaluator", "word_perplexity"]
+__all__ = ["Evaluator", "PairEvaluator", "word_perplexity"]
 
 
 def word_perplexity(mean_token_loss: float, num_tokens: int, num_words: int) -> Optional[float]:
@@ -87,3 +87,51 @@ class Evaluator:
             if on_batch is not None:
                 on_batch()
         return total / (len(batches) * self.num_steps)
+
+
+class PairEvaluator:
+    """Mean loss per target token of source/target pairs under an encoder-decoder (one process).
+
+    Every pair is read once (:func:`lmkit.data.paired.eval_pair_batches`:
+    ``batch_size`` rows sorted by length, the last batch filled up with
+    masked rows); the loss sums over target tokens (the end id included) and
+    divides by their number.
+
+    Args:
+      model: a conditional model (``encode`` and ``condition=``).
+      batch_size: pairs read side by side.
+      special: the target side's :class:`~lmkit.data.paired.SpecialIds`.
+      precision, jit_compile: as :class:`Evaluator`.
+    """
+
+    def __init__(self, model: Any, batch_size: int, special: Any, precision: str = "float32",
+                 jit_compile: bool = False) -> None:
+        self.model, self.batch_size, self.special = model, batch_size, special
+
+        def eval_step(source, source_mask, target_inputs, target_outputs, mask):
+            with precision_scope(precision):
+                condition = model.encode(source, source_mask, training=False)
+                logits, _ = model(target_inputs, condition=condition, training=False)
+                return sequence_softmax_cross_entropy(target_outputs, logits, mask=mask, average_across_batch=False,
+                                                      sum_over_batch=True)
+
+        self._step = tf.function(eval_step, jit_compile=jit_compile, reduce_retracing=True)
+
+    def total_loss(self, pairs: Any, on_batch: Optional[Callable[[], None]] = None) -> "tuple[float, int]":
+        """``(sum of the target tokens' losses, number of target tokens)`` over every pair."""
+        from lmkit.data.paired import eval_pair_batches
+
+        total, tokens = 0.0, 0
+        for (source, source_mask, target_inputs), (target_outputs, mask) in eval_pair_batches(
+                pairs, self.batch_size, self.special):
+            total += float(self._step(tf.constant(source), tf.constant(source_mask), tf.constant(target_inputs),
+                                      tf.constant(target_outputs), tf.constant(mask)))
+            tokens += int(mask.sum())
+            if on_batch is not None:
+                on_batch()
+        return total, tokens
+
+    def mean_loss(self, pairs: Any, on_batch: Optional[Callable[[], None]] = None) -> float:
+        """Average cross entropy (nats) per target token of ``pairs``."""
+        total, tokens = self.total_loss(pairs, on_batch)
+        return total / max(tokens, 1)

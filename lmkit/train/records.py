@@ -89,10 +89,12 @@ class EpochRun:
     stopped: bool = False  # max_steps reached inside the epoch, or a preemption
     preempted: bool = False  # the ranks agreed to stop (a signal): checkpoint written
     save_at_end: bool = False  # a save or stop fell on the epoch's last step
+    tokens_per_step: float = 0.0  # (mean) tokens a global step trains on
 
-    def token_loss(self, num_steps: int) -> float:
-        """Mean loss per token of the applied steps so far (windows of ``num_steps`` tokens)."""
-        return self.loss_sum / max((self.steps - self.skipped) * num_steps, 1)
+    def token_loss(self, loss_tokens: int) -> float:
+        """Mean loss per token of the applied steps so far (a step's loss over ``loss_tokens`` is per token:
+        a window's ``num_steps``, 1 for pairs)."""
+        return self.loss_sum / max((self.steps - self.skipped) * loss_tokens, 1)
 
 
 class StepResult(NamedTuple):

@@ -71,9 +71,12 @@ def _check_stored(model_dir: str, config: Any, vocab: Any) -> None:
     """An earlier run's config and vocabulary in ``model_dir`` must match this run's."""
     if os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
         stored = read_config_dict(model_dir)
-        defaults = {f.name: f.default for f in dataclasses.fields(config)}
+        defaults = {f.name: None if f.default is dataclasses.MISSING else f.default
+                    for f in dataclasses.fields(config)}
         # The model's shape (model_params merged, as model_config() does) and its adapters.
-        theirs = {**{k: stored.get(k) for k in MODEL_CONFIG_KEYS}, **(stored.get("model_params") or {}),
+        # A key an older lmkit did not store had its default then.
+        theirs = {**{k: stored.get(k, defaults[k]) for k in MODEL_CONFIG_KEYS},
+                  **(stored.get("model_params") or {}),
                   **{k: stored.get(k, defaults[k]) for k in ADAPTER_KEYS}}
         # As config.json stores them (tuples as lists).
         mine = json.loads(json.dumps({**config.model_config(), **{k: getattr(config, k) for k in ADAPTER_KEYS}}))

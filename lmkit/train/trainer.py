@@ -1,10 +1,12 @@
-"""A distributed trainer for language models.
+"""A distributed trainer for language models and encoder-decoders.
 
 The same code runs in one process (``python examples/lm_ptb.py``) and on N
 workers (``mpirun -np N python examples/lm_ptb_distributed.py``):
 
 * the global batch of ``config.batch_size`` rows is split across the workers;
-  rank r trains on rows ``[r*B/N, (r+1)*B/N)`` of every BPTT batch;
+  rank r trains on rows ``[r*B/N, (r+1)*B/N)`` of every batch (BPTT rows,
+  windows, or source/target pairs: :mod:`lmkit.train.tasks` turns the data
+  into batches and a batch into a loss);
 * every variable of the model and the optimizer (slots included) is
   broadcast from rank 0 after start-up or a resume, so all ranks start equal;
 * each replica computes its gradients (with ``grad_accum_steps`` = k, the
@@ -41,12 +43,10 @@ import tensorflow as tf
 from lmkit import distributed as dist, precision
 from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
-from lmkit.data.batching import Batches, BpttBatches, num_bptt_batches
-from lmkit.data.windows import WindowBatches
+from lmkit.data.batching import Batches
 from lmkit.errors import NonFiniteError, PreemptedError, UsageError
 from lmkit.fileio import atomic_write_text
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
-from lmkit.losses import window_loss
 from lmkit.modules.lora import lora_of
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
@@ -58,15 +58,16 @@ from lmkit.preemption import PreemptionWatcher
 from lmkit.train.records import EpochRun, EpochStats, Progress, StepResult, TrainResult
 from lmkit.train.resume import Boundaries, Checkpointer, Position
 from lmkit.train.startup import check_agreement, prepare_model_dir
+from lmkit.train.tasks import task_for
 from lmkit.train.watchdog import Watchdog
 from lmkit.xla import use_xla
 
 
 class Trainer:
-    """Trains a language model (any object following docs/design.md) on id streams.
+    """Trains a language model on id streams, or an encoder-decoder on source/target pairs.
 
-    The loop is a thin layer over public pieces: the loss
-    (:func:`lmkit.losses.window_loss`), gradient averaging (:mod:`lmkit.distributed`),
+    The loop is a thin layer over public pieces: the batches and the loss
+    (:mod:`lmkit.train.tasks`), gradient averaging (:mod:`lmkit.distributed`),
     clipping (:func:`lmkit.optim.clip_gradients`), the learning-rate policy
     (:class:`lmkit.optim.LearningRatePolicy`), checkpoints
     (:class:`~lmkit.train.checkpoint.CheckpointManager`), start-up checks
@@ -74,11 +75,14 @@ class Trainer:
     and summaries (:mod:`lmkit.train.metrics`).
 
     Args:
-      model: an ``lmkit.models`` language model or a user model with the same protocol.
+      model: an ``lmkit.models`` model or a user model with the same protocol
+        (docs/design.md); one with ``conditional = True`` trains on
+        :class:`~lmkit.data.paired.Pairs`.
       config: the training config (batch, schedule, optimizer, ...).
       model_dir: where checkpoints, the config, the vocabulary, TensorBoard
         summaries and ``results.json`` go (rank 0 writes); None keeps nothing.
-      vocab: the vocabulary, stored with the checkpoints for generation.
+      vocab: the vocabulary, stored with the checkpoints for generation (an
+        encoder-decoder's target tokenizer: its start, end and padding ids frame the targets).
       optimizer: an ``lmkit.optim`` optimizer; default built from the config.
       log: where rank 0 prints its lines (default: stdout).
       record_step_losses: keep the rank-averaged loss of every step in the
@@ -130,7 +134,7 @@ class Trainer:
         self.compile_time = 0.0
         self.policy: Optional[LearningRatePolicy] = None
         self._watchdog = Watchdog(self.rank, 0.0)  # armed by fit() when there are peers
-        self._bptt: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self.task = task_for(model, config, vocab, self.rank, dist.size())  # the data's batches and loss
         self._tokens_per_word: Dict[str, float] = {}
 
     @property
@@ -176,9 +180,10 @@ class Trainer:
         # compiled): the replica's gradients and the update are compiled apart.
         split = self.xla and self.world > 1
 
+        task = self.task
+
         def forward(x, y, state):
-            logits, new_state = model(x, state, training=True)  # [b, t, vocab], float32 logits
-            loss = window_loss(y, logits)  # float32 under every precision
+            loss, new_state = task.loss(x, y, state, training=True)  # float32 under every precision
             return loss, (loss if loss_scale is None else loss_scale.scale_loss(loss)), new_state
 
         def micro_step(x, y, state):  # one micro-batch's local (not yet averaged) gradients
@@ -220,8 +225,9 @@ class Trainer:
             progress.global_step.assign_add(1)
             return new_state, healthy, finite
 
+        # Pairs come in a few padded lengths: one trace serves them all (XLA compiles each shape).
         if split:
-            local_gradients = tf.function(local_gradients, jit_compile=True)
+            local_gradients = tf.function(local_gradients, jit_compile=True, reduce_retracing=True)
             update = tf.function(update, jit_compile=True)
 
         def train_step(x, y, state, stop, save):
@@ -242,17 +248,18 @@ class Trainer:
                               dist.first(applied))
 
         self._compiled = False
-        self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split)
-        self._evaluator = Evaluator(model, cfg.num_steps, cfg.eval_batch_size or cfg.batch_size,
-                                    precision=cfg.precision, jit_compile=self.xla)
+        self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split,
+                                                reduce_retracing=True)
+        self._evaluator = task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla)
 
     def train_step(self, inputs: Any, targets: Any, state: Any, stop: float = 0.0,
                    save: float = 0.0) -> "StepResult":
         """One compiled, averaged, clipped optimizer step on this process's rows.
 
         Args:
-          inputs: int32 [local_batch, num_steps] (this process's rows).
-          targets: int32, the same shape.
+          inputs: int32 [local_batch, num_steps] (this process's rows); for pairs the
+            nest ``(source, source_mask, target_inputs)`` of :class:`~lmkit.data.paired.PairBatches`.
+          targets: int32, the same shape; for pairs ``(target_outputs, weights)``.
           state: the carried model state from :meth:`initial_state` or the
             previous step.
           stop: 1.0 when this rank asks every rank to stop (a preemption signal).
@@ -286,19 +293,19 @@ class Trainer:
         return self.model.initial_state(batch) if getattr(self.model, "stateful", False) else None
 
     # ----------------------------------------------------------------- evaluation
-    def evaluate_loss(self, ids: np.ndarray) -> float:
-        """Mean loss per token of ``ids`` on this process alone (no collective: rank 0 only)."""
+    def evaluate_loss(self, ids: Any) -> float:
+        """Mean loss per token of ``ids`` (or of pairs) on this process alone (no collective: rank 0 only)."""
         if self._evaluator is None:
             raise RuntimeError("call fit() or build() first")
         return self._evaluator.mean_loss(ids, lambda: self._watchdog.beat("an evaluation batch finished"))
 
-    def evaluate(self, ids: np.ndarray) -> float:
+    def evaluate(self, ids: Any) -> float:
         """Perplexity per token of ``ids`` on this process alone (rank 0 only)."""
         return perplexity(self.evaluate_loss(ids))
 
     # ----------------------------------------------------------------- training
-    def fit(self, train_ids: np.ndarray, valid_ids: Optional[np.ndarray] = None,
-            test_ids: Optional[np.ndarray] = None, max_steps: Optional[int] = None,
+    def fit(self, train_ids: Any, valid_ids: Optional[Any] = None,
+            test_ids: Optional[Any] = None, max_steps: Optional[int] = None,
             num_epochs: Optional[int] = None,
             words: Optional[Mapping[str, int]] = None) -> TrainResult:
         """Trains for the config's epochs (or until ``max_steps``), evaluating on rank 0.
@@ -306,11 +313,13 @@ class Trainer:
         A stateful model (an RNN) reads the stream as BPTT rows, in order, its
         state carried from window to window; a stateless one (a transformer)
         reads fixed-length windows in a new order every epoch
-        (:func:`lmkit.data.window_arrays`, seeded by ``config.seed``).
+        (:func:`lmkit.data.window_arrays`, seeded by ``config.seed``). An
+        encoder-decoder reads :class:`~lmkit.data.paired.Pairs` in
+        length-bucketed batches, in a new order every epoch.
 
         Args:
           train_ids: the training id stream (every rank passes the whole
-            stream; each takes its rows).
+            stream; each takes its rows), or an encoder-decoder's pairs.
           valid_ids: evaluated by rank 0 after every epoch.
           test_ids: evaluated by rank 0 at the end.
           max_steps: stop after this many global steps; the state at the stop
@@ -337,27 +346,16 @@ class Trainer:
         finally:
             self._watchdog.stop()
 
-    def epoch_batches(self, ids: np.ndarray, epoch: int) -> Batches:
+    def epoch_batches(self, ids: Any, epoch: int) -> Batches:
         """This process's batches of ``epoch``: ``len()`` steps, ``[i]`` gives ``(inputs, targets)``.
 
         Each batch is read from ``ids`` when asked for, so a memory-mapped
-        stream is never loaded whole.
+        stream is never loaded whole (:mod:`lmkit.train.tasks` makes them).
 
         Raises:
           UsageError: ``sampling = "random"`` for a model that carries a state.
         """
-        cfg = self.config
-        if getattr(self.model, "stateful", False):
-            if cfg.sampling != "windows":
-                raise UsageError(f"sampling = {cfg.sampling!r} needs a model without a recurrent state "
-                                 f"(a transformer); {type(self.model).__name__} reads the text in order: "
-                                 "set sampling = 'windows'")
-            if self._bptt is None:  # the same rows every epoch
-                self._bptt = BpttBatches(ids, cfg.batch_size, cfg.num_steps, rank=self.rank,
-                                         size=dist.size())
-            return self._bptt
-        return WindowBatches(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=cfg.seed,
-                             rank=self.rank, size=dist.size(), sampling=cfg.sampling)
+        return self.task.batches(ids, epoch)
 
     def epoch_arrays(self, ids: np.ndarray, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
         """This process's ``(inputs, targets)`` of ``epoch``, each [steps, local rows, num_steps]."""
@@ -365,22 +363,16 @@ class Trainer:
         pairs = [batches[i] for i in range(len(batches))]
         return np.stack([x for x, _ in pairs]), np.stack([y for _, y in pairs])
 
-    def _check_eval_data(self, **streams: Optional[np.ndarray]) -> None:
+    def _check_eval_data(self, **streams: Optional[Any]) -> None:
         """Evaluation data too small for one batch fails before training, on every rank."""
-        batch = self.config.eval_batch_size or self.config.batch_size
-        for name, ids in streams.items():
-            if ids is not None and num_bptt_batches(len(ids), batch, self.config.num_steps) < 1:
-                raise UsageError(
-                    f"the {name} data has {len(ids)} tokens, too few for one evaluation batch of "
-                    f"{batch} rows x {self.config.num_steps} steps (needs {batch * (self.config.num_steps + 1)}); "
-                    "give more text or set a smaller eval_batch_size")
+        self.task.check_eval_data(self.config.eval_batch_size or self.config.batch_size, **streams)
 
-    def _fit(self, train_ids: np.ndarray, valid_ids: Optional[np.ndarray],
-             test_ids: Optional[np.ndarray], max_steps: Optional[int],
+    def _fit(self, train_ids: Any, valid_ids: Optional[Any],
+             test_ids: Optional[Any], max_steps: Optional[int],
              num_epochs: Optional[int], words: Dict[str, int]) -> TrainResult:
         cfg = self.config
         epochs = num_epochs or cfg.num_epochs
-        self._bptt = None
+        self.task.reset()
         self._diverging = 0  # steps in a row with a loss above the divergence bound
         self._check_eval_data(valid=valid_ids, test=test_ids)
         steps_per_epoch = len(self.epoch_batches(train_ids, 0))
@@ -405,7 +397,7 @@ class Trainer:
         accum = (f" = {cfg.grad_accum_steps} micro-batches of {self.micro_batch}"
                  if cfg.grad_accum_steps > 1 else "")
         self.log(f"training {type(self.model).__name__} on {self.world} worker(s): global batch "
-                 f"{cfg.batch_size} ({self.local_batch} per worker{accum}) x {cfg.num_steps} steps, "
+                 f"{cfg.batch_size} ({self.local_batch} per worker{accum}) {self.task.batch_unit}, "
                  f"{steps_per_epoch} steps/epoch, epochs {start_epoch + 1}..{epochs}"
                  + ("" if cfg.precision == "float32" else f", precision {cfg.precision}"))
         streams = {"train": train_ids, "valid": valid_ids, "test": test_ids}
@@ -511,12 +503,12 @@ class Trainer:
         """
         cfg = self.config
         steps_per_epoch = len(batches)
-        tokens_per_step = cfg.batch_size * cfg.num_steps
+        tokens_per_step = self.task.tokens_per_step(batches)
         start = position.steps_in_epoch if position is not None else 0
         state = position.state if position is not None and position.state is not None else self.initial_state()
         bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief,
                           every=cfg.log_every_steps)
-        run = EpochRun()
+        run = EpochRun(tokens_per_step=tokens_per_step)
         pending: List[Any] = []  # (loss, finite) tensors not yet read back
         step_count = int(self.progress.global_step.numpy())
 
@@ -549,8 +541,8 @@ class Trainer:
                 break
             if i == start and not self.chief:  # waits for rank 0's evaluation and save (watched there)
                 self._watchdog.pause()
-            inputs, targets = batches[i]
-            out = self.train_step(tf.constant(inputs), tf.constant(targets), state,
+            inputs, targets = tf.nest.map_structure(tf.constant, batches[i])
+            out = self.train_step(inputs, targets, state,
                                   *self._boundaries.flags())
             state = out.state
             self._watchdog.beat(step_count + 1)
@@ -569,7 +561,7 @@ class Trainer:
             if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
                 drain(i)
                 elapsed = time.perf_counter() - t0
-                bar.update(i + 1, f"ppl {perplexity(run.token_loss(cfg.num_steps)):.2f} "
+                bar.update(i + 1, f"ppl {perplexity(run.token_loss(self.task.loss_tokens)):.2f} "
                            f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
                            "tokens/s")
             actions = self._boundaries.after_step(out.agreed, step_count)
@@ -589,7 +581,7 @@ class Trainer:
         return run
 
     def _end_epoch(self, epoch: int, epochs: int, run: EpochRun, cumulative: float,
-                   valid_ids: Optional[np.ndarray], summaries: Summaries, result: TrainResult) -> None:
+                   valid_ids: Optional[Any], summaries: Summaries, result: TrainResult) -> None:
         """Every rank takes part in the epoch's checkpoint; rank 0 evaluates, logs and writes summaries.
 
         A checkpoint follows every ``checkpoint_every_epochs`` epochs, the last
@@ -598,12 +590,12 @@ class Trainer:
         """
         cfg = self.config
         lr = float(self.optimizer.learning_rate.numpy())
-        train_loss = run.token_loss(cfg.num_steps)
+        train_loss = run.token_loss(self.task.loss_tokens)
         completed = not run.stopped
         if completed:
             self.progress.epoch.assign(epoch + 1)
             self.progress.steps_in_epoch.assign(0)
-        tokens = cfg.batch_size * cfg.num_steps * (run.steps - run.timed_from)
+        tokens = run.tokens_per_step * (run.steps - run.timed_from)
         every = cfg.checkpoint_every_epochs
         due = epoch + 1 == epochs or (every > 0 and (epoch + 1) % every == 0) or run.save_at_end
         if completed and due:  # before rank 0's evaluation: the save gathers from every rank
@@ -652,10 +644,11 @@ class Trainer:
         """
         values: List[Optional[float]] = []
         bound = self._divergence_bound()
+        per_token = self.task.loss_tokens  # a step's loss over this is per token
         for k, (loss, finite, applied) in enumerate(pending):
             value = float(loss)
-            if bool(applied) and math.isfinite(value):  # a step's loss sums its num_steps positions
-                self._diverging = self._diverging + 1 if value / self.config.num_steps > bound else 0
+            if bool(applied) and math.isfinite(value):  # a window's loss sums its num_steps positions
+                self._diverging = self._diverging + 1 if value / per_token > bound else 0
                 if self._diverging >= self.config.divergence_steps:
                     step_in_epoch = last_index - len(pending) + 1 + k
                     pending.clear()
@@ -663,7 +656,7 @@ class Trainer:
                         f"the loss diverged: {self._diverging} steps in a row above {bound:.2f} per token "
                         f"(divergence_factor {self.config.divergence_factor:g} x ln(vocab_size "
                         f"{self.config.vocab_size}); a uniform guess scores {bound / self.config.divergence_factor:.2f}), "
-                        f"the last {value / self.config.num_steps:.4g}, at epoch {epoch + 1}, step {step_in_epoch + 1}; training "
+                        f"the last {value / per_token:.4g}, at epoch {epoch + 1}, step {step_in_epoch + 1}; training "
                         "stopped and the last good checkpoint stays the latest. Lower the learning rate or "
                         "max_grad_norm, or check the data (divergence_factor = 0 turns this check off)")
             if not bool(finite) or (bool(applied) and not math.isfinite(value)):

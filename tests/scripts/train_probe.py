@@ -10,7 +10,8 @@ process then trains once per combination (one start-up for the sweep) and
 writes ``<out>.<optimizer>.k<k>.rank<r>.npz`` for each. The optimizer
 ``larc`` is SGD wrapped in LARC. ``--bomb_at S`` makes the gradient of the
 S-th training call Inf (``tests/scripts/gradient_bomb.py``), on every rank
-or only on ``--bomb_rank``.
+or only on ``--bomb_rank``. ``--model transformer_seq2seq`` or ``rnn_seq2seq``
+trains an encoder-decoder on ``--ids`` generated reversal pairs instead.
 """
 import argparse
 import json
@@ -29,6 +30,26 @@ def probe_ids(n: int):
     for i in range(1, len(ids)):
         ids[i] = (ids[i - 1] * 3 + 1) % 50 if rng.rand() < 0.8 else rng.randint(50)
     return ids
+
+
+SEQ2SEQ = ("transformer_seq2seq", "rnn_seq2seq")
+
+
+class ProbeSpecials:
+    """The target ids an encoder-decoder's trainer needs (lmkit's tokenizers: <unk> <eos> <bos> <pad>)."""
+
+    unk_id, eos_id, bos_id, pad_id = 0, 1, 2, 3
+
+
+def probe_pairs(n: int, vocab: int = 50):
+    """``n`` reversal pairs of 2-9 ids in [4, vocab): rows of a batch differ in length, so the ranks' shards
+    hold different numbers of target tokens (the loss must still be the global batch's mean per token)."""
+    import numpy as np
+
+    from lmkit.data.paired import PairReport, Pairs
+    rng = np.random.RandomState(1)
+    sources = [rng.randint(4, vocab, rng.randint(2, 10)).astype(np.int32) for _ in range(n)]
+    return Pairs(sources, [s[::-1].copy() for s in sources], PairReport(kept=n))
 
 
 def main() -> None:
@@ -82,8 +103,11 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
     from tests.scripts.gradient_bomb import GradientBomb
 
     larc = optimizer == "larc"
+    seq2seq = args.model in SEQ2SEQ
+    pairs = dict(data="pairs", source_file="probe.src", target_file="probe.tgt", source_vocab_size=50,
+                 max_source_positions=16, share_embeddings=True) if seq2seq else {}
     cfg = TrainConfig.from_dict(dict(
-        model=args.model, vocab_size=50, hidden_size=16, num_layers=2, init_scale=0.1,
+        **pairs, model=args.model, vocab_size=50, hidden_size=16, num_layers=2, init_scale=0.1,
         keep_prob=args.keep_prob, batch_size=args.batch_size, num_steps=6, num_epochs=100,
         learning_rate=args.learning_rate or (0.5 if optimizer in ("sgd", "larc") else 0.01),
         optimizer="sgd" if larc else optimizer,
@@ -92,7 +116,7 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
         sparse_as_dense=args.sparse_as_dense, grad_accum_steps=grad_accum_steps, precision=args.precision,
         jit_compile={"True": True, "False": False}.get(args.jit_compile, args.jit_compile),
         compression=args.compression))
-    ids = probe_ids(args.ids)
+    ids = probe_pairs(args.ids) if seq2seq else probe_ids(args.ids)
     seed = 7 + (1000 * dist.rank() if args.seed_by_rank else 0)
     tf.random.set_seed(seed)
     with dist.scope():
@@ -101,7 +125,8 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
             fires = args.bomb_rank in (-1, dist.rank())
             model = GradientBomb(model, at_call=args.bomb_at if fires else -1)
     before = [v.numpy().copy() for v in model.trainable_variables]
-    trainer = Trainer(model, cfg, model_dir=args.model_dir, record_step_losses=True, log=lambda s: None)
+    trainer = Trainer(model, cfg, model_dir=args.model_dir, record_step_losses=True, log=lambda s: None,
+                      vocab=ProbeSpecials() if seq2seq else None)
     result = trainer.fit(ids, max_steps=args.steps, num_epochs=args.num_epochs)
     arrays = {f"var{i}": v.numpy() for i, v in enumerate(model.trainable_variables)}
     arrays.update({f"init{i}": b for i, b in enumerate(before)})

@@ -1,0 +1,172 @@
+"""What the trainer trains on: a task turns a run's data into batches, a batch into a loss, and evaluates.
+
+The trainer (:mod:`lmkit.train.trainer`) is the same for every model; what
+depends on the kind of data lives here, behind one small interface:
+
+* :class:`LanguageModeling`: an id stream; a model that carries a state
+  reads it as BPTT rows (:class:`~lmkit.data.batching.BpttBatches`), a
+  stateless one as shuffled windows (:class:`~lmkit.data.windows.WindowBatches`);
+  the loss of a step sums its ``num_steps`` positions (averaged over rows).
+* :class:`Transduction`: line-aligned source/target pairs
+  (:class:`~lmkit.data.paired.Pairs`) for an encoder-decoder (a model with
+  ``conditional = True``): length-bucketed batches
+  (:class:`~lmkit.data.paired.PairBatches`), the model reads
+  ``encode(source, mask)`` as its condition, and the loss of a step is the
+  global batch's mean per target token.
+
+:func:`task_for` picks one from the model. Every task gives
+``batches(data, epoch)`` (``len()`` steps, ``[i]`` = ``(inputs, targets)``,
+nests of arrays split by rows), ``loss(inputs, targets, state, training)``,
+``loss_tokens`` (a step's loss divided by it is per token), ``batch_unit``
+(what a batch's rows are, for the log),
+``tokens_per_step(batches)``, ``evaluator(...)`` (``mean_loss(data,
+on_batch)``, one process) and ``check_eval_data(**data)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from lmkit.errors import UsageError
+from lmkit.losses import sequence_softmax_cross_entropy, window_loss
+
+__all__ = ["LanguageModeling", "Transduction", "task_for"]
+
+
+class LanguageModeling:
+    """Next-token prediction on an id stream (windows or BPTT rows, sharded by ``(rank, size)``)."""
+
+    def __init__(self, model: Any, config: Any, rank: int, size: int) -> None:
+        self.model, self.config, self.rank, self.size = model, config, rank, size
+        self.stateful = bool(getattr(model, "stateful", False))
+        self.loss_tokens = config.num_steps
+        self.batch_unit = f"x {config.num_steps} steps"  # for the start-up line
+        self._bptt: Any = None  # a model with a state reads the same rows every epoch
+
+    def reset(self) -> None:
+        """Forgets the batches of an earlier ``fit``."""
+        self._bptt = None
+
+    def _check_stream(self, ids: Any) -> None:
+        from lmkit.data.paired import Pairs
+        if isinstance(ids, Pairs):
+            raise UsageError(f"{type(self.model).__name__} is a language model, but source/target pairs train an "
+                             "encoder-decoder: use model = 'transformer_seq2seq' or 'rnn_seq2seq' (config_seq2seq), "
+                             "or give a language model an id stream")
+
+    def batches(self, ids: np.ndarray, epoch: int) -> Any:
+        from lmkit.data.batching import BpttBatches
+        from lmkit.data.windows import WindowBatches
+
+        self._check_stream(ids)
+        cfg = self.config
+        if self.stateful:
+            if cfg.sampling != "windows":
+                raise UsageError(f"sampling = {cfg.sampling!r} needs a model without a recurrent state "
+                                 f"(a transformer); {type(self.model).__name__} reads the text in order: "
+                                 "set sampling = 'windows'")
+            if self._bptt is None:
+                self._bptt = BpttBatches(ids, cfg.batch_size, cfg.num_steps, rank=self.rank, size=self.size)
+            return self._bptt
+        return WindowBatches(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=cfg.seed,
+                             rank=self.rank, size=self.size, sampling=cfg.sampling)
+
+    def tokens_per_step(self, batches: Any) -> float:
+        return float(self.config.batch_size * self.config.num_steps)
+
+    def loss(self, inputs: tf.Tensor, targets: tf.Tensor, state: Any, training: bool) -> Tuple[tf.Tensor, Any]:
+        logits, new_state = self.model(inputs, state, training=training)  # [b, t, vocab], float32 logits
+        return window_loss(targets, logits), new_state  # float32 under every precision
+
+    def evaluator(self, batch_size: int, precision: str, jit_compile: bool) -> Any:
+        from lmkit.train.evaluation import Evaluator
+        return Evaluator(self.model, self.config.num_steps, batch_size, precision=precision,
+                         jit_compile=jit_compile)
+
+    def check_eval_data(self, batch_size: int, **streams: Optional[np.ndarray]) -> None:
+        """Evaluation data too small for one batch fails before training, on every rank."""
+        from lmkit.data.batching import num_bptt_batches
+
+        num_steps = self.config.num_steps
+        for name, ids in streams.items():
+            self._check_stream(ids)
+            if ids is not None and num_bptt_batches(len(ids), batch_size, num_steps) < 1:
+                raise UsageError(
+                    f"the {name} data has {len(ids)} tokens, too few for one evaluation batch of "
+                    f"{batch_size} rows x {num_steps} steps (needs {batch_size * (num_steps + 1)}); "
+                    "give more text or set a smaller eval_batch_size")
+
+
+class Transduction:
+    """Target given source, for an encoder-decoder, on :class:`~lmkit.data.paired.Pairs`.
+
+    Args:
+      model: a conditional model (``encode(source, mask, training)`` and
+        ``__call__(target_inputs, condition=, training=)``).
+      config: the run's config (``batch_size``, ``seed``).
+      special: the target side's :class:`~lmkit.data.paired.SpecialIds`.
+    """
+
+    loss_tokens = 1  # the loss of a step is already the mean per target token
+    batch_unit = "pairs"
+
+    def __init__(self, model: Any, config: Any, rank: int, size: int, special: Any) -> None:
+        self.model, self.config, self.rank, self.size, self.special = model, config, rank, size, special
+
+    def reset(self) -> None:
+        pass
+
+    def _check_pairs(self, pairs: Any, name: str = "training") -> None:
+        from lmkit.data.paired import Pairs
+        if pairs is not None and not isinstance(pairs, Pairs):
+            raise UsageError(f"an encoder-decoder trains on lmkit.data.paired.Pairs (source/target pairs), but the "
+                             f"{name} data is a {type(pairs).__name__}; read them with lmkit.data.paired "
+                             "(read_pairs, encode_pairs) or train a language model on an id stream")
+
+    def batches(self, pairs: Any, epoch: int) -> Any:
+        from lmkit.data.paired import PairBatches
+        self._check_pairs(pairs)
+        return PairBatches(pairs, self.config.batch_size, self.special, epoch=epoch, seed=self.config.seed,
+                           rank=self.rank, size=self.size)
+
+    def tokens_per_step(self, batches: Any) -> float:
+        return batches.tokens_per_step
+
+    def loss(self, inputs: Any, targets: Any, state: Any, training: bool) -> Tuple[tf.Tensor, Any]:
+        source, source_mask, target_inputs = inputs
+        target_outputs, weights = targets
+        condition = self.model.encode(source, source_mask, training=training)
+        logits, _ = self.model(target_inputs, condition=condition, training=training)
+        # The weights hold batch_size / (the global batch's target tokens): the mean over rows of
+        # the weighted sums is the global batch's mean loss per token, on any number of ranks.
+        loss = sequence_softmax_cross_entropy(target_outputs, logits, mask=weights, average_across_batch=True,
+                                              sum_over_timesteps=True)
+        return loss, None
+
+    def evaluator(self, batch_size: int, precision: str, jit_compile: bool) -> Any:
+        from lmkit.train.evaluation import PairEvaluator
+        return PairEvaluator(self.model, batch_size, self.special, precision=precision, jit_compile=jit_compile)
+
+    def check_eval_data(self, batch_size: int, **pairs: Any) -> None:
+        """The evaluation data are pairs (any number of them: the last batch is filled up)."""
+        for name, data in pairs.items():
+            self._check_pairs(data, name)
+
+
+def task_for(model: Any, config: Any, vocab: Any, rank: int, size: int) -> Any:
+    """The task of ``model``: :class:`Transduction` for a conditional model, else :class:`LanguageModeling`.
+
+    Raises:
+      UsageError: a conditional model without a tokenizer that has start, end and padding ids
+        (a DataError naming the missing ids).
+    """
+    if getattr(model, "conditional", False):
+        from lmkit.data.paired import SpecialIds
+        if vocab is None:
+            raise UsageError("an encoder-decoder trains with its target tokenizer: pass vocab=<the tokenizer> "
+                             "(its start, end and padding ids frame the targets)")
+        return Transduction(model, config, rank, size, SpecialIds.of(vocab))
+    return LanguageModeling(model, config, rank, size)
