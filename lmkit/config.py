@@ -270,10 +270,6 @@ class TrainConfig:
         if self.data == "text" and not self.train_file:
             bad("train_file", "is empty but data = 'text' needs one; pass --train_file")
         pair_keys = [key for keys in PAIR_FILE_KEYS for key in keys]
-        if self.data == "ptb":
-            for key in ("train_file", "valid_file", "test_file"):
-                if getattr(self, key):
-                    bad(key, "is set but data = 'ptb'; set data = 'text' (or pass --train_file)")
         if self.data == "pairs":
             self._validate_pairs(bad)
         else:
@@ -281,6 +277,10 @@ class TrainConfig:
                 if getattr(self, key):
                     bad(key, f"is set but data = {self.data!r}; source/target files train an encoder-decoder: "
                         "set data = 'pairs' (pass --source_file and --target_file)")
+        if self.data == "ptb":
+            for key in ("train_file", "valid_file", "test_file"):
+                if getattr(self, key):
+                    bad(key, "is set but data = 'ptb'; set data = 'text' (or pass --train_file)")
             if self.tokenizer != "word":
                 bad("tokenizer", "applies to data = 'text' (PTB is word-level); pass --train_file")
         if self.max_vocab < 0 or self.min_count < 1:

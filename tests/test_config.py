@@ -124,3 +124,12 @@ def test_the_seq2seq_configs_train_on_pairs_with_the_flags():
     assert cfg.model_config()["max_source_positions"] == 64
     rnn = load_config("config_seq2seq_rnn", {"data": "pairs", **PAIRS, "max_target_length": 20})
     assert rnn.target_length_limit == 20 and rnn.model_config()["attention"] == "luong"
+
+
+def test_text_data_takes_every_tokenizer_and_ptb_only_words():
+    for tokenizer in ("word", "sentencepiece", "char", "byte"):
+        assert load_config("config_transformer", {"data": "text", "train_file": "x.txt",
+                                                  "tokenizer": tokenizer}).tokenizer == tokenizer
+        assert load_config("config_seq2seq", {"data": "pairs", **PAIRS, "tokenizer": tokenizer}).tokenizer == tokenizer
+    with pytest.raises(ConfigError, match="tokenizer = 'char' applies to data = 'text'"):
+        load_config("config_small", {"tokenizer": "char"})
