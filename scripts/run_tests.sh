@@ -41,8 +41,28 @@ run_native() {
   pytest_rc_ok $? || failed+=("tests on the newest TensorFlow without Horovod")
 }
 
+# `all`: the newest-TensorFlow suite runs beside the other two (the machine's cores are not all
+# busy with one suite: many tests wait on subprocesses); its output follows theirs. Tests that
+# need the machine to themselves take a lock (tests/distributed/netns).
+run_all() {
+  local native_log native_pid=""
+  native_log="$(mktemp -t lmkit-native-tests.XXXXXX)"
+  if [ -x "$NATIVE_PY" ]; then
+    echo "=== the tests on the newest TensorFlow run beside these; their output comes at the end ==="
+    ( run_native; [ ${#failed[@]} -eq 0 ] ) > "$native_log" 2>&1 &
+    native_pid=$!
+  fi
+  run_single
+  run_dist
+  if [ -n "$native_pid" ]; then
+    wait "$native_pid" || failed+=("tests on the newest TensorFlow without Horovod")
+    cat "$native_log"
+  fi
+  rm -f "$native_log"
+}
+
 case "$WHAT" in
-  all) run_single; run_dist; [ -x "$NATIVE_PY" ] && run_native ;;
+  all) run_all ;;
   single) run_single ;;
   dist) run_dist ;;
   native) run_native ;;

@@ -27,6 +27,16 @@ SUBNET = "10.214.0"
 STEPS = 12
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _hosts_to_ourselves():
+    """One suite at a time builds the simulated hosts (``make test`` runs two suites side by side,
+    and the hosts have fixed names and addresses): an exclusive lock for this module's tests."""
+    import fcntl
+    with open(os.path.join("/tmp", "lmkit-two-hosts-tests.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _harness():
     spec = importlib.util.spec_from_file_location("two_hosts", SCRIPT)
     module = importlib.util.module_from_spec(spec)
