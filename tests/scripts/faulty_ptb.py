@@ -23,7 +23,10 @@ step before which it does):
 * ``kind=truncate``: that rank trains on fewer ids than the others;
 * ``kind=config``: that rank uses another learning rate than the others.
 
-Every rank prints ``PID <pid> RANK <rank>`` first, so a test can signal one.
+Every rank prints ``PID <pid> RANK <rank>`` first; with ``pid_dir=D`` in the
+spec it also writes its pid to ``D/rank<R>.pid`` (written whole, then renamed),
+which is what a test that signals one rank reads: the ranks' printed lines
+share one pipe and may run together.
 """
 import os
 import signal
@@ -42,6 +45,14 @@ def _parse(spec: str) -> dict:
         key, value = item.split("=", 1)
         out[key] = int(value) if key in ("rank", "step") else value
     return out
+
+
+def _write_pid(folder: str, rank: int) -> None:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rank{rank}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
 
 
 def _install(fault: dict) -> None:
@@ -124,6 +135,8 @@ def main() -> None:
     from lmkit.distributed.env import launcher_rank
     from lmkit.cli.common import run_main
     print(f"PID {os.getpid()} RANK {launcher_rank()}", flush=True)
+    if fault.get("pid_dir"):
+        _write_pid(fault["pid_dir"], launcher_rank())
     _install(fault)
     from lm_ptb_distributed import main as example_main
     run_main(example_main, example_args)

@@ -85,6 +85,7 @@ def run_streamed(cmd: Sequence[str], timeout: float, marker: Optional[str] = Non
         on_start(proc)
     lines: List[str] = []
     seen: List[float] = []
+    broken: List[BaseException] = []
 
     def read() -> None:
         assert proc.stdout is not None
@@ -92,8 +93,12 @@ def run_streamed(cmd: Sequence[str], timeout: float, marker: Optional[str] = Non
             lines.append(line)
             if marker is not None and not seen and marker in line:
                 seen.append(time.monotonic())
-            if on_line is not None:
-                on_line(line)
+            if on_line is not None and not broken:
+                try:
+                    on_line(line)
+                except BaseException as e:  # the test's own callback failed: end the job now, not at timeout
+                    broken.append(e)
+                    os.killpg(proc.pid, signal.SIGKILL)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -107,6 +112,9 @@ def run_streamed(cmd: Sequence[str], timeout: float, marker: Optional[str] = Non
                              + "".join(lines)[-6000:]) from None
     ended = time.monotonic()
     reader.join(10)
+    if broken:
+        raise AssertionError(f"the test's on_line callback failed ({broken[0]!r}); output:\n"
+                             + "".join(lines)[-6000:]) from broken[0]
     return Outcome(proc.returncode, "".join(lines), ended - seen[0] if seen else None)
 
 

@@ -11,21 +11,18 @@ def test_kill_during_a_save_then_resume(corpus, model_copy):
     ckpts = os.path.join(model_copy, "checkpoints")
     assert os.listdir(ckpts) == ["ckpt-000000064"]  # one epoch of 64 steps
     previous = tree_digest(os.path.join(ckpts, "ckpt-000000064"))
-    pid = []
+    started = []  # the Python process itself (no launcher in between)
 
     def kill_in_the_save(line):
-        found = re.match(r"PID (\d+) RANK 0", line)
-        if found:
-            pid.append(int(found.group(1)))
         if "in the middle of saving step 128" in line:
-            os.kill(pid[0], signal.SIGKILL)
+            os.kill(started[0].pid, signal.SIGKILL)
 
     # The real example, resuming for a second epoch; its checkpoint writer is
     # slowed down (tests/scripts/faulty_ptb.py) and killed half-way.
     flags = ["--config", corpus.config, "--data_path", corpus.data, "--model_dir", model_copy,
              "--num_epochs", "2"]
     out = run_streamed([sys.executable, FAULTY, "--fault", "kind=slow_save", "--", *flags], timeout=300,
-                       on_line=kill_in_the_save)
+                       on_line=kill_in_the_save, on_start=started.append)
     assert out.returncode == -signal.SIGKILL, out.output[-4000:]
     assert "epoch 2/2 step 64/64" in out.output  # killed after the epoch's last step, in the save
     leftovers = sorted(os.listdir(ckpts))

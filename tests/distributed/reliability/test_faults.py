@@ -41,16 +41,14 @@ def test_mpirun_rank_that_raises_mid_epoch(corpus, tmp_path):
 
 
 def test_mpirun_rank_killed_by_sigkill_mid_epoch(corpus, tmp_path):
-    pids = {}
+    pid_dir = tmp_path / "pids"  # the ranks' printed "PID .. RANK .." lines may run together in one pipe
 
     def kill_rank_1(line):
-        found = re.match(r"PID (\d+) RANK (\d+)", line)
-        if found:
-            pids[int(found.group(2))] = int(found.group(1))
         if "rank 1: injecting hang" in line:  # rank 1 is mid-epoch, rank 0 waits in a collective
-            os.kill(pids[1], signal.SIGKILL)
+            os.kill(int((pid_dir / "rank1.pid").read_text()), signal.SIGKILL)
 
-    out = run_streamed(mpirun(_args(corpus, tmp_path, "rank=1,step=3,kind=hang", "--max_steps", "10")),
+    out = run_streamed(mpirun(_args(corpus, tmp_path, f"rank=1,step=3,kind=hang,pid_dir={pid_dir}",
+                                    "--max_steps", "10")),
                        TIMEOUT, marker="rank 1: injecting hang", on_line=kill_rank_1,
                        env={"LMKIT_COLLECTIVE_TIMEOUT": "0"})  # only the kill may end this job
     assert out.returncode != 0, out.output[-4000:]

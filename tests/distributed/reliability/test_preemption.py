@@ -186,22 +186,19 @@ def test_sigkill_during_the_preemption_save_keeps_the_previous_checkpoint(corpus
     ckpts = os.path.join(model_copy, "checkpoints")
     assert os.listdir(ckpts) == ["ckpt-000000064"]  # one finished epoch
     previous = tree_digest(os.path.join(ckpts, "ckpt-000000064"))
-    pids = []
+    started, sent = [], []  # the Python process itself (no launcher in between)
 
     def on_line(line):
-        found = re.match(r"PID (\d+) RANK 0", line)
-        if found:
-            pids.append(int(found.group(1)))
-        if re.match(r"epoch 2/2 step \d+/64", line) and len(pids) == 1:
-            pids.append(0)
-            os.kill(pids[0], signal.SIGTERM)  # the scheduler's notice
+        if re.search(r"epoch 2/2 step \d+/64", line) and not sent:
+            sent.append(True)
+            os.kill(started[0].pid, signal.SIGTERM)  # the scheduler's notice
         if "in the middle of saving step" in line:
-            os.kill(pids[0], signal.SIGKILL)  # the machine goes before the save is done
+            os.kill(started[0].pid, signal.SIGKILL)  # the machine goes before the save is done
 
     flags_ = ["--config", corpus.config, "--data_path", corpus.data, "--model_dir", model_copy,
               "--num_epochs", "2"]
     out = run_streamed([sys.executable, FAULTY, "--fault", "kind=slow_save", "--", *flags_], timeout=300,
-                       on_line=on_line)
+                       on_line=on_line, on_start=started.append)
     assert out.returncode == -signal.SIGKILL, out.output[-4000:]
     leftovers = sorted(os.listdir(ckpts))
     assert leftovers[0] == "ckpt-000000064" and re.fullmatch(r"ckpt-\d+\.tmp-\d+", leftovers[1]), leftovers
