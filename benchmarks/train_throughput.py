@@ -145,6 +145,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "the plot goes next to it as .png")
     parser.add_argument("--timeout", type=float, default=900,
                         help="seconds a worker may take to build or to finish one run")
+    parser.add_argument("--parallel_build", action="store_true",
+                        help="build every framework's worker at once (many cores, e.g. a GPU machine); "
+                             "the timed runs still run one at a time")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: FRAMEWORK:CONFIG
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
@@ -474,9 +477,11 @@ class TorchRunner(Runner):
 # ----------------------------------------------------------------------------- main
 def set_threads(threads: int, want_torch: bool) -> Dict[str, Any]:
     """Gives TensorFlow and PyTorch the same thread pools; returns what was set."""
-    from lmkit import distributed as dist
-    dist.init(backend="local", intra_op_threads=threads, inter_op_threads=threads)
-    settings = {"tf_intra_op": dist.threads().intra_op, "tf_inter_op": dist.threads().inter_op}
+    settings: Dict[str, Any] = {}
+    if not want_torch:  # a PyTorch worker never starts TensorFlow (two CUDA runtimes in one process crash)
+        from lmkit import distributed as dist
+        dist.init(backend="local", intra_op_threads=threads, inter_op_threads=threads)
+        settings = {"tf_intra_op": dist.threads().intra_op, "tf_inter_op": dist.threads().inter_op}
     if want_torch:
         try:
             import torch
@@ -606,8 +611,10 @@ def worker_main(args: argparse.Namespace) -> int:
 class Worker:
     """The parent's handle on one framework's worker process."""
 
-    def __init__(self, framework: str, config: str, args: argparse.Namespace, script: str = "") -> None:
-        """Starts ``script`` (default this file) as ``--worker FRAMEWORK:CONFIG`` and waits for it to be ready."""
+    def __init__(self, framework: str, config: str, args: argparse.Namespace, script: str = "",
+                 wait: bool = True) -> None:
+        """Starts ``script`` (default this file) as ``--worker FRAMEWORK:CONFIG`` and, unless ``wait`` is
+        False (then call :meth:`ready`), waits for it to be ready."""
         self.framework = framework
         self.timeout = args.timeout
         cmd = [sys.executable, script or os.path.abspath(__file__), "--worker", f"{framework}:{config}",
@@ -615,8 +622,22 @@ class Worker:
                "--device", args.device]
         if args.quick:
             cmd.append("--quick")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        self.info = self._read()
+        env = dict(os.environ)
+        if framework in TORCH_VARIANTS and "LMKIT_BENCH_TORCH_LD_LIBRARY_PATH" in env:
+            # A machine whose TensorFlow brings its own CUDA libraries (../shared/gpu) on the library
+            # path: PyTorch gets the path it had before them.
+            env["LD_LIBRARY_PATH"] = env["LMKIT_BENCH_TORCH_LD_LIBRARY_PATH"]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     env=env)
+        self.info: Dict[str, Any] = {}
+        if wait:
+            self.ready()
+
+    def ready(self) -> Dict[str, Any]:
+        """Waits for the worker's ready line (built, traced, warmed up); its payload."""
+        if not self.info:
+            self.info = self._read()
+        return self.info
 
     def _read(self) -> Dict[str, Any]:
         import select
@@ -667,11 +688,34 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
     steps = steps_per_run(name, args)
     words_per_step = cfg.batch_size * cfg.num_steps
     workers: Dict[str, Worker] = {}
+    build_errors: Dict[str, str] = {}
+    started: Dict[str, Worker] = {}
     try:
-        for fw in frameworks:  # one at a time: tracing is not timed but uses the cores
+        # One at a time by default: tracing is not timed but uses the cores. --parallel_build starts
+        # them together (a GPU machine's many cores compile several XLA steps at once); the timed
+        # runs below still run one framework at a time.
+        for fw in frameworks:
             log(f"[{name}] building {fw} in its own process ...")
-            workers[fw] = Worker(fw, name, args)
-            log(f"[{name}] {fw} ready ({workers[fw].info['setup_seconds']:.1f} s to build and trace)")
+            try:
+                started[fw] = Worker(fw, name, args, wait=False)
+                if not args.parallel_build:
+                    started[fw].ready()
+            except RuntimeError as exc:  # the other columns are still measured; the error is kept
+                print(f"train_throughput: [{name}] {fw}: {exc}", file=sys.stderr)
+                build_errors[fw] = str(exc)
+                started.pop(fw, None)
+        for fw, worker in started.items():
+            try:
+                worker.ready()
+            except RuntimeError as exc:
+                print(f"train_throughput: [{name}] {fw}: {exc}", file=sys.stderr)
+                build_errors[fw] = str(exc)
+                continue
+            workers[fw] = worker
+            log(f"[{name}] {fw} ready ({worker.info['setup_seconds']:.1f} s to build and trace)")
+        if not workers:
+            raise RuntimeError(f"no framework could be built: {build_errors}")
+        frameworks = [fw for fw in frameworks if fw in workers]
         wps: Dict[str, List[float]] = {fw: [] for fw in frameworks}
         losses: Dict[str, List[float]] = {fw: [] for fw in frameworks}
         for r in range(args.repeats):
@@ -684,7 +728,7 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
                 + ", ".join(f"{fw} {wps[fw][-1]:.0f}" for fw in frameworks)
                 + f" words/sec (load {load_average()[:1]})")
     finally:
-        for worker in workers.values():
+        for worker in started.values():
             worker.close()
     out: Dict[str, Any] = {
         "config": {k: getattr(cfg, k) for k in ("model", "vocab_size", "hidden_size", "num_layers", "batch_size",
@@ -696,6 +740,7 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
         "frameworks": {},
         "ratios": {},
         "worker_info": {fw: w.info for fw, w in workers.items()},
+        "build_errors": build_errors,
     }
     for fw in frameworks:
         out["frameworks"][fw] = {
@@ -805,12 +850,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results["peak_probe"] = {k: v for k, v in probe.items() if k != "ready"}
         log(f"measured matmul rate on {probe['device']}: bfloat16 {peak} TFLOP/s, "
             f"float32 {probe['float32_matmul_tflops']} TFLOP/s ({size}^3)")
+    failed = []
     for name in args.configs:
         try:
             results["configs"][name] = bench_config(name, frameworks, args, log, peak)
         except RuntimeError as exc:
+            # The other configs still run: a lease on a GPU machine is short, and one config's
+            # failure (a compile error, out of memory) must not cost the others' figures.
             print(f"train_throughput: {name}: {exc}", file=sys.stderr)
-            return 1
+            results.setdefault("errors", {})[name] = str(exc)
+            failed.append(name)
+            write_json(args.output, results)
+            continue
+        # Written after every config, so that a run cut short keeps what it measured.
+        write_json(args.output, results)
         for key, ratio in results["configs"][name]["ratios"].items():
             log(f"[{name}] {key}: {ratio['of_medians']:.2f} (ratio of medians), "
                 f"{ratio['median_of_rounds']:.2f} (median of per-round ratios, "
@@ -821,9 +874,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results["load_average_at_end"] = load_average()
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
     path = write_json(args.output, results)
-    png = plot(results, os.path.splitext(args.output)[0] + ".png")
+    png = plot(results, os.path.splitext(args.output)[0] + ".png") if results["configs"] else None
     log(f"wrote {path}" + (f" and {png}" if png else "") + f" in {results['wall_seconds']:.0f} s")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -154,3 +154,91 @@ def test_the_generation_benchmark_times_the_sliding_window():
     row = bench.bench_sliding(model, bench._StartToken(), decoding.GreedySampler(), 2, 30, repeats=1)
     assert row["window"] == 8 and row["length"] == 30 and row["tokens_per_sec"]["sliding"] > 0
     assert len(row["times_s"]["sliding"]) == 1 and row["sliding_vs_window"] > 0
+
+
+# A stand-in worker for bench_config: answers the real protocol without building any model.
+_FAKE_WORKER = r'''
+import json, os, sys
+args = sys.argv[1:]
+framework = args[args.index("--worker") + 1].split(":")[0]
+def reply(payload):
+    print("@@lmkit-bench " + json.dumps(payload), flush=True)
+if framework == "lmkit":  # this column fails to build
+    reply({"error": "RuntimeError: XLA compilation failed (a test)"})
+    sys.exit(1)
+reply({"ready": True, "setup_seconds": 0.5, "parameters": 10,
+       "ld_library_path": os.environ.get("LD_LIBRARY_PATH", "")})
+for line in sys.stdin:
+    if line.split()[0] == "quit":
+        break
+    reply({"elapsed": 0.25, "losses": [1.0] * int(line.split()[1])})
+'''
+
+
+def _fake_worker_class(bench, tmp_path):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(_FAKE_WORKER)
+
+    class FakeWorker(bench.Worker):
+        def __init__(self, framework, config, args, script_="", wait=True):
+            super().__init__(framework, config, args, script=str(script), wait=wait)
+    return FakeWorker
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_column_that_fails_to_build_leaves_the_others_measured(tmp_path, monkeypatch, parallel):
+    """On a short GPU lease one column's failure (a compile error) must not cost the others' figures."""
+    from benchmarks import train_throughput as bench
+    monkeypatch.setattr(bench, "Worker", _fake_worker_class(bench, tmp_path))
+    argv = ["--configs", "config_tiny_transformer", "--frameworks", "lmkit,torch,torch_bf16", "--repeats", "2",
+            "--steps", "4", "--pause", "0"] + (["--parallel_build"] if parallel else [])
+    args = bench.parse_args(argv)
+    assert args.parallel_build is parallel
+    out = bench.bench_config("config_tiny_transformer", args.frameworks, args, log=lambda s: None)
+    assert list(out["frameworks"]) == ["torch", "torch_bf16"]
+    assert "XLA compilation failed" in out["build_errors"]["lmkit"]
+    words = out["words_per_step"] * 4 / 0.25
+    assert out["frameworks"]["torch"]["words_per_sec"] == [words, words]
+
+
+def test_no_column_built_is_an_error_and_the_run_goes_on_to_the_next_config(tmp_path, monkeypatch):
+    from benchmarks import train_throughput as bench
+    monkeypatch.setattr(bench, "Worker", _fake_worker_class(bench, tmp_path))
+    output = tmp_path / "results.json"
+    code = bench.main(["--configs", "config_tiny_transformer,config_small", "--frameworks", "lmkit",
+                       "--repeats", "1", "--pause", "0", "--output", str(output)])
+    assert code == 1
+    results = json.loads(output.read_text())  # written although every config failed
+    assert set(results["errors"]) == {"config_tiny_transformer", "config_small"}
+    assert "no framework could be built" in results["errors"]["config_small"]
+
+
+def test_torch_workers_get_their_own_library_path(tmp_path, monkeypatch):
+    """Where TensorFlow's CUDA libraries lead the library path (../shared/gpu), PyTorch gets its own."""
+    from benchmarks import train_throughput as bench
+    Fake = _fake_worker_class(bench, tmp_path)
+    args = bench.parse_args(["--configs", "config_tiny_transformer"])
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/tf/cuda12/lib")
+    monkeypatch.setenv("LMKIT_BENCH_TORCH_LD_LIBRARY_PATH", "/torch/own/lib")
+    torch_worker, keras_worker = Fake("torch", "config_tiny_transformer", args), \
+        Fake("keras", "config_tiny_transformer", args)
+    try:
+        assert torch_worker.info["ld_library_path"] == "/torch/own/lib"
+        assert keras_worker.info["ld_library_path"] == "/tf/cuda12/lib"
+    finally:
+        torch_worker.close()
+        keras_worker.close()
+
+
+def test_a_torch_worker_never_starts_tensorflow():
+    """Two CUDA runtimes in one process crashed the PyTorch workers on a GPU (SIGFPE): the PyTorch
+    columns set PyTorch's threads only."""
+    import subprocess
+    import sys
+    code = ("import sys; from benchmarks import train_throughput as b; s = b.set_threads(1, True); "
+            "print(sorted(s), 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split()[-1] == "False", out.stdout
+    code = "import sys; from benchmarks import train_throughput as b; print(sorted(b.set_threads(1, False)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "tf_intra_op" in out.stdout
