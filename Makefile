@@ -26,7 +26,7 @@ help:
 	@echo "make setup-native  the second env .venv-tf-latest (newest TF, no Horovod)"
 	@echo "make wheel      build dist/lmkit-<version>-py3-none-any.whl (pure Python; pick TensorFlow with [cpu] or [gpu])"
 	@echo "make bench      set up (+ the PyTorch baseline), then every benchmark (about 100 minutes, as root; docs/performance.md)"
-	@echo "make bench-deps only the benchmark extras: torch==2.13.0 (CPU) for the PyTorch column"
+	@echo "make bench-deps only the benchmark extras: matplotlib, psutil and torch==2.13.0 (CPU) for the PyTorch column"
 	@echo "variables: NP CONFIG DATA_PATH MODEL_DIR ARGS"
 
 setup:
@@ -43,7 +43,9 @@ run-single: setup
 	$(PYTHON) examples/lm_ptb.py --config $(CONFIG) --data_path $(DATA_PATH) \
 	    --model_dir $(MODEL_DIR)_single $(ARGS)
 
-test: setup setup-native
+# Both environments are set up side by side (scripts/setup.sh both).
+test:
+	@bash scripts/setup.sh both
 	@bash scripts/run_tests.sh all
 
 test-fast: setup
@@ -61,7 +63,7 @@ wheel: setup
 # The PyTorch baseline of benchmarks/train_throughput.py (optional: without it
 # that column is skipped and the benchmark says so).
 bench-deps: setup
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "torch==2.13.0"
+	@$(PYTHON) -c "import torch, matplotlib, psutil" 2>/dev/null || $(PYTHON) -m pip install -q -e ".[bench]" "torch==2.13.0"
 
 # Quiet machine wanted: each benchmark alternates its variants and reports medians.
 bench: setup bench-deps

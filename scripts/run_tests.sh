@@ -20,7 +20,10 @@ pytest_rc_ok() {  # exit 5 = no tests collected: a failure for us
 run_single() {
   echo "=== single-process tests (pytest) ==="
   # tests/distributed/mpi runs below under mpirun: here another test has already chosen a backend.
-  "$PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -x --durations=15 --ignore=tests/distributed/mpi
+  # Two pytest workers (pytest-xdist), a test file each at a time: many tests wait on the
+  # processes they start, and one worker left a core idle once the suite beside it ended.
+  "$PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -x --durations=15 --ignore=tests/distributed/mpi \
+    -n "${LMKIT_TEST_WORKERS:-2}" --dist loadfile
   pytest_rc_ok $? || failed+=("single-process tests")
 }
 

@@ -50,3 +50,13 @@ def test_lmkit_gpu_overrides_the_detection(tmp_path):
     assert "plan: tensorflow[and-cuda]==2.18.1" in forced_gpu.stdout
     bad = _plan(tmp_path, LMKIT_GPU="yes")
     assert bad.returncode != 0 and "LMKIT_GPU='yes' is not 1, 0 or auto" in bad.stderr
+
+
+def test_both_environments_are_planned_side_by_side(tmp_path):
+    """make test: `setup.sh both` runs the main and the newest-TensorFlow set-up at once."""
+    res = _plan(tmp_path, "both", nvidia_smi="exit 0")
+    assert res.returncode == 0, res.stderr
+    assert "plan: tensorflow-cpu==2.18.1" in res.stdout and "plan: tensorflow-cpu==2.21.*" in res.stdout
+    assert "plan: horovod==0.28.1" in res.stdout
+    bad = _plan(tmp_path, "everything")
+    assert bad.returncode == 2 and 'unknown mode "everything": main, native or both' in bad.stderr

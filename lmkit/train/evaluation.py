@@ -26,6 +26,7 @@ from lmkit.data.batching import BpttBatches
 from lmkit.losses import sequence_softmax_cross_entropy, window_loss
 from lmkit.precision import scope as precision_scope
 from lmkit.train.metrics import perplexity
+from lmkit.xla import use_autograph
 
 __all__ = ["Evaluator", "PairEvaluator", "word_perplexity"]
 
@@ -65,7 +66,7 @@ class Evaluator:
                 logits, new_state = model(x, state, training=False)
                 return window_loss(y, logits), new_state
 
-        self._step = tf.function(eval_step, jit_compile=jit_compile)
+        self._step = tf.function(eval_step, jit_compile=jit_compile, autograph=use_autograph(model))
 
     def mean_loss(self, ids: np.ndarray, on_batch: Optional[Callable[[], None]] = None) -> float:
         """Average cross entropy (nats) of the tokens of ``ids`` that fill whole batches.
@@ -115,7 +116,8 @@ class PairEvaluator:
                 return sequence_softmax_cross_entropy(target_outputs, logits, mask=mask, average_across_batch=False,
                                                       sum_over_batch=True)
 
-        self._step = tf.function(eval_step, jit_compile=jit_compile, reduce_retracing=True)
+        self._step = tf.function(eval_step, jit_compile=jit_compile, reduce_retracing=True,
+                                 autograph=use_autograph(model))
 
     def total_loss(self, pairs: Any, on_batch: Optional[Callable[[], None]] = None) -> "tuple[float, int]":
         """``(sum of the target tokens' losses, number of target tokens)`` over every pair."""

@@ -60,7 +60,7 @@ from lmkit.train.resume import Boundaries, Checkpointer, Position
 from lmkit.train.startup import check_agreement, prepare_model_dir
 from lmkit.train.tasks import task_for
 from lmkit.train.watchdog import Watchdog
-from lmkit.xla import use_xla
+from lmkit.xla import use_autograph, use_xla
 
 
 class Trainer:
@@ -168,6 +168,8 @@ class Trainer:
         variables = list(model.trainable_variables)
         device = dist.device_type()
         self.xla = use_xla(cfg.jit_compile, device)
+        # lmkit's own models trace without AutoGraph (3x faster to start); a user's keeps it.
+        self.autograph = autograph = use_autograph(model)
         # Whether a non-finite step is skipped without a branch. On a GPU a tf.cond's
         # predicate is copied to the host, which then waits for the device every step;
         # on a CPU the host is the device and the branch skips the update's work, where
@@ -227,8 +229,9 @@ class Trainer:
 
         # Pairs come in a few padded lengths: one trace serves them all (XLA compiles each shape).
         if split:
-            local_gradients = tf.function(local_gradients, jit_compile=True, reduce_retracing=True)
-            update = tf.function(update, jit_compile=True)
+            local_gradients = tf.function(local_gradients, jit_compile=True, reduce_retracing=True,
+                                          autograph=autograph)
+            update = tf.function(update, jit_compile=True, autograph=autograph)
 
         def train_step(x, y, state, stop, save):
             loss, grads, new_state = local_gradients(x, y, state)
@@ -249,7 +252,7 @@ class Trainer:
 
         self._compiled = False
         self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split,
-                                                reduce_retracing=True)
+                                                reduce_retracing=True, autograph=autograph)
         self._evaluator = task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla)
 
     def train_step(self, inputs: Any, targets: Any, state: Any, stop: float = 0.0,
