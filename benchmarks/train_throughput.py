@@ -477,20 +477,17 @@ class TorchRunner(Runner):
 # ----------------------------------------------------------------------------- main
 def set_threads(threads: int, want_torch: bool) -> Dict[str, Any]:
     """Gives TensorFlow and PyTorch the same thread pools; returns what was set."""
-    settings: Dict[str, Any] = {}
     if not want_torch:  # a PyTorch worker never starts TensorFlow (two CUDA runtimes in one process crash)
         from lmkit import distributed as dist
         dist.init(backend="local", intra_op_threads=threads, inter_op_threads=threads)
-        settings = {"tf_intra_op": dist.threads().intra_op, "tf_inter_op": dist.threads().inter_op}
-    if want_torch:
-        try:
-            import torch
-        except ImportError:
-            return settings
-        torch.set_num_threads(threads)
-        torch.set_num_interop_threads(threads)
-        settings.update(torch_intra_op=torch.get_num_threads(), torch_inter_op=torch.get_num_interop_threads())
-    return settings
+        return {"tf_intra_op": dist.threads().intra_op, "tf_inter_op": dist.threads().inter_op}
+    try:
+        import torch
+    except ImportError:
+        return {}
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(threads)
+    return {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads()}
 
 
 def build_runner(framework: str, cfg: Any, ids, inputs, targets, device: str = "cpu") -> Runner:
@@ -690,6 +687,11 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
     workers: Dict[str, Worker] = {}
     build_errors: Dict[str, str] = {}
     started: Dict[str, Worker] = {}
+
+    def build_failed(fw: str, exc: Exception) -> None:
+        print(f"train_throughput: [{name}] {fw}: {exc}", file=sys.stderr)
+        build_errors[fw] = str(exc)
+
     try:
         # One at a time by default: tracing is not timed but uses the cores. --parallel_build starts
         # them together (a GPU machine's many cores compile several XLA steps at once); the timed
@@ -701,15 +703,13 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
                 if not args.parallel_build:
                     started[fw].ready()
             except RuntimeError as exc:  # the other columns are still measured; the error is kept
-                print(f"train_throughput: [{name}] {fw}: {exc}", file=sys.stderr)
-                build_errors[fw] = str(exc)
+                build_failed(fw, exc)
                 started.pop(fw, None)
         for fw, worker in started.items():
             try:
                 worker.ready()
             except RuntimeError as exc:
-                print(f"train_throughput: [{name}] {fw}: {exc}", file=sys.stderr)
-                build_errors[fw] = str(exc)
+                build_failed(fw, exc)
                 continue
             workers[fw] = worker
             log(f"[{name}] {fw} ready ({worker.info['setup_seconds']:.1f} s to build and trace)")

@@ -59,4 +59,3 @@ def use_autograph(model: Any) -> bool:
     a model composed in a user's code) may rely on it: it keeps AutoGraph.
     """
     return not type(model).__module__.startswith("lmkit.")
-
