@@ -10,8 +10,17 @@
 #   export LMKIT_BENCH_TORCH_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"   # PyTorch keeps its own CUDA
 #   source /tmp/gpu-env.sh                                             # TensorFlow's CUDA 12 libraries
 #   for s in gpt2 transformer rnn; do bash benchmarks/gpu_session.sh $s $OUT/b; done
+# Where the GPT-2 bf16 step's time goes (for the MFU target; not yet run on a GPU):
+#   profile   benchmarks/profile_step.py's trace of the mixed_bfloat16 GPT-2-shaped trainer step: the
+#             GPU's kernels by kind, the biggest ones, the busy share; OUTDIR/xla_dump.tgz holds XLA's
+#             optimized HLO of the step. Kernels need CUPTI: download its wheel here first
+#               python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#                 --platform manylinux2014_x86_64 -d .gpu/cupti nvidia-cuda-cupti-cu12
+#             and carry [".gpu/cupti"]; the stage installs it into /tmp/site.
+#   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
+#             causal_blocks with 2 and with 4 blocks).
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|all [OUTDIR]}
+stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|profile|attention|all [OUTDIR]}
 out=${2:-benchmarks/results}
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -26,6 +35,27 @@ case $stage in
   rnn) exec "${bench[@]}" --repeats 3 --configs config_small,config_medium --frameworks lmkit,torch ;;
   gpt2) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
           --frameworks lmkit,lmkit_bf16,torch,torch_bf16 ;;
+  profile)
+    if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then
+      "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/cupti/*.whl
+    fi
+    [ -d /tmp/site/nvidia/cuda_cupti/lib ] && export LD_LIBRARY_PATH=/tmp/site/nvidia/cuda_cupti/lib:${LD_LIBRARY_PATH:-}
+    XLA_FLAGS="--xla_dump_to=$out/xla --xla_dump_hlo_as_text ${XLA_FLAGS:-}" \
+      "$py" benchmarks/profile_step.py --config config_gpt2_124m_shape --set precision='"mixed_bfloat16"' \
+        --trace_only --steps 10 --top 40 --output "$out/profile_gpt2_bf16_gpu.json"
+    rc=$?
+    if [ -d "$out/xla" ]; then  # the optimized programs and their buffers only, packed
+      find "$out/xla" -type f ! -name '*after_optimizations.txt' ! -name '*buffer-assignment.txt' -delete
+      tar czf "$out/xla_dump.tgz" -C "$out" xla && rm -rf "$out/xla"
+    fi
+    exit $rc ;;
+  attention)
+    rc=0
+    for blocks in 2 4; do
+      "$py" benchmarks/attention.py --shape 8,12,1024,64 --steps 50 --repeats 5 --blocks $blocks \
+        --output "$out/attention_gpu_blocks$blocks.json" || rc=1
+    done
+    exit $rc ;;
   all)
     log="$out/gpu_log.txt"
     { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
@@ -39,5 +69,5 @@ case $stage in
     done
     echo "=== done ($(date -u +%T)) rc=$rc" | tee -a "$log"
     exit $rc ;;
-  *) echo "gpu_session.sh: unknown stage '$stage' (transformer, rnn, gpt2 or all)" >&2; exit 2 ;;
+  *) echo "gpu_session.sh: unknown stage '$stage' (transformer, rnn, gpt2, profile, attention or all)" >&2; exit 2 ;;
 esac

@@ -12,10 +12,21 @@ Two views of the real ``Trainer.train_step``:
    (+ clipping, learning-rate policy, optimizer, finite check). The
    differences are the cost of the backward pass and of the update.
 
+On a GPU the trace also holds the GPU's kernels (TensorFlow needs CUPTI,
+``libcupti.so.12``, on the library path for them): their time per step by
+kind (matmuls, reductions such as the softmaxes, scatters and gathers,
+copies, other fusions), the biggest kernels, and how much of the wall time
+the GPU was busy at all (the union of the kernels' intervals): a busy share
+well under 1 means the GPU waits for the host (launches, the step's loop),
+not for its kernels. ``--trace_only`` skips the timed pieces, which each
+compile once more (minutes for a GPT-2-sized step).
+
 Usage::
 
     .venv/bin/python benchmarks/profile_step.py --config config_small
     .venv/bin/python benchmarks/profile_step.py --config config_medium --steps 3
+    python benchmarks/profile_step.py --config config_gpt2_124m_shape --set precision='"mixed_bfloat16"' \
+        --trace_only --steps 5 --output benchmarks/results/profile_gpt2_bf16_gpu.json   # on a GPU
 
 Writes ``benchmarks/results/profile_<config>.json``.
 """
@@ -45,13 +56,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="TF intra-op threads (default: lmkit's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="config override, e.g. --set jit_compile=True")
-    parser.add_argument("--top", type=int, default=25, help="ops listed by name")
+    parser.add_argument("--top", type=int, default=25, help="ops (and GPU kernels) listed by name")
+    parser.add_argument("--trace_only", action="store_true",
+                        help="only the profiler's trace of the trainer step, not the timed pieces")
     parser.add_argument("--output", default="", help="default benchmarks/results/profile_<config>.json")
     return parser.parse_args(argv)
 
 
 def trace_ops(step_fn, args_fn, steps: int) -> Dict[str, Any]:
-    """Profiles ``steps`` calls; returns op time per step by type and by name."""
+    """Profiles ``steps`` calls; returns op time per step by type and by name, and the GPU's kernels."""
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -71,6 +84,11 @@ def trace_ops(step_fn, args_fn, steps: int) -> Dict[str, Any]:
             space.ParseFromString(f.read())
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
+    return {**host_ops(space, steps, wall), "gpu": gpu_kernels(space, steps, wall)}
+
+
+def host_ops(space: Any, steps: int, wall: float) -> Dict[str, Any]:
+    """The TensorFlow ops of the executor threads in ``space`` (an XSpace), per step."""
     plane = next(p for p in space.planes if p.name == "/host:CPU")
     by_type: Dict[str, float] = collections.Counter()
     calls: Dict[str, int] = collections.Counter()
@@ -94,6 +112,109 @@ def trace_ops(step_fn, args_fn, steps: int) -> Dict[str, Any]:
         "by_type": [{"op": k, "ms": round(v, 2), "share": round(v / total, 3), "calls": calls[k] // steps}
                     for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])],
         "by_name": [{"op": k, "ms": round(v, 2)} for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])],
+    }
+
+
+KERNEL_KINDS = (  # (kind, substrings of a kernel's lower-cased name); the first match wins
+    ("matmul", ("gemm", "cutlass", "xmma", "cublas", "matmul", "dot")),
+    ("scatter/gather", ("scatter", "gather", "dynamic_update_slice", "dynamic_slice")),
+    ("reduction (softmax, norms, sums)", ("reduce", "softmax")),
+    ("copy/transpose", ("copy", "transpose", "memcpy", "memset", "concatenate")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """Which kind of GPU kernel ``name`` is (XLA names a fusion's kernel after what it computes)."""
+    lower = name.lower()
+    for kind, keys in KERNEL_KINDS:
+        if any(key in lower for key in keys):
+            return kind
+    return "other (elementwise fusions)"
+
+
+def _union_length(intervals: List[Any]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def gpu_kernels(space: Any, steps: int, wall: float, top: int = 25) -> Optional[Dict[str, Any]]:
+    """The GPU kernels of ``space`` per step, or None when it holds no GPU plane.
+
+    Kernel events are read from the stream lines of every ``/device:GPU:N``
+    plane; ``busy_share`` is the union of their intervals over the wall time
+    (``wall`` seconds per step).
+    """
+    planes = [p for p in space.planes if p.name.startswith("/device:GPU:")]
+    if not planes:
+        return None
+    by_kind: Dict[str, float] = collections.Counter()
+    by_name: Dict[str, float] = collections.Counter()
+    calls: Dict[str, int] = collections.Counter()
+    intervals = []
+    for plane in planes:
+        streams = [line for line in plane.lines if "stream" in line.name.lower()] or list(plane.lines)
+        for line in streams:
+            for event in line.events:
+                meta = plane.event_metadata[event.metadata_id]
+                name = meta.display_name or meta.name
+                ms = event.duration_ps / 1e9 / steps
+                by_kind[kernel_kind(name)] += ms
+                by_name[name] += ms
+                calls[name] += 1
+                start = line.timestamp_ns * 1000 + event.offset_ps
+                intervals.append((start, start + event.duration_ps))
+    kernel_ms = sum(by_kind.values())
+    busy_ms = _union_length(intervals) / 1e9 / steps
+    return {
+        "kernel_ms_per_step": round(kernel_ms, 3),
+        "busy_ms_per_step": round(busy_ms, 3),
+        "busy_share": round(busy_ms / (wall * 1000), 3) if wall > 0 else None,
+        "kernels_per_step": round(sum(calls.values()) / steps, 1),
+        "by_kind": [{"kind": k, "ms": round(v, 3), "share": round(v / kernel_ms, 3) if kernel_ms else 0.0}
+                    for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])],
+        "by_name": [{"kernel": k, "ms": round(v, 3), "calls": round(calls[k] / steps, 1), "kind": kernel_kind(k)}
+                    for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]],
+    }
+
+
+def time_pieces(pieces: Dict[str, Any], batch: Any, steps: int, repeats: int) -> Dict[str, Any]:
+    """Median wall and CPU ms per step of each piece, timed alternately, and their differences."""
+    import tensorflow as tf
+    for fn in pieces.values():  # trace and warm up
+        for _ in range(2):
+            [v.numpy() for v in tf.nest.flatten(fn(*batch())) if hasattr(v, "numpy")]
+    times: Dict[str, List[float]] = {k: [] for k in pieces}
+    cpu: Dict[str, List[float]] = {k: [] for k in pieces}  # process CPU time: less sensitive to other jobs
+    for _ in range(repeats):
+        for name, fn in pieces.items():
+            start, cpu_start = time.perf_counter(), time.process_time()
+            out = None
+            for _ in range(steps):
+                out = fn(*batch())
+            [v.numpy() for v in tf.nest.flatten(out) if hasattr(v, "numpy")]
+            times[name].append((time.perf_counter() - start) / steps * 1000)
+            cpu[name].append((time.process_time() - cpu_start) / steps * 1000)
+    medians = {k: round(statistics.median(v), 2) for k, v in times.items()}
+    cpu_medians = {k: round(statistics.median(v), 2) for k, v in cpu.items()}
+    return {
+        "pieces_ms_median": medians,
+        "pieces_ms_all": {k: [round(x, 2) for x in v] for k, v in times.items()},
+        "pieces_cpu_ms_median": cpu_medians,
+        "derived_ms": {
+            "backward": round(medians["forward + backward"] - medians["forward + loss"], 2),
+            "update (clip, lr, optimizer, checks)": round(medians["trainer step"] - medians["forward + backward"], 2),
+        },
+        "derived_cpu_ms": {
+            "backward": round(cpu_medians["forward + backward"] - cpu_medians["forward + loss"], 2),
+            "update (clip, lr, optimizer, checks)": round(
+                cpu_medians["trainer step"] - cpu_medians["forward + backward"], 2),
+        },
     }
 
 
@@ -142,28 +263,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             loss = loss_of(x, y, state)
         return loss, tape.gradient(loss, variables)
 
-    pieces = {
-        "forward + loss": tf.function(loss_of, jit_compile=cfg.jit_compile),
-        "forward + backward": tf.function(forward_backward, jit_compile=cfg.jit_compile),
-        "trainer step": trainer.train_step,
-    }
-    for fn in pieces.values():  # trace and warm up
-        for _ in range(2):
-            [v.numpy() for v in tf.nest.flatten(fn(*batch())) if hasattr(v, "numpy")]
-    times: Dict[str, List[float]] = {k: [] for k in pieces}
-    cpu: Dict[str, List[float]] = {k: [] for k in pieces}  # process CPU time: less sensitive to other jobs
-    for _ in range(args.repeats):
-        for name, fn in pieces.items():
-            start, cpu_start = time.perf_counter(), time.process_time()
-            out = None
-            for _ in range(args.steps):
-                out = fn(*batch())
-            [v.numpy() for v in tf.nest.flatten(out) if hasattr(v, "numpy")]
-            times[name].append((time.perf_counter() - start) / args.steps * 1000)
-            cpu[name].append((time.process_time() - cpu_start) / args.steps * 1000)
-    medians = {k: round(statistics.median(v), 2) for k, v in times.items()}
-    cpu_medians = {k: round(statistics.median(v), 2) for k, v in cpu.items()}
-    trace = trace_ops(trainer.train_step, batch, args.steps)
     result = {
         "benchmark": "profile_step",
         "command": command_line(),
@@ -172,32 +271,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "(TF default)"),
         "config": args.config,
         "overrides": overrides,
+        "xla": trainer.xla,
         "words_per_step": cfg.batch_size * cfg.num_steps,
-        "pieces_ms_median": medians,
-        "pieces_ms_all": {k: [round(x, 2) for x in v] for k, v in times.items()},
-        "pieces_cpu_ms_median": cpu_medians,
-        "derived_ms": {
-            "backward": round(medians["forward + backward"] - medians["forward + loss"], 2),
-            "update (clip, lr, optimizer, checks)": round(medians["trainer step"] - medians["forward + backward"], 2),
-        },
-        "derived_cpu_ms": {
-            "backward": round(cpu_medians["forward + backward"] - cpu_medians["forward + loss"], 2),
-            "update (clip, lr, optimizer, checks)": round(
-                cpu_medians["trainer step"] - cpu_medians["forward + backward"], 2),
-        },
-        "trace": {**{k: v for k, v in trace.items() if k != "by_name"}, "by_name": trace["by_name"][:args.top]},
-        "load_average_at_end": load_average(),
     }
+    if not args.trace_only:
+        pieces = {  # compiled as the trainer compiles its step
+            "forward + loss": tf.function(loss_of, jit_compile=trainer.xla),
+            "forward + backward": tf.function(forward_backward, jit_compile=trainer.xla),
+            "trainer step": trainer.train_step,
+        }
+        result.update(time_pieces(pieces, batch, args.steps, args.repeats))
+        print(f"{args.config}: pieces (median ms/step): {result['pieces_ms_median']}; "
+              f"derived: {result['derived_ms']}")
+        print(f"{args.config}: pieces (median CPU ms/step): {result['pieces_cpu_ms_median']}; "
+              f"derived: {result['derived_cpu_ms']}")
+    trace = trace_ops(trainer.train_step, batch, args.steps)
+    result["trace"] = {**{k: v for k, v in trace.items() if k != "by_name"}, "by_name": trace["by_name"][:args.top]}
+    result["load_average_at_end"] = load_average()
     out_path = args.output or os.path.join(RESULTS_DIR, f"profile_{args.config}.json")
     write_json(out_path, result)
-    print(f"{args.config}: pieces (median ms/step): {medians}; derived: {result['derived_ms']}")
-    print(f"{args.config}: pieces (median CPU ms/step): {cpu_medians}; derived: {result['derived_cpu_ms']}")
     print(f"trace: wall {trace['wall_ms_per_step']} ms/step, op time {trace['op_ms_per_step']} ms/step")
     for row in trace["by_type"][:15]:
         print(f"  {row['op']:36s} {row['ms']:9.2f} ms  {100 * row['share']:5.1f}%  {row['calls']:5d} calls")
     print("biggest ops:")
     for row in trace["by_name"][:10]:
         print(f"  {row['op'][:80]:80s} {row['ms']:9.2f} ms")
+    gpu = trace["gpu"]
+    if gpu:
+        print(f"GPU: kernels {gpu['kernel_ms_per_step']} ms/step, busy {gpu['busy_ms_per_step']} ms/step "
+              f"({100 * (gpu['busy_share'] or 0):.0f}% of the wall time), {gpu['kernels_per_step']} kernels/step")
+        for row in gpu["by_kind"]:
+            print(f"  {row['kind']:36s} {row['ms']:9.3f} ms  {100 * row['share']:5.1f}%")
+        print("biggest kernels:")
+        for row in gpu["by_name"][:15]:
+            print(f"  {row['kernel'][:80]:80s} {row['ms']:9.3f} ms  {row['calls']:6.1f} calls")
+    elif tf.config.list_physical_devices("GPU"):
+        print("GPU: no kernels in the trace (is libcupti.so.12 on LD_LIBRARY_PATH?)")
     print(f"wrote {out_path}")
     return 0
 

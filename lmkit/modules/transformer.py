@@ -37,6 +37,7 @@ __all__ = [
     "default_ffn_dim",
     "empty_state",
     "layer_stack",
+    "masked_softmax",
     "run_layers",
     "write_cache",
 ]
@@ -65,11 +66,56 @@ def attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, mask: Optiona
       [batch, heads, time, head_dim]. The mask and softmax run in float32
       (mixed precision: -1e9 overflows float16).
     """
-    scores = tf.cast(tf.matmul(queries, keys, transpose_b=True), tf.float32)  # [batch, heads, time, keys]
-    if mask is not None:
-        scores = tf.where(mask, scores, _MASK_VALUE)
-    probs = dropout(cast_like(tf.nn.softmax(scores, axis=-1), values), rate, training)
+    scores = tf.matmul(queries, keys, transpose_b=True)  # [batch, heads, time, keys]
+    probs = dropout(cast_like(masked_softmax(scores, mask), values), rate, training)
     return tf.matmul(probs, values)
+
+
+def masked_softmax(scores: tf.Tensor, mask: Optional[tf.Tensor]) -> tf.Tensor:
+    """``softmax(where(mask, scores, -1e9))`` over the last axis, computed in float32, in ``scores``' dtype.
+
+    For float32 scores this is TensorFlow's softmax and its gradient. For
+    bfloat16 or float16 scores (mixed precision) the mask, the softmax and
+    its gradient still compute in float32, but what the backward pass keeps
+    of the forward is the probabilities in the low precision, the dtype the
+    next matmul reads anyway: TensorFlow's gradient of a float32 softmax
+    keeps its float32 output, an extra [batch, heads, time, keys] array
+    (twice the bytes) written once and read twice per layer and step. On a
+    GPU that traffic, not the matmuls, bounds the attention of long windows
+    (``benchmarks/attention.py`` measures both). Masked positions get a zero
+    gradient, as through ``tf.where``.
+
+    Args:
+      scores: [..., keys] float scores.
+      mask: bool, broadcastable to ``scores`` (True = attend), or None.
+
+    Returns:
+      The probabilities, ``scores``' shape and dtype.
+    """
+    if scores.dtype == tf.float32:
+        if mask is not None:
+            scores = tf.where(mask, scores, _MASK_VALUE)
+        return tf.nn.softmax(scores, axis=-1)
+    dtype = scores.dtype
+
+    @tf.custom_gradient
+    def low_precision_softmax(scores):
+        x = tf.cast(scores, tf.float32)
+        if mask is not None:
+            x = tf.where(mask, x, _MASK_VALUE)
+        probs = tf.cast(tf.nn.softmax(x, axis=-1), dtype)
+
+        def grad(d_probs):
+            p = tf.cast(probs, tf.float32)
+            g = tf.cast(d_probs, tf.float32)
+            d_scores = p * (g - tf.reduce_sum(g * p, axis=-1, keepdims=True))
+            if mask is not None:
+                d_scores = tf.where(mask, d_scores, 0.0)
+            return tf.cast(d_scores, dtype)
+
+        return probs, grad
+
+    return low_precision_softmax(scores)
 
 
 class AttentionCache(NamedTuple):

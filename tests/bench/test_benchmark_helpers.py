@@ -242,3 +242,76 @@ def test_a_torch_worker_never_starts_tensorflow():
     code = "import sys; from benchmarks import train_throughput as b; print(sorted(b.set_threads(1, False)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert "tf_intra_op" in out.stdout
+
+
+def test_attention_benchmark_arguments():
+    from benchmarks import attention
+    assert attention.parse_shape("8,12,1024,64") == [8, 12, 1024, 64]
+    for bad in ("8,12,1024", "8,12,0,64", "a,b,c,d"):
+        with pytest.raises(ValueError, match="--shape"):
+            attention.parse_shape(bad)
+    assert attention.attention_flops([1, 1, 2, 3]) == 12 * 4 * 3
+    with pytest.raises(SystemExit):
+        attention.parse_args(["--shape", "1,2,6,4", "--blocks", "4"])  # 4 does not divide 6
+    with pytest.raises(SystemExit):
+        attention.parse_args(["--variants", "lmkit,flash"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_benchmark_variants_compute_the_same_gradients(tmp_path, dtype):
+    from benchmarks import attention
+    out = tmp_path / "attention.json"
+    assert attention.main(["--shape", "1,2,8,4", "--dtype", dtype, "--blocks", "2", "--repeats", "1",
+                           "--steps", "1", "--output", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["dtype"] == dtype and result["shape"] == [1, 2, 8, 4] and result["command"]
+    diffs = {name: v["max_abs_grad_difference_from_float32_probs"] for name, v in result["variants"].items()}
+    assert set(diffs) == set(attention.VARIANTS)
+    assert diffs["float32_probs"] == 0.0
+    if dtype == "float32":
+        assert diffs["lmkit"] == 0.0  # the same program
+        assert diffs["causal_blocks"] < 1e-5
+    else:  # bfloat16 rounding of values of order 1
+        assert 0.0 <= max(diffs.values()) < 0.1
+    assert set(result["speedup_over_float32_probs"]) == {"lmkit/float32_probs", "causal_blocks/float32_probs"}
+
+
+def _xspace_with_gpu_kernels():
+    """Two steps on one GPU stream: kernels of 2, 1 and 1 ms, two of them overlapping a host line."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    space.planes.add(name="/host:CPU")
+    plane = space.planes.add(name="/device:GPU:0")
+    names = {1: "gemm_fusion_dot_3", 2: "input_exponential_reduce_fusion", 3: "loop_multiply_fusion"}
+    for mid, name in names.items():
+        plane.event_metadata[mid].id = mid
+        plane.event_metadata[mid].name = name
+    stream = plane.lines.add(name="Stream #13(Compute)", timestamp_ns=1000)
+    ms = 10 ** 9  # picoseconds
+    for step in range(2):
+        base = step * 10 * ms
+        stream.events.add(metadata_id=1, offset_ps=base, duration_ps=2 * ms)
+        stream.events.add(metadata_id=2, offset_ps=base + 2 * ms, duration_ps=ms)
+        stream.events.add(metadata_id=3, offset_ps=base + 2 * ms + ms // 2, duration_ps=ms)  # overlaps
+    return space
+
+
+def test_gpu_kernels_summarises_a_gpu_trace():
+    from benchmarks import profile_step
+    assert profile_step.gpu_kernels(_xspace_with_gpu_kernels().__class__(), 2, 0.01) is None  # no GPU plane
+    out = profile_step.gpu_kernels(_xspace_with_gpu_kernels(), steps=2, wall=0.010)
+    assert out["kernel_ms_per_step"] == 4.0
+    assert out["busy_ms_per_step"] == 3.5  # the overlap counted once
+    assert out["busy_share"] == 0.35
+    assert out["kernels_per_step"] == 3.0
+    kinds = {row["kind"]: row["ms"] for row in out["by_kind"]}
+    assert kinds == {"matmul": 2.0, "reduction (softmax, norms, sums)": 1.0, "other (elementwise fusions)": 1.0}
+    assert out["by_name"][0] == {"kernel": "gemm_fusion_dot_3", "ms": 2.0, "calls": 1.0, "kind": "matmul"}
+
+
+def test_kernel_kinds():
+    from benchmarks import profile_step
+    assert profile_step.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert profile_step.kernel_kind("scatter_add_fusion") == "scatter/gather"
+    assert profile_step.kernel_kind("transpose_copy_fusion_2") == "copy/transpose"
+    assert profile_step.kernel_kind("loop_add_fusion") == "other (elementwise fusions)"

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from lmkit.modules import LayerNorm, MultiHeadAttention, TransformerDecoder, TransformerLayer
+from lmkit.modules import transformer as transformer_module
 
 
 def _random(*shape, seed=0):
@@ -191,3 +192,93 @@ def test_bad_arguments():
         decoder.initial_state(1, max_length=7)
     with pytest.raises(ValueError, match="positions is None but a cache was given"):
         decoder.layers[0].attention(tf.zeros([1, 1, 8]), cache=decoder.initial_state(1).caches[0])
+
+
+def _softmax_inputs(dtype, shape=(2, 3, 6, 6)):
+    rng = np.random.RandomState(0)
+    scores = tf.cast(rng.randn(*shape) * 3, dtype)
+    mask = np.tril(np.ones(shape[-2:], bool))[None, None]
+    mask = np.broadcast_to(mask, shape).copy()
+    mask[0, 0, 2] = False  # a row that attends to nothing
+    return scores, tf.constant(mask), tf.constant(rng.randn(*shape), tf.float32)
+
+
+def _reference_softmax_and_gradient(scores, mask, d_probs):
+    """float64 NumPy: softmax(where(mask, s, -1e9)) and the gradient of sum(probs * d_probs)."""
+    x = np.where(mask, scores.astype(np.float64), -1e9)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    g = p * (d_probs - (d_probs * p).sum(-1, keepdims=True))
+    return p, np.where(mask, g, 0.0)
+
+
+def _probs_and_gradient(scores, mask, d_probs):
+    with tf.GradientTape() as tape:
+        tape.watch(scores)
+        probs = transformer_module.masked_softmax(scores, mask)
+        loss = tf.reduce_sum(tf.cast(probs, tf.float32) * d_probs)
+    return probs, tape.gradient(loss, scores)
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_masked_softmax_low_precision_matches_float64(dtype):
+    scores, mask, d_probs = _softmax_inputs(dtype)
+    probs, grad = _probs_and_gradient(scores, mask, d_probs)
+    assert probs.dtype == dtype and grad.dtype == dtype
+    # The forward pass is the float32 softmax rounded once to the low precision.
+    x = tf.where(mask, tf.cast(scores, tf.float32), -1e9)
+    np.testing.assert_array_equal(probs.numpy(), tf.cast(tf.nn.softmax(x), dtype).numpy())
+    want_p, want_g = _reference_softmax_and_gradient(scores.numpy().astype(np.float64), mask.numpy(),
+                                                     d_probs.numpy())
+    eps = float(np.finfo(dtype.as_numpy_dtype).eps) if dtype == tf.float16 else 2.0 ** -8
+    # Bounds: a few roundings of the low-precision probabilities, in units of the largest value.
+    np.testing.assert_allclose(probs.numpy().astype(np.float64), want_p, rtol=0, atol=2 * eps)
+    scale = np.abs(want_g).max()
+    np.testing.assert_allclose(grad.numpy().astype(np.float64), want_g, rtol=0, atol=8 * eps * scale)
+    # Masked positions, including the row with no position to attend to, get no gradient.
+    assert not np.any(grad.numpy()[~mask.numpy()])
+
+
+def test_masked_softmax_float32_is_tensorflows():
+    scores, mask, d_probs = _softmax_inputs(tf.float32)
+    probs, grad = _probs_and_gradient(scores, mask, d_probs)
+    with tf.GradientTape() as tape:
+        tape.watch(scores)
+        want = tf.nn.softmax(tf.where(mask, scores, -1e9))
+        loss = tf.reduce_sum(want * d_probs)
+    np.testing.assert_array_equal(probs.numpy(), want.numpy())
+    np.testing.assert_array_equal(grad.numpy(), tape.gradient(loss, scores).numpy())
+
+
+def _float32_square_arrays_kept_for_backward(attend_fn, dtype, length=16):
+    """Names of float32 [.., length, length] tensors of the forward pass that the backward pass reads."""
+    @tf.function
+    def grads(q, k, v, w):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            mask = tf.cast(tf.linalg.band_part(tf.ones([length, length]), -1, 0), tf.bool)[None, None]
+            loss = tf.reduce_sum(tf.cast(attend_fn(q, k, v, mask, 0.0, False), tf.float32) * w)
+        return tape.gradient(loss, [q, k, v])
+
+    spec = tf.TensorSpec([2, 3, length, 4], dtype)
+    graph = grads.get_concrete_function(spec, spec, spec, tf.TensorSpec([2, 3, length, 4])).graph
+    kept = set()
+    for op in graph.get_operations():
+        if not op.name.startswith("gradient_tape"):
+            continue
+        for t in op.inputs:
+            if (not t.op.name.startswith("gradient_tape") and t.dtype == tf.float32 and t.shape.rank == 4
+                    and t.shape[-2:] == [length, length]):
+                kept.add(t.name)
+    return kept
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_mixed_precision_attention_keeps_no_float32_probabilities(dtype):
+    # A GPU decision (the arrays the backward pass reads cost memory traffic there), checked on the graph.
+    def float32_probs_attend(q, k, v, mask, rate, training):  # lmkit's attention before masked_softmax
+        scores = tf.where(mask, tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32), -1e9)
+        return tf.matmul(tf.cast(tf.nn.softmax(scores), v.dtype), v)
+
+    assert _float32_square_arrays_kept_for_backward(float32_probs_attend, dtype)  # the check can fail
+    assert _float32_square_arrays_kept_for_backward(transformer_module.attend, dtype) == set()
