@@ -4,13 +4,16 @@
     run = load_seq2seq("runs/reverse")
     outputs = transduce(run, ["a b c", "d e"], strategy="beam", beam_width=4)
     score(outputs, ["c b a", "e d"])  # {"bleu": ..., "exact_match": ...}
+    transduce_samples(run, ["a b c"], num_samples=3, strategy="top_p", seed=0)  # [[3 outputs]]
 
 :func:`transduce` is what ``lmkit generate --source_file`` and ``lmkit
 evaluate --source_file`` run: the sources are tokenized with the run's source
 tokenizer, sorted by length and decoded ``batch_size`` at a time (each batch
 padded to a length bucket of :func:`lmkit.data.paired.padded_length`, so the
 compiled loop sees few shapes), every row starting from the target's start id
-and ending at its end id; the outputs come back in the order of the sources. Any strategy of
+and ending at its end id; the outputs come back in the order of the sources
+(:func:`transduce_samples`: several per source, sampled or the best of one
+beam search). Any strategy of
 :mod:`lmkit.decoding` decodes: greedy, sampling, top-k, top-p, or beam search
 with a length penalty. :func:`score` computes corpus BLEU with sacrebleu (the
 standard implementation; ``pip install "lmkit[seq2seq]"``) and exact match.
@@ -26,7 +29,8 @@ import numpy as np
 
 from lmkit.errors import UsageError
 
-__all__ = ["Seq2SeqRun", "is_seq2seq_run", "load_seq2seq", "source_tokenizer_of_run", "transduce", "score"]
+__all__ = ["Seq2SeqRun", "is_seq2seq_run", "load_seq2seq", "source_tokenizer_of_run", "transduce",
+           "transduce_samples", "score"]
 
 
 @dataclasses.dataclass
@@ -99,6 +103,31 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
     Raises:
       UsageError: a bad setting, or a source longer than the model reads (naming its line).
     """
+    return [outputs[0] for outputs in transduce_samples(
+        run, sources, num_samples=1, strategy=strategy, beam_width=beam_width, length_penalty=length_penalty,
+        temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+        batch_size=batch_size, seed=seed, jit_compile=jit_compile, on_batch=on_batch)]
+
+
+def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: int = 1, strategy: str = "greedy",
+                      beam_width: int = 4, length_penalty: float = 0.6, temperature: float = 1.0,
+                      top_k: int = 40, top_p: float = 0.9, max_new_tokens: Optional[int] = None,
+                      batch_size: int = 32, seed: Optional[int] = None, jit_compile: Optional[bool] = None,
+                      on_batch: Optional[Callable[[int, int], None]] = None) -> List[List[str]]:
+    """``num_samples`` output texts per source text, in the sources' order.
+
+    With a sampling strategy each source is decoded ``num_samples`` times
+    (as rows of the same batches, each with its own random draws); with
+    ``beam`` the outputs are the best ``num_samples`` finished hypotheses of
+    one search per source, best first (fewer when the search finished fewer).
+    ``greedy`` writes one output per source. An empty source gives
+    ``num_samples`` empty outputs. The other arguments are
+    :func:`transduce`'s; ``on_batch`` counts rows (a source times its samples).
+
+    Raises:
+      UsageError: a bad setting (``num_samples`` above 1 with greedy, or
+        above ``beam_width``), or a source longer than the model reads.
+    """
     import tensorflow as tf
 
     from lmkit.data.paired import SpecialIds, padded_length, pad_rows
@@ -107,6 +136,15 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
     model, special = run.model, SpecialIds.of(run.tokenizer)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise UsageError(f"batch_size = {batch_size!r} must be a positive integer")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise UsageError(f"num_samples = {num_samples!r} must be a positive integer")
+    beam = strategy == "beam"
+    if num_samples > 1 and strategy == "greedy":
+        raise UsageError(f"num_samples = {num_samples}: greedy decoding writes one output per source; "
+                         "use a sampling strategy (sample, top_k, top_p) or beam")
+    if beam and num_samples > beam_width:
+        raise UsageError(f"num_samples = {num_samples} exceeds beam_width = {beam_width}: beam search keeps "
+                         f"beam_width hypotheses; use beam_width = {num_samples}")
     limit = model.max_positions - 1
     new_tokens = limit if max_new_tokens is None else max_new_tokens
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or not 1 <= new_tokens <= limit:
@@ -114,7 +152,6 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
                          f"max_positions = {model.max_positions} positions, the start id included")
     sampler = _sampler(strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
                        length_penalty=length_penalty)
-    beam = strategy == "beam"
     if seed is None and not beam and strategy != "greedy":
         from lmkit.decoding.prompts import check_seed
         seed = check_seed(None)
@@ -124,11 +161,19 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
         if max_source is not None and len(ids) > max_source:
             raise UsageError(f"source {number} has {len(ids)} tokens, more than the model reads "
                              f"(max_source_positions {max_source}); shorten or split that line")
-    outputs = [""] * len(sources)
-    todo = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
+    outputs: List[List[str]] = [[""] * num_samples if not ids else [] for ids in encoded]
+    copies = 1 if beam else num_samples  # rows per source
+    todo = [(i, j) for i in sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
+            for j in range(copies)]
+
+    def text_of(ids: List[int]) -> str:
+        if ids and ids[-1] == special.eos:
+            ids = ids[:-1]
+        return run.tokenizer.decode(ids)
+
     for b, start in enumerate(range(0, len(todo), batch_size)):
         rows = todo[start:start + batch_size]
-        filled = rows + [rows[0]] * (batch_size - len(rows))  # one batch shape: one compiled loop
+        filled = [i for i, _ in rows] + [rows[0][0]] * (batch_size - len(rows))  # one batch shape: one compiled loop
         source, lengths = pad_rows([np.asarray(encoded[i], np.int32) for i in filled], special.pad,
                                    padded_length(max(len(encoded[i]) for i in filled)))
         mask = np.arange(source.shape[1])[np.newaxis] < lengths[:, np.newaxis]
@@ -137,11 +182,13 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
         result = decode(model, new_tokens + 1, sampler, prompts=[[special.bos]] * len(filled),
                         eos_id=special.eos, pad_id=special.pad, condition=condition, jit_compile=jit_compile,
                         **options)
-        for row, i in enumerate(rows):
-            ids = result.ids[row, 1:result.lengths[row]].tolist()
-            if ids and ids[-1] == special.eos:
-                ids = ids[:-1]
-            outputs[i] = run.tokenizer.decode(ids)
+        for row, (i, _) in enumerate(rows):
+            if beam and num_samples > 1:
+                found = [result.beam_ids[row, k, 1:result.beam_lengths[row, k]].tolist()
+                         for k in range(num_samples) if result.beam_scores[row, k] > -float("inf")]
+                outputs[i].extend(text_of(ids) for ids in found or [result.ids[row, 1:result.lengths[row]].tolist()])
+            else:
+                outputs[i].append(text_of(result.ids[row, 1:result.lengths[row]].tolist()))
         if on_batch is not None:
             on_batch(min(start + batch_size, len(todo)), len(todo))
     return outputs

@@ -58,3 +58,30 @@ def test_score_is_sacrebleu_and_exact_match():
     assert "tok:13a" in result["bleu_signature"]
     with pytest.raises(UsageError, match="2 outputs but 3 references"):
         score(outputs[:2], references)
+
+
+def test_several_samples_per_source(run):
+    from lmkit.transduction import transduce_samples
+    sampled = transduce_samples(run, SOURCES, num_samples=3, strategy="sample", seed=5, batch_size=4)
+    assert [len(s) for s in sampled] == [3] * len(SOURCES)
+    assert sampled[1] == ["", "", ""]  # an empty source
+    assert sampled == transduce_samples(run, SOURCES, num_samples=3, strategy="sample", seed=5, batch_size=4)
+    assert any(len(set(s)) > 1 for s in sampled)  # each sample is drawn on its own
+    # Beam search: the best hypotheses of one search, the best first (the 1-best is transduce's).
+    best = transduce(run, SOURCES, strategy="beam", beam_width=3)
+    nbest = transduce_samples(run, SOURCES, num_samples=3, strategy="beam", beam_width=3)
+    assert [s[0] for s in nbest] == best
+    assert all(1 <= len(s) <= 3 for s in nbest) and nbest[1] == ["", "", ""]
+    assert any(len(s) > 1 for s in nbest)
+    # One sample is transduce's output.
+    assert transduce_samples(run, SOURCES, strategy="beam", beam_width=3) == [[text] for text in best]
+
+
+def test_bad_sample_counts_are_named(run):
+    from lmkit.transduction import transduce_samples
+    with pytest.raises(UsageError, match="greedy decoding writes one output per source"):
+        transduce_samples(run, ["a"], num_samples=2)
+    with pytest.raises(UsageError, match="num_samples = 4 exceeds beam_width = 3"):
+        transduce_samples(run, ["a"], num_samples=4, strategy="beam", beam_width=3)
+    with pytest.raises(UsageError, match="num_samples = 0 must be a positive integer"):
+        transduce_samples(run, ["a"], num_samples=0, strategy="sample")

@@ -37,7 +37,9 @@ source: the lines of --source_file (or each --prompt, read as a source), in
 their order, with --strategy greedy (its default there), sample, top_k, top_p
 or beam (--beam_width, --length_penalty); --max_new_tokens bounds an output
 (default: the model's max_positions - 1), --batch_size sources are decoded
-side by side (docs/seq2seq.md).
+side by side (docs/seq2seq.md). With --num_samples N above 1 (a sampling
+strategy, or beam: its N best) each source gets N lines, "[source.sample]
+text", sources counted from 0.
 
 Exit status: 0 done, 2 bad input (one ``error:`` line on stderr), 141 the
 reader of the output left (``| head``; no message), 1 a crash.
@@ -74,7 +76,8 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
     p.add_argument("--top_p", type=float, default=0.9)
     p.add_argument("--beam_width", type=int, default=4)
     p.add_argument("--length_penalty", type=float, default=0.6, help="GNMT alpha for beam search")
-    p.add_argument("--num_samples", type=int, default=1, help="samples per prompt")
+    p.add_argument("--num_samples", type=int, default=1,
+                   help="samples per prompt (encoder-decoders: per source, as [source.sample] lines)")
     p.add_argument("--max_length", type=int, default=None,
                    help="tokens per sample, prompt included (default 50; not for encoder-decoders: "
                         "--max_new_tokens)")
@@ -282,7 +285,7 @@ def check_transduction_args(args: argparse.Namespace) -> None:
                ("--stop", bool(args.stop)), ("--stop_at_eos", args.stop_at_eos), ("--chat", args.chat),
                ("--system", args.system is not None), ("--stream", bool(args.stream)),
                ("--start_token/--no_start_token", args.start_token is not None),
-               ("--num_samples", args.num_samples != 1), ("--repetition_penalty", args.repetition_penalty != 1.0),
+               ("--repetition_penalty", args.repetition_penalty != 1.0),
                ("--min_new_tokens", args.min_new_tokens != 0), ("--one_line", args.one_line)]
     for flag, given in only_lm:
         if given:
@@ -299,6 +302,14 @@ def check_transduction_args(args: argparse.Namespace) -> None:
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
+    if args.num_samples < 1:
+        raise UsageError(f"--num_samples {args.num_samples} must be >= 1")
+    if args.num_samples > 1 and (args.strategy or "greedy") == "greedy":
+        raise UsageError(f"--num_samples {args.num_samples}: greedy decoding writes one output per source; "
+                         "add --strategy sample, top_k, top_p or beam")
+    if args.strategy == "beam" and args.num_samples > args.beam_width:
+        raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
+                         f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
 
 
 def _transduce_main(args: argparse.Namespace) -> int:
@@ -309,7 +320,7 @@ def _transduce_main(args: argparse.Namespace) -> int:
     user_modules_importable()
     from lmkit import distributed as dist
     from lmkit.layout import resolve_checkpoint
-    from lmkit.transduction import load_seq2seq, transduce
+    from lmkit.transduction import load_seq2seq, transduce_samples
 
     dist.init(backend="local")
     start = time.perf_counter()
@@ -325,14 +336,17 @@ def _transduce_main(args: argparse.Namespace) -> int:
         raise UsageError(f"--max_new_tokens {args.max_new_tokens} exceeds what the decoder holds: {limit} "
                          f"(max_positions {run.model.max_positions}, the start id included)")
     start = time.perf_counter()
-    outputs = transduce(run, sources, strategy=strategy, beam_width=args.beam_width,
-                        length_penalty=args.length_penalty, temperature=args.temperature, top_k=args.top_k,
-                        top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                        seed=seed)
+    outputs = transduce_samples(run, sources, num_samples=args.num_samples, strategy=strategy,
+                                beam_width=args.beam_width, length_penalty=args.length_penalty,
+                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=seed)
     seconds = time.perf_counter() - start
     try:
-        for text in outputs:
-            print(one_line(text), flush=False)
+        for i, texts in enumerate(outputs):
+            if args.num_samples == 1:  # one line per source, nothing else: a file to score
+                print(one_line(texts[0]), flush=False)
+            for j, text in enumerate(texts if args.num_samples > 1 else []):
+                print(f"[{i}.{j}] {one_line(text)}", flush=False)
         sys.stdout.flush()
     except BrokenPipeError:
         raise OutputClosed() from None

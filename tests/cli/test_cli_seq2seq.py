@@ -80,16 +80,20 @@ def test_generate_writes_one_line_per_source_and_evaluate_scores_them(trained, t
         generated, prompts, evaluated, valid = pool.map(lambda cmd: run(cmd, timeout=300), (
             lmkit("generate", "--model_dir", model_dir, "--source_file", task["test_src"], "--batch_size", "7"),
             lmkit("generate", "--model_dir", model_dir, "--prompt", "s1 s2 s3", "--prompt", "s4 s4",
-                  "--strategy", "beam", "--beam_width", "3"),
+                  "--strategy", "beam", "--beam_width", "3", "--num_samples", "2"),
             lmkit("evaluate", "--model_dir", model_dir, "--source_file", task["test_src"], "--target_file",
                   task["test_tgt"], "--json", "--output", output),
             lmkit("evaluate", "--model_dir", model_dir, "--split", "valid", "--strategy", "beam")))
     for res in (generated, prompts, evaluated, valid):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     outputs = generated.stdout.splitlines()
-    assert len(outputs) == 40 and len(prompts.stdout.splitlines()) == 2
+    assert len(outputs) == 40
+    # --num_samples 2 with beam search: each source's 2 best hypotheses (fewer if it finished fewer), tagged.
+    tagged = [re.fullmatch(r"\[(\d)\.(\d)\] ?(.*)", line) for line in prompts.stdout.splitlines()]
+    assert all(tagged), prompts.stdout
+    assert [m.group(1) for m in tagged if m.group(2) == "0"] == ["0", "1"] and 2 <= len(tagged) <= 4, prompts.stdout
     symbols = {f"s{n}" for n in range(8)}
-    assert all(set(line.split()) <= symbols for line in outputs + prompts.stdout.splitlines()), outputs
+    assert all(set(line.split()) <= symbols for line in outputs + [m.group(3) for m in tagged]), outputs
     report = json.loads(evaluated.stdout)
     # evaluate decodes greedily, as generate does: the same outputs, scored against the references.
     assert lines(output) == outputs
@@ -113,6 +117,8 @@ def test_flags_that_do_not_fit_an_encoder_decoder_are_named(trained, task):
          "--stop applies to language models; .* holds an encoder-decoder"),
         (lmkit("generate", "--model_dir", model_dir),
          "holds an encoder-decoder: give --source_file .* or --prompt TEXT"),
+        (lmkit("generate", "--model_dir", model_dir, "--prompt", "s1", "--num_samples", "2"),
+         "--num_samples 2: greedy decoding writes one output per source; add --strategy"),
         (lmkit("generate", "--model_dir", model_dir, "--prompt", "s1", "--max_new_tokens", "40"),
          "--max_new_tokens 40 exceeds what the decoder holds: 15"),
         (lmkit("evaluate", "--model_dir", model_dir, "--source_file", task["test_src"]),
