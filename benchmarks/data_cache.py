@@ -30,9 +30,19 @@ big.txt --tokenizer word --max_vocab 10000 --max_steps 5`` on
 first with an empty cache (rank 0 encodes) and then in a new model folder
 with the cache; the peak RSS is that of the largest rank.
 
+With ``--pairs``, the same three runs for an encoder-decoder: source and
+target files of ``--megabytes`` MB each (the corpus's lines, and each line's
+words reversed), ``lmkit train --config config_seq2seq --source_file
+train.src --target_file train.tgt --tokenizer word --max_vocab 8000
+--max_steps 5`` with batches of 8 and positions for 256 tokens a side
+(longer pairs are skipped and counted, as in any run): ``no_cache`` encodes the pairs in memory in one process at every
+start, ``first`` encodes both files line by line into the cache, ``second``
+maps them.
+
 Usage::
 
     python benchmarks/data_cache.py --megabytes 100 --out benchmarks/results/data_cache.json
+    python benchmarks/data_cache.py --pairs --megabytes 50 --out benchmarks/results/data_cache_pairs.json
     python benchmarks/data_cache.py --two_ranks --megabytes 100 --large_megabytes 1000 \
         --out benchmarks/results/data_cache_two_ranks.json
 """
@@ -85,6 +95,23 @@ def timed(cmd: List[str]) -> Dict[str, Any]:
 def train_cmd(corpus: str, model_dir: str, cache: str) -> List[str]:
     return [sys.executable, "-m", "lmkit", "train", "--train_file", corpus, "--tokenizer", "sentencepiece",
             "--vocab_size", "8000", "--max_steps", "5", "--model_dir", model_dir, "--data_cache", cache]
+
+
+def make_pairs(corpus: str, source: str, target: str) -> None:
+    """Line-aligned pair files: each line of ``corpus``, and its words reversed."""
+    with open(corpus, encoding="utf-8") as lines, open(source, "w", encoding="utf-8") as src, \
+            open(target, "w", encoding="utf-8") as tgt:
+        for line in lines:
+            text = line.rstrip("\n")
+            src.write(text + "\n")
+            tgt.write(" ".join(reversed(text.split())) + "\n")
+
+
+def pairs_cmd(source: str, target: str, model_dir: str, cache: str) -> List[str]:
+    return [sys.executable, "-m", "lmkit", "train", "--config", "config_seq2seq", "--source_file", source,
+            "--target_file", target, "--tokenizer", "word", "--max_vocab", "8000", "--max_steps", "5",
+            "--set", "batch_size=8", "--set", "max_positions=257", "--set", "max_source_positions=256",
+            "--model_dir", model_dir, "--data_cache", cache]
 
 
 def two_rank_runs(source: str, work: str, sizes: List[float]) -> Dict[str, Any]:
@@ -143,6 +170,7 @@ def main() -> None:
     p.add_argument("--megabytes", type=float, default=100.0)
     p.add_argument("--encode_megabytes", type=float, default=20.0)
     p.add_argument("--two_ranks", action="store_true", help="the 2-rank memory runs instead")
+    p.add_argument("--pairs", action="store_true", help="an encoder-decoder's pairs instead of a text")
     p.add_argument("--large_megabytes", type=float, default=1000.0)
     p.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed)")
     p.add_argument("--out", default=os.path.join(HERE, "benchmarks", "results", "data_cache.json"))
@@ -163,13 +191,32 @@ def main() -> None:
         size = make_corpus(args.source, corpus, args.megabytes)
         print(f"corpus: {size / 1e6:.1f} MB in {corpus}", flush=True)
         cache = os.path.join(work, "cache")
+        if args.pairs:
+            files = os.path.join(work, "train.src"), os.path.join(work, "train.tgt")
+            make_pairs(corpus, *files)
+            os.remove(corpus)
+
+            def command(model_dir: str, cache_setting: str) -> List[str]:
+                return pairs_cmd(*files, model_dir, cache_setting)
+        else:
+            def command(model_dir: str, cache_setting: str) -> List[str]:
+                return train_cmd(corpus, model_dir, cache_setting)
         runs = {}
         for name, model_dir, cache_setting in (("no_cache", "m0", "none"), ("first", "m1", cache),
                                                ("second", "m2", cache)):
             load = load_average()
-            runs[name] = timed(train_cmd(corpus, os.path.join(work, model_dir), cache_setting))
+            runs[name] = timed(command(os.path.join(work, model_dir), cache_setting))
             runs[name]["load_average_before"] = load
             print(f"{name}: {runs[name]['wall_seconds']} s, peak RSS {runs[name]['peak_rss_mb']} MB", flush=True)
+        if args.pairs:
+            print(write_json(args.out, {
+                "command": command_line(), "machine": machine_info(), "bytes_per_side": size,
+                "train_command": " ".join(pairs_cmd("train.src", "train.tgt", "<new folder>", "<none | cache>")),
+                "runs": runs,
+                "second_over_no_cache_wall": round(runs["second"]["wall_seconds"]
+                                                   / runs["no_cache"]["wall_seconds"], 3),
+                "second_over_no_cache_rss": round(runs["second"]["peak_rss_mb"] / runs["no_cache"]["peak_rss_mb"], 3)}))
+            return
         rates = encoding_rates(corpus, args.encode_megabytes, work)
         payload = {
             "command": command_line(),

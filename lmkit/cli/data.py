@@ -19,12 +19,11 @@ on all of them.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
-
-import numpy as np
 
 from lmkit import distributed as dist
 from lmkit.cli.common import same_outcome_everywhere
@@ -202,52 +201,64 @@ def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: 
     """Each split's :class:`~lmkit.data.token_cache.TokenStream` on every rank, encoded once.
 
     Rank 0 encodes what the cache at ``root`` lacks (with every core, logging
-    its progress) while the others wait; then every rank maps the files.
-    Hosts that do not see rank 0's cache (no shared file system) encode into
-    their own, one rank of the host after the other, so that each host
-    encodes once; a rank that sees neither the cache nor the text receives
-    rank 0's ids. Call it on every rank, in the same order.
+    its progress) while the others wait; then every rank maps the files
+    (:func:`cached_everywhere`). Call it on every rank, in the same order.
     """
-    from lmkit.data.token_cache import TokenStream, cached_stream, open_cached
+    from lmkit.data.token_cache import cached_stream, open_cached
 
     add_eos = tokenizer.eos_id is not None
+    jobs = {name: (f"{name}_file", functools.partial(open_cached, root, tokenizer, files, add_eos),
+                   functools.partial(cached_stream, root, tokenizer, files, add_eos, what=f"{name}_file"))
+            for name, files in sources.items()}
+    readable = all(os.path.isfile(f) for files in sources.values() for f in files)
+    streams = cached_everywhere(jobs, readable, log)
+    sizes = [f"{name} {streams[name].ids.size}" + (" tokens" if k == 0 else "")
+             for k, name in enumerate(streams)]
+    log(f"text: {', '.join(sizes)} ({tokenizer.name} ids, from the data cache {root})")
+    return streams
+
+
+def cached_everywhere(jobs: Dict[str, Any], readable: bool, log: Callable[[str], None]) -> Dict[str, Any]:
+    """Cached token files on every rank, each encoded once: ``{name: (what, open, build)}`` -> ``{name: result}``.
+
+    ``what`` names the job's text in the log, ``open()`` maps its cache files (None when they are not there) and
+    ``build(log=...)`` encodes them (or maps them when there); the results have
+    ``in_memory()``. Rank 0 builds what the cache lacks (with every core,
+    logging its progress) while the others wait; then every rank maps the
+    files. Hosts that do not see rank 0's cache (no shared file system) build
+    their own, one rank of the host after the other, so that each host encodes
+    once; a rank that sees neither the cache nor the text (``readable`` False)
+    receives rank 0's ids. Call it on every rank, with the same jobs in the same order.
+    """
     others = dist.size() - 1
 
-    def encode() -> None:
-        for name, files in sources.items():
-            if others and open_cached(root, tokenizer, files, add_eos) is None:
-                log(f"rank 0 encodes {name}_file; the other {others} rank(s) wait for it")
-            cached_stream(root, tokenizer, files, add_eos, what=f"{name}_file", log=log)
-
-    readable = all(os.path.isfile(f) for files in sources.values() for f in files)
+    def build() -> None:
+        for what, open_one, build_one in jobs.values():
+            if others and open_one() is None:
+                log(f"rank 0 encodes {what}; the other {others} rank(s) wait for it")
+            build_one(log=log)
 
     def open_all() -> Dict[str, Any]:  # the cache's name needs the files' sizes and times
-        return {name: open_cached(root, tokenizer, files, add_eos) if readable else None
-                for name, files in sources.items()}
+        return {name: open_one() if readable else None for name, (_, open_one, _) in jobs.items()}
 
-    dist.run_on_chief(encode)
-    streams = same_outcome_everywhere(open_all)
-    lacking = any(s is None for s in streams.values())
+    dist.run_on_chief(build)
+    found = same_outcome_everywhere(open_all)
+    lacking = any(v is None for v in found.values())
     if any(dist.allgather_object(lacking)):  # DIST: a host without rank 0's file system
         turns = max(dist.allgather_object(dist.local_rank())) + 1
         for turn in range(turns):
             def own() -> Optional[Dict[str, Any]]:
                 if not (lacking and readable and dist.local_rank() == turn):
                     return None
-                return {name: cached_stream(root, tokenizer, files, add_eos, what=f"{name}_file")
-                        for name, files in sources.items()}
+                return {name: build_one() for name, (_, _, build_one) in jobs.items()}
             mine = same_outcome_everywhere(own)
             if mine is not None:
-                streams, lacking = mine, False
+                found, lacking = mine, False
         if any(dist.allgather_object(lacking)):  # neither the cache nor the text here: rank 0 sends the ids
-            sent = dist.run_on_chief(lambda: {name: TokenStream(np.array(s.ids), s.words, s.lines, s.folder, True)
-                                              for name, s in streams.items()})
+            sent = dist.run_on_chief(lambda: {name: v.in_memory() for name, v in found.items()})
             if lacking:
-                streams = sent
-    sizes = [f"{name} {streams[name].ids.size}" + (" tokens" if k == 0 else "")
-             for k, name in enumerate(streams)]
-    log(f"text: {', '.join(sizes)} ({tokenizer.name} ids, from the data cache {root})")
-    return streams
+                found = sent
+    return found
 
 
 def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> RunData:
@@ -265,7 +276,7 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
         and padding ids (on every rank).
     """
     from lmkit.config import PAIR_FILE_KEYS
-    from lmkit.data.paired import SpecialIds, encode_pairs, read_pairs
+    from lmkit.data.paired import SpecialIds, check_pair_files, encode_pairs, read_pairs
     from lmkit.data.sources import SEPARATOR
     from lmkit.data.textfile import check_text_file
     from lmkit.data.token_cache import cache_root
@@ -276,17 +287,24 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
               if getattr(config, source_key)}
     readable = all(os.path.isfile(path) for paths in splits.values() for path in paths)
 
+    cache = cache_root(config.data_cache)
+
     def read() -> Dict[str, Any]:  # checked before anything is written into the model folder
         lines = {}
         for split, (source_path, target_path) in splits.items():
             prefix = "" if split == "train" else f"{split}_"
-            check_text_file(source_path, f"{prefix}source_file")
-            check_text_file(target_path, f"{prefix}target_file")
-            lines[split] = read_pairs(source_path, target_path)
+            if cache is None:
+                check_text_file(source_path, f"{prefix}source_file")
+                check_text_file(target_path, f"{prefix}target_file")
+                lines[split] = read_pairs(source_path, target_path)
+            else:  # the lines go into the cache; the training files' text is checked as it is encoded
+                if split != "train":
+                    check_text_file(source_path, f"{prefix}source_file")
+                    check_text_file(target_path, f"{prefix}target_file")
+                check_pair_files(source_path, target_path)
         return lines
 
     lines = _everywhere(readable, read)
-    cache = cache_root(config.data_cache)
     source, target = splits["train"]
     if config.share_vocab:
         tokenizer = source_tokenizer = tokenizer_everywhere(config, model_dir, cache,
@@ -296,13 +314,14 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
         source_tokenizer = tokenizer_everywhere(config, os.path.join(model_dir, SOURCE_TOKENIZER_DIR), cache,
                                                 train_file=source)
 
-    def encode() -> Dict[str, Any]:
-        SpecialIds.of(tokenizer)  # the targets' start, end and padding ids
-        return {split: encode_pairs(*lines[split], source_tokenizer.encode, tokenizer.encode,
-                                    max_source_length=config.source_length_limit,
-                                    max_target_length=config.target_length_limit) for split in splits}
-
-    pairs = same_outcome_everywhere(encode)
+    same_outcome_everywhere(lambda: SpecialIds.of(tokenizer))  # the targets' start, end and padding ids
+    limits = dict(max_source_length=config.source_length_limit, max_target_length=config.target_length_limit)
+    if cache is None:
+        pairs = same_outcome_everywhere(lambda: {
+            split: encode_pairs(*lines[split], source_tokenizer.encode, tokenizer.encode, **limits)
+            for split in splits})
+    else:
+        pairs = cached_pairs_everywhere(splits, source_tokenizer, tokenizer, cache, readable, limits, log)
     for split, (source_path, target_path) in splits.items():
         log(f"{split} pairs: {pairs[split].report.summary()} ({source_path}, {target_path}; at most "
             f"{config.source_length_limit} source and {config.target_length_limit} target tokens)")
@@ -312,3 +331,35 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
     log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir} ({shared})")
     return RunData(pairs["train"], pairs.get("valid"), pairs.get("test"), tokenizer, config,
                    source_vocab=source_tokenizer)
+
+
+def cached_pairs_everywhere(splits: Dict[str, Any], source_tokenizer: Any, tokenizer: Any, root: str,
+                            readable: bool, limits: Dict[str, int], log: Callable[[str], None]) -> Dict[str, Any]:
+    """Each split's :class:`~lmkit.data.paired.Pairs` on every rank, from line-by-line caches encoded once.
+
+    Every source and target file is encoded into the data cache at ``root`` by
+    rank 0 (with every core) while the others wait
+    (:func:`~lmkit.data.token_cache.cached_lines`, :func:`cached_everywhere`);
+    every rank then maps the files and keeps the pairs that fit ``limits``
+    (:func:`~lmkit.data.paired.pairs_from_lines`): the same pairs as
+    encoding the lines in memory, without holding them. Call it on every rank,
+    in the same order.
+    """
+    from lmkit.data.paired import pairs_from_lines
+    from lmkit.data.token_cache import cached_lines, open_cached_lines
+
+    jobs = {}
+    for split, (source_path, target_path) in splits.items():
+        prefix = "" if split == "train" else f"{split}_"
+        for side, path, side_tokenizer in (("source", source_path, source_tokenizer),
+                                           ("target", target_path, tokenizer)):
+            what = f"{prefix}{side}_file"
+            jobs[(split, side)] = (what, functools.partial(open_cached_lines, root, side_tokenizer, path),
+                                   functools.partial(cached_lines, root, side_tokenizer, path, what=what))
+    lines = cached_everywhere(jobs, readable, log)
+    pairs = same_outcome_everywhere(lambda: {
+        split: pairs_from_lines(lines[(split, "source")], lines[(split, "target")], source_path=source_path,
+                                target_path=target_path, **limits)
+        for split, (source_path, target_path) in splits.items()})
+    log(f"pairs: {', '.join(f'{split} {len(p)}' for split, p in pairs.items())} (from the data cache {root})")
+    return pairs

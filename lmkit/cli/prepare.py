@@ -6,7 +6,8 @@
 Takes ``lmkit train``'s flags (write your training command with ``prepare``
 in place of ``train``) and stops where training would start: the tokenizer
 is trained (or found) and kept in the data cache, and every split is
-encoded by every core into the cache's token files. A later ``lmkit train``
+encoded by every core into the cache's token files (an encoder-decoder's
+source and target files line by line, with both tokenizers when they differ). A later ``lmkit train``
 with the same text, tokenizer settings and ``--data_cache``, in any model
 folder, on any number of ranks, copies the tokenizer and maps the files
 instead of encoding (a folder on a shared file system serves every host).
@@ -37,12 +38,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
     parser.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
     args = parser.parse_args(argv)
     config = config_from_args(args, distributed=False)
-    if config.data == "pairs":
-        raise UsageError("lmkit prepare fills the data cache of language models' text; source/target pairs "
-                         "are read and encoded at the start of lmkit train itself (nothing to prepare)")
-    if config.data != "text":
-        raise UsageError("lmkit prepare encodes your own text; pass --train_file (PTB needs no "
-                         "preparing: lmkit train downloads and reads it)")
+    if config.data not in ("text", "pairs"):
+        raise UsageError("lmkit prepare encodes your own text; pass --train_file (or --source_file and "
+                         "--target_file; PTB needs no preparing: lmkit train downloads and reads it)")
     cache = cache_root(config.data_cache)
     if cache is None:
         raise UsageError("--data_cache none leaves nothing to prepare; give a cache folder (or leave "

@@ -36,17 +36,18 @@ pairs in order for evaluation, with weights 1 (the sum).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from lmkit.data.batching import check_shard
 from lmkit.data.errors import DataError
 
-__all__ = ["PAD_MULTIPLE", "PairBatches", "PairReport", "Pairs", "bucketed_batches", "encode_pairs",
-           "SpecialIds", "eval_pair_batches", "pad_rows", "padded_length", "read_lines", "read_pairs",
-           "shard_rows"]
+__all__ = ["PAD_MULTIPLE", "LineRows", "PairBatches", "PairReport", "Pairs", "bucketed_batches", "encode_pairs",
+           "SpecialIds", "check_pair_files", "count_lines", "eval_pair_batches", "pad_rows", "padded_length",
+           "pairs_from_lines", "read_lines", "read_pairs", "shard_rows"]
 
 #: Batches are padded to a multiple of this many positions (and to buckets growing by 1.5x past 32).
 PAD_MULTIPLE = 8
@@ -74,14 +75,41 @@ def read_pairs(source_path: str, target_path: str) -> Tuple[List[str], List[str]
         (naming both counts).
     """
     source, target = read_lines(source_path, "source"), read_lines(target_path, "target")
+    _check_line_counts(len(source), len(target), source_path, target_path)
+    return source, target
+
+
+def count_lines(path: str, side: str) -> int:
+    """The number of lines :func:`read_lines` finds in the file, counted without decoding or keeping them."""
+    count, last = 0, b"\n"
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+    except FileNotFoundError:
+        raise DataError(f"{side}_file {path} does not exist; pass an existing UTF-8 text file") from None
+    return count + (last != b"\n")
+
+
+def check_pair_files(source_path: str, target_path: str) -> None:
+    """:func:`read_pairs`' checks of the line counts, reading no more than the line ends.
+
+    Raises:
+      DataError: as :func:`read_pairs` (a missing file, no lines, different line counts).
+    """
+    _check_line_counts(count_lines(source_path, "source"), count_lines(target_path, "target"), source_path,
+                       target_path)
+
+
+def _check_line_counts(source: int, target: int, source_path: str, target_path: str) -> None:
     for lines, path in ((source, source_path), (target, target_path)):
         if not lines:
             raise DataError(f"{path} holds no lines; pass a file with one example a line")
-    if len(source) != len(target):
-        raise DataError(f"source_file {source_path} has {len(source)} lines but target_file {target_path} has "
-                        f"{len(target)}; the files must be line-aligned (line i of one goes with line i of the "
+    if source != target:
+        raise DataError(f"source_file {source_path} has {source} lines but target_file {target_path} has "
+                        f"{target}; the files must be line-aligned (line i of one goes with line i of the "
                         "other)")
-    return source, target
 
 
 @dataclasses.dataclass
@@ -112,15 +140,35 @@ class PairReport:
 class Pairs:
     """Encoded pairs: ``source[i]`` and ``target[i]`` int32 id arrays, and what was left out."""
 
-    source: List[np.ndarray]
-    target: List[np.ndarray]
+    source: Sequence[np.ndarray]
+    target: Sequence[np.ndarray]
     report: PairReport
 
     def __len__(self) -> int:
         return len(self.source)
 
     def lengths(self) -> Tuple[np.ndarray, np.ndarray]:
+        if isinstance(self.source, LineRows) and isinstance(self.target, LineRows):
+            return self.source.lengths(), self.target.lengths()
         return (np.array([len(s) for s in self.source], np.int64), np.array([len(t) for t in self.target], np.int64))
+
+
+class LineRows(collections.abc.Sequence):
+    """Some lines of a file encoded line by line (:class:`lmkit.data.token_cache.LineIds`, memory-mapped):
+    ``rows[i]`` is line ``index[i]``'s ids as int32, read when asked for."""
+
+    def __init__(self, lines: Any, index: np.ndarray) -> None:
+        self.lines, self.index = lines, np.asarray(index, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        return self.lines.line(int(self.index[i]))
+
+    def lengths(self) -> np.ndarray:
+        """int64: each row's number of ids."""
+        return self.lines.lengths()[self.index]
 
 
 _SHOWN = 5
@@ -167,6 +215,39 @@ def encode_pairs(source_lines: Sequence[str], target_lines: Sequence[str],
     if not source:
         raise DataError(f"no pair is left ({report.summary()}); check the files or raise the length limits")
     return Pairs(source, target, report)
+
+
+def pairs_from_lines(source: Any, target: Any, *, source_path: str, target_path: str, max_source_length: int,
+                     max_target_length: int) -> Pairs:
+    """:func:`encode_pairs` of two files encoded line by line (:func:`lmkit.data.token_cache.cached_lines`).
+
+    The same pairs, report and errors as ``encode_pairs(*read_pairs(source_path, target_path), ...)``
+    with the tokenizers that encoded the lines, computed on the line lengths; the pairs' ids
+    stay in the (memory-mapped) cache files until a batch reads them.
+
+    Args:
+      source, target: :class:`~lmkit.data.token_cache.LineIds` of the two files.
+      source_path, target_path: the files, for messages.
+      max_source_length, max_target_length: as :func:`encode_pairs`.
+
+    Raises:
+      DataError: a file without lines, different line counts, bad limits, or no pair left.
+    """
+    _check_line_counts(source.lines, target.lines, source_path, target_path)
+    for name, value in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataError(f"{name} = {value!r} must be a positive integer")
+    source_lengths, target_lengths = source.lengths(), target.lengths()
+    empty = (np.asarray(source.blank) != 0) | (np.asarray(target.blank) != 0)
+    too_long = ~empty & ((source_lengths > max_source_length) | (target_lengths > max_target_length)
+                         | (source_lengths == 0) | (target_lengths == 0))
+    kept = np.flatnonzero(~empty & ~too_long)
+    report = PairReport(kept=int(kept.size), empty=int(empty.sum()), too_long=int(too_long.sum()),
+                        empty_lines=[int(k) + 1 for k in np.flatnonzero(empty)[:_SHOWN]],
+                        too_long_lines=[int(k) + 1 for k in np.flatnonzero(too_long)[:_SHOWN]])
+    if not kept.size:
+        raise DataError(f"no pair is left ({report.summary()}); check the files or raise the length limits")
+    return Pairs(LineRows(source, kept), LineRows(target, kept), report)
 
 
 def bucketed_batches(source_lengths: np.ndarray, target_lengths: np.ndarray, batch_size: int, *, epoch: int,

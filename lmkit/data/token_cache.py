@@ -10,6 +10,14 @@ folder of the data cache (:func:`cache_root`: ``--data_cache``, else
                                    offsets, line and word counts; the tokenizer
     <cache>/<key>/tokenizer/       the tokenizer that made the ids
 
+An encoder-decoder's source or target file is kept line by line instead
+(:func:`cached_lines`: every line in its own ids, blank ones included, no eos,
+so that line ``i`` of one side still goes with line ``i`` of the other)::
+
+    <cache>/<key>/ids.bin          the lines' ids, one after the other
+    <cache>/<key>/lines.bin        uint64 offsets: line i is ids[offsets[i]:offsets[i + 1]]
+    <cache>/<key>/blank.bin        uint8, 1 for a line of only white space
+
 ``key`` is a hash of the tokenizer (kind, options, fingerprint), whether
 lines end with an eos id, and each source's absolute path, size and
 modification time: a run with the same text and tokenizer, in any model
@@ -29,6 +37,7 @@ eos after each line) whatever the number of workers.
 from __future__ import annotations
 
 import collections
+import contextlib
 import concurrent.futures
 import concurrent.futures.process
 import dataclasses
@@ -49,14 +58,16 @@ import numpy as np
 from lmkit.data.errors import DataError
 from lmkit.fileio import atomic_write_text, fsync_dir
 
-__all__ = ["CACHE_ENV", "TokenStream", "cache_root", "cache_key", "open_cached", "encode_to_cache",
-           "cached_stream", "encoding_workers"]
+__all__ = ["CACHE_ENV", "LineIds", "TokenStream", "cache_root", "cache_key", "open_cached", "encode_to_cache",
+           "cached_stream", "encoding_workers", "open_cached_lines", "encode_lines_to_cache", "cached_lines"]
 
 CACHE_ENV = "LMKIT_DATA_CACHE"
 WORKERS_ENV = "LMKIT_ENCODING_WORKERS"
 FORMAT = 1
 IDS_FILE = "ids.bin"
 MANIFEST_FILE = "manifest.json"
+LINES_FILE = "lines.bin"
+BLANK_FILE = "blank.bin"
 TOKENIZER_DIR = "tokenizer"
 #: Raw bytes per block handed to a worker (whole lines; a longer line makes a longer block).
 BLOCK_BYTES = 4 << 20
@@ -83,6 +94,45 @@ class TokenStream:
     lines: int
     folder: str
     reused: bool
+
+    def in_memory(self) -> "TokenStream":
+        """A copy whose ids are in memory (to send to a rank that cannot map the file)."""
+        return dataclasses.replace(self, ids=np.array(self.ids), reused=True)
+
+
+@dataclasses.dataclass
+class LineIds:
+    """A file encoded line by line (:func:`cached_lines`): line ``i`` is ``ids[offsets[i]:offsets[i + 1]]``.
+
+    Attributes:
+      ids: 1-D unsigned ids of every line, one after the other (no eos).
+      offsets: uint64 [lines + 1].
+      blank: uint8 [lines], 1 for a line of only white space (its ids are empty).
+      folder: the cache folder.
+      reused: True when the folder existed before this call.
+    """
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    blank: np.ndarray
+    folder: str
+    reused: bool
+
+    @property
+    def lines(self) -> int:
+        return int(self.blank.size)
+
+    def lengths(self) -> np.ndarray:
+        """int64 [lines]: each line's number of ids."""
+        return np.diff(self.offsets).astype(np.int64)
+
+    def line(self, i: int) -> np.ndarray:
+        """Line ``i``'s ids as int32."""
+        return np.asarray(self.ids[int(self.offsets[i]):int(self.offsets[i + 1])], np.int32)
+
+    def in_memory(self) -> "LineIds":
+        """A copy held in memory (to send to a rank that cannot map the files)."""
+        return LineIds(np.array(self.ids), np.array(self.offsets), np.array(self.blank), self.folder, True)
 
 
 def cache_root(setting: str = "") -> Optional[str]:
@@ -125,8 +175,10 @@ def _tokenizer_record(tokenizer) -> Dict[str, object]:
             "fingerprint": tokenizer.fingerprint()}
 
 
-def cache_key(tokenizer, files: Sequence[str], add_eos: bool) -> str:
+def cache_key(tokenizer, files: Sequence[str], add_eos: bool, layout: str = "stream") -> str:
     """The folder name of ``files`` encoded by ``tokenizer`` (see the module's docstring).
+
+    ``layout`` is ``"stream"`` (:func:`encode_to_cache`) or ``"lines"`` (:func:`encode_lines_to_cache`).
 
     Raises:
       DataError: a file does not exist.
@@ -137,12 +189,46 @@ def cache_key(tokenizer, files: Sequence[str], add_eos: bool) -> str:
         raise DataError(f"text file {exc.filename!r} does not exist; check the path") from None
     record = {"format": FORMAT, "tokenizer": _tokenizer_record(tokenizer), "add_eos": bool(add_eos),
               "files": sources}
+    if layout != "stream":  # the streams' keys stay those of the caches written before layouts
+        record["layout"] = layout
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
     return f"{tokenizer.name}-{digest[:24]}"
 
 
 def _dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= (1 << 16) else np.uint32)
+
+
+def _read_manifest(folder: str, tokenizer) -> Optional[Dict[str, object]]:
+    """The manifest of the cache ``folder`` (None when there is none), checked against ``tokenizer``."""
+    manifest_path = os.path.join(folder, MANIFEST_FILE)
+    if not os.path.isfile(manifest_path):
+        return None
+    fix = f"delete the folder {folder} (it is a cache) and run again"
+    try:
+        with open(manifest_path, "r", encoding="utf-8") as f:
+            manifest = json.load(f)
+        made_by = manifest["tokenizer"]
+        int(manifest["num_tokens"]), np.dtype(manifest["dtype"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"the token cache {manifest_path} is not readable ({exc}); {fix}") from None
+    wanted = _tokenizer_record(tokenizer)
+    if made_by != wanted:
+        raise DataError(f"the token cache {folder} was made by the {made_by.get('name')} tokenizer "
+                        f"with fingerprint {made_by.get('fingerprint')}, not by this run's "
+                        f"{wanted['name']} tokenizer with fingerprint {wanted['fingerprint']}; {fix}")
+    return manifest
+
+
+def _map(folder: str, name: str, dtype: np.dtype, count: int) -> np.ndarray:
+    """``folder/name`` as a read-only array of ``count`` ``dtype`` values; DataError when its size differs."""
+    path = os.path.join(folder, name)
+    size = os.path.getsize(path) if os.path.isfile(path) else -1
+    if size != count * dtype.itemsize:
+        raise DataError(f"the token cache {path} holds {max(size, 0)} bytes, but its manifest "
+                        f"says {count} {dtype.name} values ({count * dtype.itemsize} bytes); delete the "
+                        f"folder {folder} (it is a cache) and run again")
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
 
 
 def open_cached(root: str, tokenizer, files: Sequence[str], add_eos: bool) -> Optional[TokenStream]:
@@ -153,30 +239,32 @@ def open_cached(root: str, tokenizer, files: Sequence[str], add_eos: bool) -> Op
         tokenizer (naming it, with the fix: delete it).
     """
     folder = os.path.join(root, cache_key(tokenizer, files, add_eos))
-    manifest_path = os.path.join(folder, MANIFEST_FILE)
-    if not os.path.isfile(manifest_path):
+    manifest = _read_manifest(folder, tokenizer)
+    if manifest is None:
         return None
-    fix = f"delete the folder {folder} (it is a cache) and run again"
-    try:
-        with open(manifest_path, "r", encoding="utf-8") as f:
-            manifest = json.load(f)
-        made_by = manifest["tokenizer"]
-        count, dtype = int(manifest["num_tokens"]), np.dtype(manifest["dtype"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"the token cache {manifest_path} is not readable ({exc}); {fix}") from None
-    wanted = _tokenizer_record(tokenizer)
-    if made_by != wanted:
-        raise DataError(f"the token cache {folder} was made by the {made_by.get('name')} tokenizer "
-                        f"with fingerprint {made_by.get('fingerprint')}, not by this run's "
-                        f"{wanted['name']} tokenizer with fingerprint {wanted['fingerprint']}; {fix}")
-    ids_path = os.path.join(folder, IDS_FILE)
-    size = os.path.getsize(ids_path) if os.path.isfile(ids_path) else -1
-    if size != count * dtype.itemsize:
-        raise DataError(f"the token cache {ids_path} holds {max(size, 0)} bytes, but its manifest "
-                        f"says {count} {dtype.name} ids ({count * dtype.itemsize} bytes); {fix}")
-    ids = np.memmap(ids_path, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype)
+    ids = _map(folder, IDS_FILE, np.dtype(manifest["dtype"]), int(manifest["num_tokens"]))
     return TokenStream(ids=ids, words=int(manifest["words"]), lines=int(manifest["lines"]),
                        folder=folder, reused=True)
+
+
+def open_cached_lines(root: str, tokenizer, path: str) -> Optional[LineIds]:
+    """The cached line-by-line ids of ``path`` by ``tokenizer``, memory-mapped, or None when not cached.
+
+    Raises:
+      DataError: as :func:`open_cached`.
+    """
+    folder = os.path.join(root, cache_key(tokenizer, [path], False, layout="lines"))
+    manifest = _read_manifest(folder, tokenizer)
+    if manifest is None:
+        return None
+    try:
+        lines = int(manifest["lines"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"the token cache {folder} has no line count; delete the folder (it is a cache) "
+                        "and run again") from None
+    ids = _map(folder, IDS_FILE, np.dtype(manifest["dtype"]), int(manifest["num_tokens"]))
+    offsets = _map(folder, LINES_FILE, np.dtype(np.uint64), lines + 1)
+    return LineIds(ids, offsets, _map(folder, BLANK_FILE, np.dtype(np.uint8), lines), folder, True)
 
 
 # -- encoding --------------------------------------------------------------------------------------
@@ -218,6 +306,26 @@ def _encode_block(text: str) -> Tuple[np.ndarray, int, int]:
         flat.extend(ids)
         flat.extend(eos)
     return np.asarray(flat, dtype=dtype), len(lines), words
+
+
+def _encode_block_lines(text: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ids, ids per line, blank flags)`` of whole lines of text, each line as ``tokenizer.encode``
+    reads it: split at "\n" only, a final "\r" dropped (as :func:`lmkit.data.paired.read_lines`)."""
+    tokenizer = _WORKER["tokenizer"]
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    blank = np.array([not line.strip() for line in lines], np.uint8)
+    encoded = iter(tokenizer.encode_batch([line for line, b in zip(lines, blank) if not b]))
+    lengths = np.zeros(len(lines), np.int64)
+    flat: List[int] = []
+    for k, b in enumerate(blank):
+        if not b:
+            ids = next(encoded)
+            lengths[k] = len(ids)
+            flat.extend(ids)
+    return np.asarray(flat, dtype=_dtype(tokenizer.vocab_size)), lengths, blank
 
 
 class _Blocks:
@@ -315,9 +423,25 @@ def encode_to_cache(root: str, tokenizer, files: Sequence[str], add_eos: bool, *
     found = open_cached(root, tokenizer, files, add_eos)
     if found is not None:
         return found
-    key = cache_key(tokenizer, files, add_eos)
-    final = os.path.join(root, key)
     total = sum(os.path.getsize(f) for f in files)
+
+    def fill(temp: str, workers: int) -> Dict[str, object]:
+        return _encode_files(temp, tokenizer, files, add_eos, what, workers, total, log)
+
+    _build_folder(root, cache_key(tokenizer, files, add_eos), tokenizer, what, total, workers,
+                  dict(add_eos=bool(add_eos)), fill)
+    stream = open_cached(root, tokenizer, files, add_eos)
+    if stream is None:
+        raise DataError(f"{what} changed while it was being encoded; run again once nothing writes to it")
+    stream.reused = False
+    return stream
+
+
+def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers: Optional[int],
+                  record: Dict[str, object], fill: Callable[[str, int], Dict[str, object]]) -> None:
+    """Writes the cache folder ``root/key``: ``fill(temp folder, workers)`` writes the token files and
+    returns the manifest's counts; the folder is renamed into place only when complete."""
+    final = os.path.join(root, key)
     if workers is None:
         workers = encoding_workers() if total >= PARALLEL_MIN_BYTES else 1
     workers = max(1, int(workers))
@@ -330,9 +454,9 @@ def encode_to_cache(root: str, tokenizer, files: Sequence[str], add_eos: bool, *
     try:
         start = time.perf_counter()
         tokenizer.save(os.path.join(temp, TOKENIZER_DIR))
-        manifest = _encode_files(temp, tokenizer, files, add_eos, what, workers, total, log)
-        manifest.update(format=FORMAT, key=key, tokenizer=_tokenizer_record(tokenizer),
-                        add_eos=bool(add_eos), seconds=round(time.perf_counter() - start, 3))
+        manifest = fill(temp, workers)
+        manifest.update(format=FORMAT, key=key, tokenizer=_tokenizer_record(tokenizer), **record,
+                        seconds=round(time.perf_counter() - start, 3))
         atomic_write_text(os.path.join(temp, MANIFEST_FILE), json.dumps(manifest, indent=1) + "\n")
         try:
             os.rename(temp, final)
@@ -352,11 +476,45 @@ def encode_to_cache(root: str, tokenizer, files: Sequence[str], add_eos: bool, *
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
-    stream = open_cached(root, tokenizer, files, add_eos)
-    if stream is None:
-        raise DataError(f"{what} changed while it was being encoded; run again once nothing writes to it")
-    stream.reused = False
-    return stream
+
+
+@contextlib.contextmanager
+def _encoders(workers: int, tokenizer_dir: str, add_eos: bool):
+    """A pool of ``workers`` encoding processes (None: encode in this process), each with the tokenizer."""
+    pool = None
+    if workers > 1 and _can_spawn():
+        pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+            initargs=(tokenizer_dir, add_eos))
+    else:
+        _init_worker(tokenizer_dir, add_eos)
+    try:
+        yield pool
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _map_blocks(blocks: "_Blocks", encode: Callable[[str], object], pool, workers: int, what: str,
+                take: Callable[[object], None]) -> None:
+    """``take(encode(block))`` for every block in order, ``2 x workers`` blocks in flight in ``pool``."""
+    pending: Deque = collections.deque()
+
+    def next_result() -> None:
+        try:
+            result = pending.popleft().result() if pool else pending.popleft()
+        except concurrent.futures.process.BrokenProcessPool:
+            raise DataError(f"an encoding process died while encoding {what} (out of "
+                            "memory?); run again, with fewer processes "
+                            "(LMKIT_ENCODING_WORKERS=1) if it happens again") from None
+        take(result)
+
+    for text in blocks:
+        pending.append(pool.submit(encode, text) if pool else encode(text))
+        while len(pending) > (2 * workers if pool else 0):
+            next_result()
+    while pending:
+        next_result()
 
 
 def _encode_files(folder: str, tokenizer, files: Sequence[str], add_eos: bool, what: str,
@@ -367,52 +525,30 @@ def _encode_files(folder: str, tokenizer, files: Sequence[str], add_eos: bool, w
     log(f"encoding {what} ({names}, {total / 1e6:.1f} MB) with the {tokenizer.name} tokenizer in "
         f"{workers} process(es) into the data cache {os.path.dirname(folder)}")
     update = _progress(log, what, total)
-    pool = None
-    tokenizer_dir = os.path.join(folder, TOKENIZER_DIR)
-    if workers > 1 and _can_spawn():
-        pool = concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-            initargs=(tokenizer_dir, add_eos))
-    else:
-        _init_worker(tokenizer_dir, add_eos)
     sources: List[Dict[str, object]] = []
     counts = {"num_tokens": 0, "lines": 0, "words": 0}
     done_before = 0
-    try:
-        with open(os.path.join(folder, IDS_FILE), "wb") as out:
-            for path in files:
-                blocks = _Blocks(path, what)
-                file_counts = {"num_tokens": 0, "lines": 0, "words": 0}
-                pending: Deque = collections.deque()
+    with _encoders(workers, os.path.join(folder, TOKENIZER_DIR), add_eos) as pool, \
+            open(os.path.join(folder, IDS_FILE), "wb") as out:
+        for path in files:
+            blocks = _Blocks(path, what)
+            file_counts = {"num_tokens": 0, "lines": 0, "words": 0}
 
-                def take() -> None:
-                    try:
-                        ids, lines, words = pending.popleft().result() if pool else pending.popleft()
-                    except concurrent.futures.process.BrokenProcessPool:
-                        raise DataError(f"an encoding process died while encoding {what} (out of "
-                                        "memory?); run again, with fewer processes "
-                                        "(LMKIT_ENCODING_WORKERS=1) if it happens again") from None
-                    out.write(ids.astype(dtype, copy=False).tobytes())
-                    for k, v in (("num_tokens", ids.size), ("lines", lines), ("words", words)):
-                        file_counts[k] += int(v)
-                    update(done_before + blocks.read)
+            def take(result) -> None:
+                ids, lines, words = result
+                out.write(ids.astype(dtype, copy=False).tobytes())
+                for k, v in (("num_tokens", ids.size), ("lines", lines), ("words", words)):
+                    file_counts[k] += int(v)
+                update(done_before + blocks.read)
 
-                for text in blocks:
-                    pending.append(pool.submit(_encode_block, text) if pool else _encode_block(text))
-                    while len(pending) > (2 * workers if pool else 0):
-                        take()
-                while pending:
-                    take()
-                done_before += blocks.read
-                sources.append(dict(blocks.identity, sha256=blocks.sha256.hexdigest(),
-                                    token_offset=counts["num_tokens"], **file_counts))
-                for k in counts:
-                    counts[k] += file_counts[k]
-            out.flush()
-            os.fsync(out.fileno())
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            _map_blocks(blocks, _encode_block, pool, workers, what, take)
+            done_before += blocks.read
+            sources.append(dict(blocks.identity, sha256=blocks.sha256.hexdigest(),
+                                token_offset=counts["num_tokens"], **file_counts))
+            for k in counts:
+                counts[k] += file_counts[k]
+        out.flush()
+        os.fsync(out.fileno())
     update(done_before, final=True)
     if counts["num_tokens"] == 0:
         raise DataError(f"{what} ({names}) has no text (only blank lines); give files with text, "
@@ -431,3 +567,68 @@ def cached_stream(root: str, tokenizer, files: Sequence[str], add_eos: bool, *, 
     for path in files:
         check_text_file(path, what)
     return encode_to_cache(root, tokenizer, files, add_eos, what=what, workers=workers, log=log)
+
+
+def encode_lines_to_cache(root: str, tokenizer, path: str, *, what: str = "source_file",
+                          workers: Optional[int] = None,
+                          log: Callable[[str], None] = lambda line: None) -> LineIds:
+    """Encodes the file ``path`` line by line into the cache at ``root`` (or finds it there).
+
+    Every line (split as :func:`lmkit.data.paired.read_lines` splits) gets
+    ``tokenizer.encode(line)``, a line of only white space none; no eos is added.
+    The arguments, the encoding in ``workers`` processes and the errors are
+    :func:`encode_to_cache`'s.
+    """
+    found = open_cached_lines(root, tokenizer, path)
+    if found is not None:
+        return found
+    total = os.path.getsize(path)
+
+    def fill(temp: str, workers: int) -> Dict[str, object]:
+        dtype = _dtype(tokenizer.vocab_size)
+        log(f"encoding {what} ({path}, {total / 1e6:.1f} MB) line by line with the {tokenizer.name} "
+            f"tokenizer in {workers} process(es) into the data cache {root}")
+        update = _progress(log, what, total)
+        blocks = _Blocks(path, what)
+        counts = {"num_tokens": 0, "lines": 0}
+        with _encoders(workers, os.path.join(temp, TOKENIZER_DIR), False) as pool, \
+                open(os.path.join(temp, IDS_FILE), "wb") as ids_out, \
+                open(os.path.join(temp, LINES_FILE), "wb") as lines_out, \
+                open(os.path.join(temp, BLANK_FILE), "wb") as blank_out:
+            lines_out.write(np.zeros(1, np.uint64).tobytes())
+
+            def take(result) -> None:
+                ids, lengths, blank = result
+                ids_out.write(ids.astype(dtype, copy=False).tobytes())
+                ends = counts["num_tokens"] + np.cumsum(lengths, dtype=np.uint64)
+                lines_out.write(ends.astype(np.uint64).tobytes())
+                blank_out.write(blank.astype(np.uint8).tobytes())
+                counts["num_tokens"] += int(ids.size)
+                counts["lines"] += int(blank.size)
+                update(blocks.read)
+
+            _map_blocks(blocks, _encode_block_lines, pool, workers, what, take)
+            for out in (ids_out, lines_out, blank_out):
+                out.flush()
+                os.fsync(out.fileno())
+        update(blocks.read, final=True)
+        return dict(counts, dtype=dtype.name, files=[dict(blocks.identity, sha256=blocks.sha256.hexdigest())])
+
+    _build_folder(root, cache_key(tokenizer, [path], False, layout="lines"), tokenizer, what, total, workers,
+                  dict(add_eos=False, layout="lines"), fill)
+    found = open_cached_lines(root, tokenizer, path)
+    if found is None:
+        raise DataError(f"{what} changed while it was being encoded; run again once nothing writes to it")
+    found.reused = False
+    return found
+
+
+def cached_lines(root: str, tokenizer, path: str, *, what: str, workers: Optional[int] = None,
+                 log: Callable[[str], None] = lambda line: None) -> LineIds:
+    """:func:`open_cached_lines`, else :func:`encode_lines_to_cache` after checking the file."""
+    found = open_cached_lines(root, tokenizer, path)
+    if found is not None:
+        return found
+    from lmkit.data.textfile import check_text_file
+    check_text_file(path, what)
+    return encode_lines_to_cache(root, tokenizer, path, what=what, workers=workers, log=log)

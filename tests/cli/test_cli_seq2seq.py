@@ -66,6 +66,9 @@ def test_two_workers_train_an_encoder_decoder_from_the_command_line(trained, tas
     assert results["test_perplexity"] < results["epochs"][0]["valid_perplexity"] < 12
     out = res.stdout
     assert "train pairs: kept 960 pairs" in out and "valid pairs: kept 40 pairs" in out
+    # Rank 0 encodes the pairs line by line into the data cache while rank 1 waits; both map it.
+    assert out.count("rank 0 encodes source_file; the other 1 rank(s) wait for it") == 1, out
+    assert "pairs: train 960, valid 40, test 40 (from the data cache" in out
     assert "training TransformerSeq2Seq on 2 worker(s): global batch 32 (16 per worker) pairs" in out
     assert "tokenizer: word, 12 ids" in out and "one tokenizer for both sides" in out
     assert out.count("training TransformerSeq2Seq") == 1  # rank 0 alone logs
@@ -154,3 +157,21 @@ def test_bad_pairs_fail_before_anything_is_written(task, tmp_path):
         errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and re.search(message, errors[0]), res.stderr[-2000:]
         assert not os.path.exists(model_dir), flags
+
+
+def test_prepare_encodes_the_pairs_ahead_and_train_only_maps_them(task, tmp_path):
+    cache, model_dir = str(tmp_path / "cache"), str(tmp_path / "model")
+    flags = ["--config", "config_seq2seq", *pair_flags(task, "train", "valid"), "--data_cache", cache,
+             "--set", "share_vocab=False", "--set", "share_embeddings=False"]
+    prepared = run(lmkit("prepare", *flags), timeout=300)
+    assert prepared.returncode == 0, prepared.stdout[-2000:] + prepared.stderr[-3000:]
+    for what in ("source_file", "target_file", "valid_source_file", "valid_target_file"):
+        assert f"encoding {what} " in prepared.stdout, prepared.stdout
+    assert "pairs: train 960, valid 40 (from the data cache" in prepared.stdout
+    folders = os.listdir(cache)
+    trained = run(lmkit("train", *flags, *SMALL, "--model_dir", model_dir, "--backend", "local", "--max_steps", "2"),
+                  timeout=300)
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
+    assert "encoding " not in trained.stdout and "pairs: train 960, valid 40 (from the data cache" in trained.stdout
+    assert sorted(os.listdir(cache)) == sorted(folders)  # nothing new encoded
+    assert os.path.isdir(os.path.join(model_dir, "source_tokenizer"))

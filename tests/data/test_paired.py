@@ -173,3 +173,80 @@ def test_padded_lengths_come_in_few_buckets_with_about_a_third_padding_at_most()
     for n in range(1, 1025):
         b = padded_length(n)
         assert b >= n and b % 8 == 0 and (n <= 32 or (b - n) / b < 0.35)  # about a third, at most
+
+
+def _pair_files(tmp_path):
+    """Pairs with an empty side, a whitespace-only side, CRLF ends, a long pair and no final line end."""
+    source = ["a b c", "", "d e\r", "  ", "a a a a a a a a a", "e", "b c d", "c"]
+    target = ["c b a", "x", "e d", "y y", "a", "\t", "d c b\r", "c c"]
+    (tmp_path / "s.txt").write_bytes("\n".join(source).encode())  # no line end after the last line
+    (tmp_path / "t.txt").write_bytes(("\n".join(target) + "\n").encode())
+    return str(tmp_path / "s.txt"), str(tmp_path / "t.txt")
+
+
+@pytest.mark.parametrize("kind", ["word", "char", "byte"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pairs_from_the_line_cache_equal_the_pairs_encoded_in_memory(tmp_path, monkeypatch, kind, workers):
+    from lmkit.data import token_cache
+    from lmkit.data.paired import LineRows, pairs_from_lines
+    from lmkit.data.tokenizers import train_tokenizer
+    source_path, target_path = _pair_files(tmp_path)
+    tokenizer = train_tokenizer(kind, [source_path, target_path], tmp_path / "tok")
+    monkeypatch.setattr(token_cache, "BLOCK_BYTES", 8)  # a block or two per line: the lines cross blocks
+    want = encode_pairs(*read_pairs(source_path, target_path), tokenizer.encode, tokenizer.encode,
+                        max_source_length=6, max_target_length=6)
+    log = []
+    sides = [token_cache.cached_lines(str(tmp_path / "cache"), tokenizer, path, what="source_file",
+                                      workers=workers, log=log.append) for path in (source_path, target_path)]
+    assert any(line.startswith("encoding source_file") for line in log) and not sides[0].reused
+    assert sides[0].lines == sides[1].lines == 8
+    got = pairs_from_lines(*sides, source_path=source_path, target_path=target_path,
+                           max_source_length=6, max_target_length=6)
+    assert isinstance(got.source, LineRows) and got.report == want.report
+    assert got.report.empty == 3 and got.report.too_long == 1  # lines 2, 4 and 6; line 5
+    assert [s.tolist() for s in got.source] == [s.tolist() for s in want.source]
+    assert [t.tolist() for t in got.target] == [t.tolist() for t in want.target]
+    for mine, theirs in zip(got.lengths(), want.lengths()):
+        np.testing.assert_array_equal(mine, theirs)
+    assert got.source[0].dtype == np.int32
+    # A second look maps the same files; another limit needs no new encoding.
+    again = token_cache.cached_lines(str(tmp_path / "cache"), tokenizer, source_path, what="source_file",
+                                     log=log.append)
+    assert again.reused and again.folder == sides[0].folder
+    wider = encode_pairs(*read_pairs(source_path, target_path), tokenizer.encode, tokenizer.encode,
+                         max_source_length=20, max_target_length=20)
+    assert len(wider) == 5 and pairs_from_lines(again, sides[1], source_path=source_path, target_path=target_path,
+                                                max_source_length=20, max_target_length=20).report == wider.report
+    # The line caches and the streams of the same text are different folders.
+    stream = token_cache.cached_stream(str(tmp_path / "cache"), tokenizer, [source_path], False, what="x")
+    assert stream.folder != sides[0].folder
+
+
+def test_pairs_from_lines_check_counts_as_read_pairs(tmp_path):
+    from lmkit.data import token_cache
+    from lmkit.data.paired import check_pair_files, count_lines, pairs_from_lines
+    from lmkit.data.tokenizers import train_tokenizer
+    source_path, target_path = _pair_files(tmp_path)
+    assert count_lines(source_path, "source") == count_lines(target_path, "target") == 8
+    short = tmp_path / "short.txt"
+    short.write_text("a\nb\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    for path in (short, empty):
+        with pytest.raises(DataError) as read_error:
+            read_pairs(source_path, str(path))
+        with pytest.raises(DataError) as count_error:
+            check_pair_files(source_path, str(path))
+        assert str(read_error.value) == str(count_error.value)
+    tokenizer = train_tokenizer("word", [source_path], tmp_path / "tok")
+    root = str(tmp_path / "cache")
+    lines = [token_cache.cached_lines(root, tokenizer, p, what="source_file") for p in (source_path, short)]
+    with pytest.raises(DataError, match="has 8 lines but target_file .* has 2; the files must be line-aligned"):
+        pairs_from_lines(*lines, source_path=source_path, target_path=str(short), max_source_length=9,
+                         max_target_length=9)
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n" * 8)
+    blanks = token_cache.encode_lines_to_cache(root, tokenizer, str(blank))  # cached_lines refuses it sooner
+    with pytest.raises(DataError, match=r"no pair is left \(kept 0 pairs; skipped 8 with an empty side"):
+        pairs_from_lines(lines[0], blanks, source_path=source_path, target_path=str(blank), max_source_length=9,
+                         max_target_length=9)

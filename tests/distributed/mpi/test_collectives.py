@@ -170,3 +170,38 @@ def test_cached_text_reaches_every_rank_once_encoded(tmp_path_factory, case):
     assert all(dist.allgather_object(bool(np.array_equal(streams["train"].ids, expected))))
     own = os.path.isdir(root) and any(n.startswith("byte-") for n in os.listdir(root))
     assert own == (dist.rank() == 0 or case != "no_files")
+
+
+@pytest.mark.parametrize("case", ["shared", "own_cache", "no_files"])
+def test_cached_pairs_reach_every_rank_once_encoded(tmp_path_factory, case):
+    """As the text above, for an encoder-decoder's pairs cached line by line: the pairs of an in-memory encoding."""
+    import os
+
+    from lmkit.cli.data import cached_pairs_everywhere
+    from lmkit.data.paired import encode_pairs, read_pairs
+    from lmkit.data.tokenizers import ByteTokenizer
+
+    shared = dist.run_on_chief(lambda: str(tmp_path_factory.mktemp("shared")))
+    files = {side: os.path.join(shared, f"train.{side}") for side in ("src", "tgt")}
+    if dist.is_chief():
+        for side, path in files.items():
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("".join(("" if i % 13 == 5 else f"{side} {i} " * (1 + i % 4)) + "\n" for i in range(120)))
+    dist.barrier()
+    root, splits = os.path.join(shared, "cache"), {"train": (files["src"], files["tgt"])}
+    if dist.rank() > 0 and case != "shared":
+        root = os.path.join(shared, f"cache-rank{dist.rank()}")
+        if case == "no_files":
+            splits = {"train": tuple(os.path.join(shared, "elsewhere", os.path.basename(p)) for p in splits["train"])}
+    readable = all(os.path.isfile(p) for p in splits["train"])
+    tokenizer = ByteTokenizer()
+    limits = {"max_source_length": 30, "max_target_length": 30}
+    pairs = cached_pairs_everywhere(splits, tokenizer, tokenizer, root, readable, limits, lambda line: None)["train"]
+    want = encode_pairs(*read_pairs(files["src"], files["tgt"]), tokenizer.encode, tokenizer.encode, **limits)
+    same = (pairs.report == want.report
+            and [s.tolist() for s in pairs.source] == [s.tolist() for s in want.source]
+            and [t.tolist() for t in pairs.target] == [t.tolist() for t in want.target])
+    assert 0 < want.report.empty and 0 < want.report.too_long and same
+    assert all(dist.allgather_object(bool(same)))
+    own = os.path.isdir(root) and any(n.startswith("byte-") for n in os.listdir(root))
+    assert own == (dist.rank() == 0 or case != "no_files")
