@@ -19,6 +19,8 @@
 #             and carry [".gpu/cupti"]; the stage installs it into /tmp/site.
 #   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
 #             causal_blocks with 2 and with 4 blocks).
+# gpt2 has had the column lmkit_bf16_f32probs since the H200 run: the bf16 step with attention's softmax
+# as it was then, the same-run baseline of masked_softmax.
 set -uo pipefail
 stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|profile|attention|all [OUTDIR]}
 out=${2:-benchmarks/results}
@@ -34,7 +36,7 @@ case $stage in
                  --frameworks lmkit,lmkit_bf16,torch,torch_bf16 ;;
   rnn) exec "${bench[@]}" --repeats 3 --configs config_small,config_medium --frameworks lmkit,torch ;;
   gpt2) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-          --frameworks lmkit,lmkit_bf16,torch,torch_bf16 ;;
+          --frameworks lmkit,lmkit_bf16,lmkit_bf16_f32probs,torch,torch_bf16 ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then
       "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/cupti/*.whl

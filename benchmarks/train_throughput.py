@@ -21,7 +21,11 @@ Variants of the lmkit step, not in the default set (name them in
 ``--frameworks``; their ratios are to ``lmkit``): ``lmkit_bf16`` and
 ``lmkit_fp16`` (``precision = mixed_bfloat16`` / ``mixed_float16``),
 ``lmkit_k2`` and ``lmkit_k4`` (``grad_accum_steps = 2`` / ``4``, the same
-global batch in 2 or 4 micro-batches)::
+global batch in 2 or 4 micro-batches), and ``lmkit_bf16_f32probs``: the
+``mixed_bfloat16`` step with attention's softmax as it was before
+:func:`lmkit.modules.transformer.masked_softmax` (float32 probabilities kept
+for the backward pass; swapped in its own worker), the baseline of
+``lmkit_bf16`` measured in the same run::
 
     .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
         --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
@@ -75,6 +79,7 @@ writes ``benchmarks/results/train_throughput_gpu.json`` (with the GPU's name).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -97,6 +102,23 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_fp16": {"precision": "mixed_float16"},
     "lmkit_k2": {"grad_accum_steps": 2},
     "lmkit_k4": {"grad_accum_steps": 4},
+    "lmkit_bf16_f32probs": {"precision": "mixed_bfloat16"},
+}
+
+
+def float32_probs_softmax(scores: Any, mask: Any) -> Any:
+    """Attention's softmax before ``masked_softmax``: float32 out, so TensorFlow's gradient keeps it."""
+    import tensorflow as tf
+    scores = tf.cast(scores, tf.float32)
+    if mask is not None:
+        scores = tf.where(mask, scores, -1.0e9)
+    return tf.nn.softmax(scores, axis=-1)
+
+
+# lmkit variants that swap a function of lmkit in their own worker process (an older program as a
+# baseline measured in the same run): name -> (module, attribute, replacement)
+LMKIT_PATCHES: Dict[str, Tuple[str, str, Callable[..., Any]]] = {
+    "lmkit_bf16_f32probs": ("lmkit.modules.transformer", "masked_softmax", float32_probs_softmax),
 }
 # PyTorch columns: name -> (bfloat16 autocast, torch.compile)
 TORCH_VARIANTS: Dict[str, Tuple[bool, bool]] = {
@@ -209,6 +231,9 @@ class LmkitRunner(Runner):
         from lmkit.train import Trainer
         self.name = variant
         self.tf = tf
+        if variant in LMKIT_PATCHES:  # this worker only
+            module, attribute, replacement = LMKIT_PATCHES[variant]
+            setattr(importlib.import_module(module), attribute, replacement)
         cfg = cfg.replace(**LMKIT_VARIANTS[variant])
         tf.random.set_seed(cfg.seed)
         self.trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
@@ -764,6 +789,8 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
     for variant in LMKIT_VARIANTS:
         if variant != "lmkit" and "lmkit" in wps and variant in wps:
             out["ratios"][f"{variant}/lmkit"] = ratio_spread(wps[variant], wps["lmkit"])
+    if "lmkit_bf16" in wps and "lmkit_bf16_f32probs" in wps:
+        out["ratios"]["lmkit_bf16/lmkit_bf16_f32probs"] = ratio_spread(wps["lmkit_bf16"], wps["lmkit_bf16_f32probs"])
     return out
 
 

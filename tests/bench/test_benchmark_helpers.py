@@ -315,3 +315,41 @@ def test_kernel_kinds():
     assert profile_step.kernel_kind("scatter_add_fusion") == "scatter/gather"
     assert profile_step.kernel_kind("transpose_copy_fusion_2") == "copy/transpose"
     assert profile_step.kernel_kind("loop_add_fusion") == "other (elementwise fusions)"
+
+
+def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
+    """lmkit_bf16_f32probs swaps in the softmax before masked_softmax: the old values and gradients, exactly."""
+    import tensorflow as tf
+
+    from benchmarks import train_throughput
+    from lmkit.modules import transformer
+
+    module, attribute, replacement = train_throughput.LMKIT_PATCHES["lmkit_bf16_f32probs"]
+    assert (module, attribute) == ("lmkit.modules.transformer", "masked_softmax")
+    assert train_throughput.LMKIT_VARIANTS["lmkit_bf16_f32probs"] == {"precision": "mixed_bfloat16"}
+    rng = np.random.RandomState(0)
+    q, k, v = (tf.constant(rng.randn(1, 2, 8, 4), tf.bfloat16) for _ in range(3))
+    w = tf.constant(rng.randn(1, 2, 8, 4), tf.float32)
+    mask = tf.constant(np.tril(np.ones((8, 8), bool))[None, None])
+
+    def old(q, k, v):  # lmkit's attention before masked_softmax, written out
+        scores = tf.where(mask, tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32), -1e9)
+        return tf.matmul(tf.cast(tf.nn.softmax(scores), v.dtype), v)
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = fn(q, k, v)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * w)
+        return [out] + tape.gradient(loss, [q, k, v])
+
+    def lmkit_attend(q, k, v):
+        return transformer.attend(q, k, v, mask, 0.0, False)
+
+    current = grads(lmkit_attend)
+    monkeypatch.setattr(transformer, attribute, replacement)
+    patched, want = grads(lmkit_attend), grads(old)
+    for a, b in zip(patched, want):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(current[0].numpy(), want[0].numpy())  # the forward pass never changed
+    assert any(not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(current[1:], want[1:]))  # the gradient did
