@@ -92,8 +92,16 @@ def test_the_link_is_shaped_and_the_hosts_are_removed():
         state = harness.up(NAME, SUBNET, rate="1gbit")
         assert state.addresses == [f"{SUBNET}.1", f"{SUBNET}.2"]
         assert os.path.exists(f"/var/run/netns/{NAME}-h2")
+        # Each end's link has the token bucket at the rate asked for ...
+        for host in state.hosts:
+            qdisc = subprocess.run(["tc", "-n", host.namespace, "qdisc", "show", "dev", host.link],
+                                   capture_output=True, text=True, timeout=30).stdout
+            assert "tbf" in qdisc and "rate 1Gbit" in qdisc, qdisc
+        # ... and the link carries data no faster than it. The measurement (Python sockets on the
+        # hosts' cores) only has an upper bound: load from other jobs slows it, never speeds it up
+        # (it measured 0.48 Gbit/s with both test suites running beside it).
         link = harness.check(NAME, megabytes=16)
-        assert 0.5 < link["throughput_gbit_per_s"] < 1.1, link  # 1 Gbit/s through the token bucket
+        assert 0 < link["throughput_gbit_per_s"] < 1.1, link
         # The agent runs commands on the host it is given, as ssh would.
         out = subprocess.run([state.agent, f"{SUBNET}.2", "hostname; ip -o -4 addr show"],
                              capture_output=True, text=True, timeout=60)
