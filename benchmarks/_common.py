@@ -14,12 +14,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
     "REPO",
     "RESULTS_DIR",
     "command_line",
+    "intervals_union",
     "load_average",
     "machine_info",
     "median_ratio",
@@ -129,6 +130,17 @@ def write_json(path: str, payload: Dict[str, Any]) -> str:
         f.write("\n")
     os.replace(tmp, path)
     return path
+
+
+def intervals_union(intervals: Iterable[Tuple[float, float]]) -> float:
+    """Total length covered by ``(start, end)`` intervals, overlaps counted once."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
 
 
 def median_ratio(numerators: Iterable[float], denominators: Iterable[float]) -> float:

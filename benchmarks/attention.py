@@ -100,12 +100,19 @@ def causal_mask(queries: int, keys: int, offset: int = 0):
     return (tf.range(keys)[tf.newaxis, :] <= rows)[tf.newaxis, tf.newaxis]
 
 
+def float32_probs_softmax(scores: Any, mask: Any) -> Any:
+    """Attention's softmax before ``masked_softmax``: float32 out, so TensorFlow's gradient keeps it."""
+    import tensorflow as tf
+    scores = tf.cast(scores, tf.float32)
+    if mask is not None:
+        scores = tf.where(mask, scores, -1.0e9)
+    return tf.nn.softmax(scores, axis=-1)
+
+
 def float32_probs_attend(queries, keys, values, mask):
     """lmkit's attention before masked_softmax: TensorFlow differentiates the float32 softmax."""
     import tensorflow as tf
-    scores = tf.cast(tf.matmul(queries, keys, transpose_b=True), tf.float32)
-    scores = tf.where(mask, scores, -1.0e9)
-    probs = tf.cast(tf.nn.softmax(scores, axis=-1), values.dtype)
+    probs = tf.cast(float32_probs_softmax(tf.matmul(queries, keys, transpose_b=True), mask), values.dtype)
     return tf.matmul(probs, values)
 
 

@@ -35,14 +35,14 @@ target files of ``--megabytes`` MB each (the corpus's lines, and each line's
 words reversed), ``lmkit train --config config_seq2seq --source_file
 train.src --target_file train.tgt --tokenizer word --max_vocab 8000
 --max_steps 5`` with batches of 8 and positions for 256 tokens a side
-(longer pairs are skipped and counted, as in any run): ``no_cache`` encodes the pairs in memory in one process at every
-start, ``first`` encodes both files line by line into the cache, ``second``
-maps them.
+(longer pairs are skipped and counted, as in any run): ``no_cache``
+encodes the pairs in memory in one process at every start, ``first``
+encodes both files line by line into the cache, ``second`` maps them.
 
 Usage::
 
     python benchmarks/data_cache.py --megabytes 100 --out benchmarks/results/data_cache.json
-    python benchmarks/data_cache.py --pairs --megabytes 50 --out benchmarks/results/data_cache_pairs.json
+    python benchmarks/data_cache.py --pairs --megabytes 300 --out benchmarks/results/data_cache_pairs.json
     python benchmarks/data_cache.py --two_ranks --megabytes 100 --large_megabytes 1000 \
         --out benchmarks/results/data_cache_two_ranks.json
 """

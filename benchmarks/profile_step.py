@@ -45,7 +45,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import RESULTS_DIR, command_line, load_average, machine_info, write_json  # noqa: E402
+from benchmarks._common import (RESULTS_DIR, command_line, intervals_union, load_average, machine_info,  # noqa: E402
+                                write_json)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -132,17 +133,6 @@ def kernel_kind(name: str) -> str:
     return "other (elementwise fusions)"
 
 
-def _union_length(intervals: List[Any]) -> float:
-    """Total length covered by (start, end) intervals, overlaps counted once."""
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
-
-
 def gpu_kernels(space: Any, steps: int, wall: float, top: int = 25) -> Optional[Dict[str, Any]]:
     """The GPU kernels of ``space`` per step, or None when it holds no GPU plane.
 
@@ -170,7 +160,7 @@ def gpu_kernels(space: Any, steps: int, wall: float, top: int = 25) -> Optional[
                 start = line.timestamp_ns * 1000 + event.offset_ps
                 intervals.append((start, start + event.duration_ps))
     kernel_ms = sum(by_kind.values())
-    busy_ms = _union_length(intervals) / 1e9 / steps
+    busy_ms = intervals_union(intervals) / 1e9 / steps
     return {
         "kernel_ms_per_step": round(kernel_ms, 3),
         "busy_ms_per_step": round(busy_ms, 3),

@@ -69,7 +69,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (REPO, RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
+from benchmarks._common import (REPO, RESULTS_DIR, command_line, intervals_union, load_average, machine_info,  # noqa: E402
                                 save_figure, summarize, write_json)
 
 WORKER = os.path.join(REPO, "benchmarks", "_scaling_worker.py")
@@ -189,16 +189,6 @@ def launch(config: str, label: str, args: argparse.Namespace, batch: int, workdi
     return result
 
 
-def _intervals_union(intervals: List[Tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
 def parse_timeline(path: str, windows_us: List[List[float]], train_steps: int) -> Dict[str, Any]:
     """Time per training step in the collectives of the training step (rank 0's timeline).
 
@@ -245,8 +235,8 @@ def parse_timeline(path: str, windows_us: List[List[float]], train_steps: int) -
     steps = max(1, train_steps)
     return {
         "timed_train_steps": train_steps,
-        "collective_ms_per_step": round(_intervals_union(spans["collective"]) / 1000 / steps, 3),
-        "negotiate_ms_per_step": round(_intervals_union(spans["negotiate"]) / 1000 / steps, 3),
+        "collective_ms_per_step": round(intervals_union(spans["collective"]) / 1000 / steps, 3),
+        "negotiate_ms_per_step": round(intervals_union(spans["negotiate"]) / 1000 / steps, 3),
         "activity_ms_per_step (summed over tensors)": {
             k: round(v / 1000 / steps, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
         "tensors": sorted({n for n in names.values() if "DistributedGradientTape" in n or "lmkit.train_loss" in n}),

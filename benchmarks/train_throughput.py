@@ -90,6 +90,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
                                 package_version, ratio_spread, save_figure, summarize, write_json)
+from benchmarks.attention import float32_probs_softmax  # noqa: E402
 
 DEFAULT_FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
 # lmkit variants: name -> config overrides (compared with plain "lmkit")
@@ -104,15 +105,6 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_k4": {"grad_accum_steps": 4},
     "lmkit_bf16_f32probs": {"precision": "mixed_bfloat16"},
 }
-
-
-def float32_probs_softmax(scores: Any, mask: Any) -> Any:
-    """Attention's softmax before ``masked_softmax``: float32 out, so TensorFlow's gradient keeps it."""
-    import tensorflow as tf
-    scores = tf.cast(scores, tf.float32)
-    if mask is not None:
-        scores = tf.where(mask, scores, -1.0e9)
-    return tf.nn.softmax(scores, axis=-1)
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a

@@ -163,8 +163,8 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
                              f"(max_source_positions {max_source}); shorten or split that line")
     outputs: List[List[str]] = [[""] * num_samples if not ids else [] for ids in encoded]
     copies = 1 if beam else num_samples  # rows per source
-    todo = [(i, j) for i in sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
-            for j in range(copies)]
+    todo = [i for i in sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
+            for _ in range(copies)]
 
     def text_of(ids: List[int]) -> str:
         if ids and ids[-1] == special.eos:
@@ -173,7 +173,7 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
 
     for b, start in enumerate(range(0, len(todo), batch_size)):
         rows = todo[start:start + batch_size]
-        filled = [i for i, _ in rows] + [rows[0][0]] * (batch_size - len(rows))  # one batch shape: one compiled loop
+        filled = rows + [rows[0]] * (batch_size - len(rows))  # one batch shape: one compiled loop
         source, lengths = pad_rows([np.asarray(encoded[i], np.int32) for i in filled], special.pad,
                                    padded_length(max(len(encoded[i]) for i in filled)))
         mask = np.arange(source.shape[1])[np.newaxis] < lengths[:, np.newaxis]
@@ -182,7 +182,7 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
         result = decode(model, new_tokens + 1, sampler, prompts=[[special.bos]] * len(filled),
                         eos_id=special.eos, pad_id=special.pad, condition=condition, jit_compile=jit_compile,
                         **options)
-        for row, (i, _) in enumerate(rows):
+        for row, i in enumerate(rows):
             if beam and num_samples > 1:
                 found = [result.beam_ids[row, k, 1:result.beam_lengths[row, k]].tolist()
                          for k in range(num_samples) if result.beam_scores[row, k] > -float("inf")]

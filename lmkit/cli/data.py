@@ -293,14 +293,13 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
         lines = {}
         for split, (source_path, target_path) in splits.items():
             prefix = "" if split == "train" else f"{split}_"
-            if cache is None:
+            # With the cache, the training files' text is checked as it is encoded (as for a language model's).
+            if cache is None or split != "train":
                 check_text_file(source_path, f"{prefix}source_file")
                 check_text_file(target_path, f"{prefix}target_file")
+            if cache is None:
                 lines[split] = read_pairs(source_path, target_path)
-            else:  # the lines go into the cache; the training files' text is checked as it is encoded
-                if split != "train":
-                    check_text_file(source_path, f"{prefix}source_file")
-                    check_text_file(target_path, f"{prefix}target_file")
+            else:  # the lines go into the cache: only their counts are checked here
                 check_pair_files(source_path, target_path)
         return lines
 

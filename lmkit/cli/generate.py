@@ -183,9 +183,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
                          "per-token --strategy and no --one_line (or drop --stream)")
     if args.stream is None:  # on a terminal, one sample streams
         args.stream = sys.stdout.isatty() and single and args.strategy != "beam" and not args.one_line
-    if args.strategy == "beam" and args.num_samples > args.beam_width:
-        raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
-                         f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
+    check_beam_samples(args)
     if is_hf_folder(args.model_dir):  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral), read as it is
         from lmkit.generation import check_hf_checkpoint
         check_hf_checkpoint(args.model_dir, args.checkpoint)
@@ -275,6 +273,13 @@ def _sources(args: argparse.Namespace) -> List[str]:
     return read_lines(args.source_file, "source") if args.source_file is not None else list(args.prompt)
 
 
+def check_beam_samples(args: argparse.Namespace) -> None:
+    """Beam search returns at most ``--beam_width`` hypotheses: ``--num_samples`` above it is refused."""
+    if args.strategy == "beam" and args.num_samples > args.beam_width:
+        raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
+                         f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
+
+
 def check_transduction_args(args: argparse.Namespace) -> None:
     """The flags of an encoder-decoder's run: the per-token and language-model-only ones are refused.
 
@@ -292,6 +297,7 @@ def check_transduction_args(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} applies to language models; {args.model_dir} holds an encoder-decoder, which "
                              "writes one line per source (--max_new_tokens bounds it)")
     limits = [("--batch_size", args.batch_size, args.batch_size >= 1, "must be >= 1"),
+              ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
               ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
               ("--temperature", args.temperature, args.temperature > 0, "must be > 0"),
               ("--top_k", args.top_k, args.top_k >= 1, "must be >= 1"),
@@ -302,14 +308,10 @@ def check_transduction_args(args: argparse.Namespace) -> None:
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
-    if args.num_samples < 1:
-        raise UsageError(f"--num_samples {args.num_samples} must be >= 1")
     if args.num_samples > 1 and (args.strategy or "greedy") == "greedy":
         raise UsageError(f"--num_samples {args.num_samples}: greedy decoding writes one output per source; "
                          "add --strategy sample, top_k, top_p or beam")
-    if args.strategy == "beam" and args.num_samples > args.beam_width:
-        raise UsageError(f"--num_samples {args.num_samples} exceeds --beam_width {args.beam_width}: "
-                         f"beam search keeps beam_width hypotheses; use --beam_width {args.num_samples}")
+    check_beam_samples(args)
 
 
 def _transduce_main(args: argparse.Namespace) -> int:
@@ -345,8 +347,9 @@ def _transduce_main(args: argparse.Namespace) -> int:
         for i, texts in enumerate(outputs):
             if args.num_samples == 1:  # one line per source, nothing else: a file to score
                 print(one_line(texts[0]), flush=False)
-            for j, text in enumerate(texts if args.num_samples > 1 else []):
-                print(f"[{i}.{j}] {one_line(text)}", flush=False)
+            else:
+                for j, text in enumerate(texts):
+                    print(f"[{i}.{j}] {one_line(text)}", flush=False)
         sys.stdout.flush()
     except BrokenPipeError:
         raise OutputClosed() from None

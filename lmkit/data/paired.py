@@ -191,9 +191,7 @@ def encode_pairs(source_lines: Sequence[str], target_lines: Sequence[str],
     """
     if len(source_lines) != len(target_lines):
         raise DataError(f"{len(source_lines)} source lines but {len(target_lines)} target lines; pairs must align")
-    for name, value in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise DataError(f"{name} = {value!r} must be a positive integer")
+    _check_limits(max_source_length, max_target_length)
     report = PairReport()
     source: List[np.ndarray] = []
     target: List[np.ndarray] = []
@@ -234,9 +232,7 @@ def pairs_from_lines(source: Any, target: Any, *, source_path: str, target_path:
       DataError: a file without lines, different line counts, bad limits, or no pair left.
     """
     _check_line_counts(source.lines, target.lines, source_path, target_path)
-    for name, value in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise DataError(f"{name} = {value!r} must be a positive integer")
+    _check_limits(max_source_length, max_target_length)
     source_lengths, target_lengths = source.lengths(), target.lengths()
     empty = (np.asarray(source.blank) != 0) | (np.asarray(target.blank) != 0)
     too_long = ~empty & ((source_lengths > max_source_length) | (target_lengths > max_target_length)
@@ -248,6 +244,12 @@ def pairs_from_lines(source: Any, target: Any, *, source_path: str, target_path:
     if not kept.size:
         raise DataError(f"no pair is left ({report.summary()}); check the files or raise the length limits")
     return Pairs(LineRows(source, kept), LineRows(target, kept), report)
+
+
+def _check_limits(max_source_length: int, max_target_length: int) -> None:
+    for name, value in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataError(f"{name} = {value!r} must be a positive integer")
 
 
 def bucketed_batches(source_lengths: np.ndarray, target_lengths: np.ndarray, batch_size: int, *, epoch: int,

@@ -42,6 +42,7 @@ import concurrent.futures
 import concurrent.futures.process
 import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -51,7 +52,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -199,8 +200,9 @@ def _dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= (1 << 16) else np.uint32)
 
 
-def _read_manifest(folder: str, tokenizer) -> Optional[Dict[str, object]]:
-    """The manifest of the cache ``folder`` (None when there is none), checked against ``tokenizer``."""
+def _open_folder(folder: str, tokenizer) -> Optional[Tuple[Dict[str, object], np.ndarray]]:
+    """The manifest of the cache ``folder``, checked against ``tokenizer``, and its ids mapped; None when
+    there is no manifest."""
     manifest_path = os.path.join(folder, MANIFEST_FILE)
     if not os.path.isfile(manifest_path):
         return None
@@ -209,7 +211,7 @@ def _read_manifest(folder: str, tokenizer) -> Optional[Dict[str, object]]:
         with open(manifest_path, "r", encoding="utf-8") as f:
             manifest = json.load(f)
         made_by = manifest["tokenizer"]
-        int(manifest["num_tokens"]), np.dtype(manifest["dtype"])
+        count, dtype = int(manifest["num_tokens"]), np.dtype(manifest["dtype"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataError(f"the token cache {manifest_path} is not readable ({exc}); {fix}") from None
     wanted = _tokenizer_record(tokenizer)
@@ -217,7 +219,7 @@ def _read_manifest(folder: str, tokenizer) -> Optional[Dict[str, object]]:
         raise DataError(f"the token cache {folder} was made by the {made_by.get('name')} tokenizer "
                         f"with fingerprint {made_by.get('fingerprint')}, not by this run's "
                         f"{wanted['name']} tokenizer with fingerprint {wanted['fingerprint']}; {fix}")
-    return manifest
+    return manifest, _map(folder, IDS_FILE, dtype, count)
 
 
 def _map(folder: str, name: str, dtype: np.dtype, count: int) -> np.ndarray:
@@ -239,10 +241,10 @@ def open_cached(root: str, tokenizer, files: Sequence[str], add_eos: bool) -> Op
         tokenizer (naming it, with the fix: delete it).
     """
     folder = os.path.join(root, cache_key(tokenizer, files, add_eos))
-    manifest = _read_manifest(folder, tokenizer)
-    if manifest is None:
+    opened = _open_folder(folder, tokenizer)
+    if opened is None:
         return None
-    ids = _map(folder, IDS_FILE, np.dtype(manifest["dtype"]), int(manifest["num_tokens"]))
+    manifest, ids = opened
     return TokenStream(ids=ids, words=int(manifest["words"]), lines=int(manifest["lines"]),
                        folder=folder, reused=True)
 
@@ -254,15 +256,15 @@ def open_cached_lines(root: str, tokenizer, path: str) -> Optional[LineIds]:
       DataError: as :func:`open_cached`.
     """
     folder = os.path.join(root, cache_key(tokenizer, [path], False, layout="lines"))
-    manifest = _read_manifest(folder, tokenizer)
-    if manifest is None:
+    opened = _open_folder(folder, tokenizer)
+    if opened is None:
         return None
+    manifest, ids = opened
     try:
         lines = int(manifest["lines"])
     except (KeyError, TypeError, ValueError):
         raise DataError(f"the token cache {folder} has no line count; delete the folder (it is a cache) "
                         "and run again") from None
-    ids = _map(folder, IDS_FILE, np.dtype(manifest["dtype"]), int(manifest["num_tokens"]))
     offsets = _map(folder, LINES_FILE, np.dtype(np.uint64), lines + 1)
     return LineIds(ids, offsets, _map(folder, BLANK_FILE, np.dtype(np.uint8), lines), folder, True)
 
@@ -428,19 +430,17 @@ def encode_to_cache(root: str, tokenizer, files: Sequence[str], add_eos: bool, *
     def fill(temp: str, workers: int) -> Dict[str, object]:
         return _encode_files(temp, tokenizer, files, add_eos, what, workers, total, log)
 
-    _build_folder(root, cache_key(tokenizer, files, add_eos), tokenizer, what, total, workers,
-                  dict(add_eos=bool(add_eos)), fill)
-    stream = open_cached(root, tokenizer, files, add_eos)
-    if stream is None:
-        raise DataError(f"{what} changed while it was being encoded; run again once nothing writes to it")
-    stream.reused = False
-    return stream
+    return _build_folder(root, cache_key(tokenizer, files, add_eos), tokenizer, what, total, workers,
+                         dict(add_eos=bool(add_eos)), fill,
+                         functools.partial(open_cached, root, tokenizer, files, add_eos))
 
 
 def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers: Optional[int],
-                  record: Dict[str, object], fill: Callable[[str, int], Dict[str, object]]) -> None:
-    """Writes the cache folder ``root/key``: ``fill(temp folder, workers)`` writes the token files and
-    returns the manifest's counts; the folder is renamed into place only when complete."""
+                  record: Dict[str, object], fill: Callable[[str, int], Dict[str, object]],
+                  reopen: Callable[[], Any]) -> Any:
+    """Writes the cache folder ``root/key`` and returns ``reopen()`` of it (``reused`` False):
+    ``fill(temp folder, workers)`` writes the token files and returns the manifest's counts; the
+    folder is renamed into place only when complete."""
     final = os.path.join(root, key)
     if workers is None:
         workers = encoding_workers() if total >= PARALLEL_MIN_BYTES else 1
@@ -476,6 +476,11 @@ def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
+    found = reopen()
+    if found is None:
+        raise DataError(f"{what} changed while it was being encoded; run again once nothing writes to it")
+    found.reused = False
+    return found
 
 
 @contextlib.contextmanager
@@ -601,7 +606,7 @@ def encode_lines_to_cache(root: str, tokenizer, path: str, *, what: str = "sourc
                 ids, lengths, blank = result
                 ids_out.write(ids.astype(dtype, copy=False).tobytes())
                 ends = counts["num_tokens"] + np.cumsum(lengths, dtype=np.uint64)
-                lines_out.write(ends.astype(np.uint64).tobytes())
+                lines_out.write(ends.astype(np.uint64, copy=False).tobytes())
                 blank_out.write(blank.astype(np.uint8).tobytes())
                 counts["num_tokens"] += int(ids.size)
                 counts["lines"] += int(blank.size)
@@ -614,13 +619,9 @@ def encode_lines_to_cache(root: str, tokenizer, path: str, *, what: str = "sourc
         update(blocks.read, final=True)
         return dict(counts, dtype=dtype.name, files=[dict(blocks.identity, sha256=blocks.sha256.hexdigest())])
 
-    _build_folder(root, cache_key(tokenizer, [path], False, layout="lines"), tokenizer, what, total, workers,
-                  dict(add_eos=False, layout="lines"), fill)
-    found = open_cached_lines(root, tokenizer, path)
-    if found is None:
-        raise DataError(f"{what} changed while it was being encoded; run again once nothing writes to it")
-    found.reused = False
-    return found
+    return _build_folder(root, cache_key(tokenizer, [path], False, layout="lines"), tokenizer, what, total,
+                         workers, dict(add_eos=False, layout="lines"), fill,
+                         functools.partial(open_cached_lines, root, tokenizer, path))
 
 
 def cached_lines(root: str, tokenizer, path: str, *, what: str, workers: Optional[int] = None,

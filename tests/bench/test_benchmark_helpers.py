@@ -9,9 +9,9 @@ from benchmarks import _common, scaling
 
 
 def test_intervals_union_counts_overlaps_once():
-    assert scaling._intervals_union([]) == 0.0
-    assert scaling._intervals_union([(0, 10), (5, 15), (20, 25)]) == 20.0
-    assert scaling._intervals_union([(0, 10), (2, 3)]) == 10.0  # nested
+    assert _common.intervals_union([]) == 0.0
+    assert _common.intervals_union([(0, 10), (5, 15), (20, 25)]) == 20.0
+    assert _common.intervals_union([(0, 10), (2, 3)]) == 10.0  # nested
 
 
 def test_median_ratio_pairs_rounds():

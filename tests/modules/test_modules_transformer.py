@@ -231,7 +231,10 @@ def test_masked_softmax_low_precision_matches_float64(dtype):
     want_p, want_g = _reference_softmax_and_gradient(scores.numpy().astype(np.float64), mask.numpy(),
                                                      d_probs.numpy())
     eps = float(np.finfo(dtype.as_numpy_dtype).eps) if dtype == tf.float16 else 2.0 ** -8
-    # Bounds: a few roundings of the low-precision probabilities, in units of the largest value.
+    # Bounds, in eps (bfloat16: 2^-8, float16: 2^-10): each probability (<= 1) is the float32 softmax
+    # rounded once, off by at most eps / 2. The gradient reads rounded probabilities and a rounded
+    # d_probs and is rounded once more: a few eps of its largest term. (On the machine that wrote this
+    # the errors were 0.5 and 0.66 eps, a margin of 4x and 12x.)
     np.testing.assert_allclose(probs.numpy().astype(np.float64), want_p, rtol=0, atol=2 * eps)
     scale = np.abs(want_g).max()
     np.testing.assert_allclose(grad.numpy().astype(np.float64), want_g, rtol=0, atol=8 * eps * scale)
