@@ -321,18 +321,12 @@ def run_wrapped(command: Sequence[str], give_up_after: float = PREEMPTION_WAIT +
     Returns the launcher's exit status (128 + N when a signal N ended it).
     """
     interactive = sys.stdin is not None and sys.stdin.isatty()
-    try:
-        # Its own process group: Ctrl-C in a terminal reaches this wrapper only (mpirun
-        # would abort on SIGINT); a terminal's stdin is not passed on (the ranks do not read it).
-        proc = subprocess.Popen(list(command), process_group=0, preexec_fn=_die_with_parent,
-                                stdin=subprocess.DEVNULL if interactive else None)
-    except FileNotFoundError:
-        raise UsageError(f"python -m lmkit.launch --{os.path.basename(command[0])}: "
-                         f"{command[0]!r} was not found; install it or put it on PATH") from None
     received: List[float] = []
+    signals: List[int] = []
+    proc: Optional[subprocess.Popen] = None
 
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(time.monotonic())
+    def pass_on(signum: int) -> None:
+        assert proc is not None
         if proc.poll() is not None:
             return
         if len(received) >= 3:
@@ -354,8 +348,26 @@ def run_wrapped(command: Sequence[str], give_up_after: float = PREEMPTION_WAIT +
                   f"(pid {proc.pid}) for the ranks to stop with a checkpoint", file=sys.stderr, flush=True)
             proc.send_signal(signal.SIGTERM)
 
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(time.monotonic())
+        signals.append(signum)
+        if proc is not None:  # else held until the launcher exists (below)
+            pass_on(signum)
+
+    # The handlers come first: a scheduler's signal while the launcher starts is held and
+    # passed on once it exists, never lost to whatever handler was there before.
     previous = {sig: signal.signal(sig, on_signal) for sig in PREEMPTION_SIGNALS}
     try:
+        try:
+            # Its own process group: Ctrl-C in a terminal reaches this wrapper only (mpirun
+            # would abort on SIGINT); a terminal's stdin is not passed on (the ranks do not read it).
+            proc = subprocess.Popen(list(command), process_group=0, preexec_fn=_die_with_parent,
+                                    stdin=subprocess.DEVNULL if interactive else None)
+        except FileNotFoundError:
+            raise UsageError(f"python -m lmkit.launch --{os.path.basename(command[0])}: "
+                             f"{command[0]!r} was not found; install it or put it on PATH") from None
+        if received:
+            pass_on(signals[-1])
         while True:
             try:
                 code = proc.wait(timeout=1.0)
@@ -442,6 +454,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
     procs: List[subprocess.Popen] = []
     signalled: List[int] = []
+    reached = [0]  # how many of procs the signals went to
 
     def forward(signum: int, frame: object) -> None:
         # A scheduler's notice (SIGTERM, SIGUSR1, Ctrl-C) goes to every worker of this host:
@@ -450,9 +463,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
+        reached[0] = len(procs)
 
-    for sig in PREEMPTION_SIGNALS:
-        signal.signal(sig, forward)
+    previous = {sig: signal.signal(sig, forward) for sig in PREEMPTION_SIGNALS}
     try:
         for w in workers:
             if w.rank in cores:  # this host's (is_local_host, asked once per worker above)
@@ -463,10 +476,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             elif agent:
                 procs.append(subprocess.Popen([*agent, w.host,
                                                remote_command(w, workers, command, cwd, forwarded)]))
+        if signalled:  # a notice while the workers started: the later ones get it too
+            for p in procs[reached[0]:]:
+                p.send_signal(signalled[-1])
         return _wait(procs, signalled)
     except KeyboardInterrupt:
         _stop(procs)
         return 130
+    finally:  # main is also called in-process (tests, notebooks): its handlers do not outlive it
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int]) -> int:

@@ -231,6 +231,16 @@ def test_launch_starts_the_workers_of_other_hosts_through_the_rsh_agent(tmp_path
     assert (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists()
 
 
+def test_launch_puts_the_signal_handlers_back(tmp_path):
+    # main is called in-process here: its forwarding handlers must not outlive it (a later
+    # signal would go to workers that are gone instead of to whoever handles it now).
+    import signal
+    import sys
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    assert launch.main(["--num_workers", "1", "--port", "3000", "--", sys.executable, "-c", "pass"]) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def _fake_proc(root, pid, name, ppid):
     folder = root / str(pid)
     folder.mkdir()
@@ -292,6 +302,70 @@ def test_the_wrapper_turns_a_signal_into_what_the_launcher_passes_on(tmp_path, n
     assert record.read_text() == expected
     assert code == (75 if expected == "USR1" else 9)
     assert {s: signal.getsignal(s) for s in before} == before  # the handlers are put back
+
+
+def test_the_wrapper_holds_a_signal_that_comes_while_the_launcher_starts(tmp_path, monkeypatch):
+    # A scheduler's signal between the wrapper's start and the launcher's: it is passed on
+    # once the launcher exists, and never reaches the handler that was there before.
+    import signal
+    import subprocess
+    import sys
+    fake = tmp_path / "horovodrun"
+    fake.write_text(_FAKE_LAUNCHER.format(python=sys.executable))
+    fake.chmod(0o755)
+    record = tmp_path / "record"
+    earlier = []
+    real_popen = subprocess.Popen
+
+    def popen_after_a_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler before the next line
+        return real_popen(*args, **kwargs)
+
+    previous = signal.signal(signal.SIGUSR1, lambda s, f: earlier.append(s))
+    try:
+        monkeypatch.setattr(launch.subprocess, "Popen", popen_after_a_signal)
+        code = launch.run_wrapped([str(fake), str(record)])
+        assert signal.getsignal(signal.SIGUSR1) is not previous  # the test's own, put back
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert earlier == []
+    # SIGTERM reached the launcher: through its handler, or before it had one (128 + 15)
+    assert (record.exists() and record.read_text() == "TERM" and code == 9) or (not record.exists()
+                                                                               and code == 143)
+
+
+def test_launch_passes_a_notice_that_comes_while_the_workers_start_to_all_of_them(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGUSR1, lambda s, f: got.append('USR1'))\n"
+        "deadline = time.time() + 20\n"
+        "while not got and time.time() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'rank' + os.environ['RANK']), 'w').write(','.join(got))\n"
+        "sys.exit(75 if got else 0)\n")
+    real_popen = subprocess.Popen
+    started = []
+
+    def popen_then_a_notice(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        if len(started) == 1:  # after the first worker, before the second
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return proc
+
+    monkeypatch.setattr(launch.subprocess, "Popen", popen_then_a_notice)
+    code = launch.main(["--num_workers", "2", "--port", "3000", "--bind", "none", "--", sys.executable,
+                        str(script)])
+    # each worker got the notice once: through its handler, or before it had one (killed by it)
+    for rank, proc in enumerate(started):
+        assert ((tmp_path / f"rank{rank}").exists() and (tmp_path / f"rank{rank}").read_text() == "USR1"
+                and proc.returncode == 75) or proc.returncode == -signal.SIGUSR1
+    assert code in (75, 1)
 
 
 def test_the_wrapper_says_what_is_missing(capsys, monkeypatch):
