@@ -36,7 +36,7 @@ case $stage in
                  --frameworks lmkit,lmkit_bf16,torch,torch_bf16 ;;
   rnn) exec "${bench[@]}" --repeats 3 --configs config_small,config_medium --frameworks lmkit,torch ;;
   gpt2) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-          --frameworks lmkit,lmkit_bf16,lmkit_bf16_f32probs,torch,torch_bf16 ;;
+          --frameworks lmkit,lmkit_bf16,lmkit_bf16_f32probs,lmkit_bf16_blocks4,torch,torch_bf16 ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then
       "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/cupti/*.whl

@@ -25,7 +25,10 @@ global batch in 2 or 4 micro-batches), and ``lmkit_bf16_f32probs``: the
 ``mixed_bfloat16`` step with attention's softmax as it was before
 :func:`lmkit.modules.transformer.masked_softmax` (float32 probabilities kept
 for the backward pass; swapped in its own worker), the baseline of
-``lmkit_bf16`` measured in the same run::
+``lmkit_bf16`` measured in the same run; ``lmkit_blocks4`` and
+``lmkit_bf16_blocks4``: attention in 4 query blocks that skip the masked keys
+(``model_params = {"attention_blocks": 4}``), against ``lmkit`` and
+``lmkit_bf16``::
 
     .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
         --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
@@ -104,7 +107,13 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_k2": {"grad_accum_steps": 2},
     "lmkit_k4": {"grad_accum_steps": 4},
     "lmkit_bf16_f32probs": {"precision": "mixed_bfloat16"},
+    # attention in 4 query blocks that skip the masked keys (transformers; the other models ignore it)
+    "lmkit_blocks4": {"model_params": {"attention_blocks": 4}},
+    "lmkit_bf16_blocks4": {"precision": "mixed_bfloat16", "model_params": {"attention_blocks": 4}},
 }
+# Same-run A/B pairs reported beside the ratios to lmkit: (variant, its baseline).
+PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_blocks4", "lmkit"),
+                 ("lmkit_bf16_blocks4", "lmkit_bf16"))
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
@@ -781,8 +790,9 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
     for variant in LMKIT_VARIANTS:
         if variant != "lmkit" and "lmkit" in wps and variant in wps:
             out["ratios"][f"{variant}/lmkit"] = ratio_spread(wps[variant], wps["lmkit"])
-    if "lmkit_bf16" in wps and "lmkit_bf16_f32probs" in wps:
-        out["ratios"]["lmkit_bf16/lmkit_bf16_f32probs"] = ratio_spread(wps["lmkit_bf16"], wps["lmkit_bf16_f32probs"])
+    for variant, baseline in PAIRED_RATIOS:
+        if variant in wps and baseline in wps:
+            out["ratios"][f"{variant}/{baseline}"] = ratio_spread(wps[variant], wps[baseline])
     return out
 
 

@@ -214,8 +214,9 @@ class TransformerCrossDecoder(Module):
     def __init__(self, *, num_layers: int, dim: int, num_heads: int, ffn_dim: int = 0, dropout: float = 0.0,
                  attention_dropout: Optional[float] = None, pre_layer_norm: bool = True, max_positions: int = 512,
                  activation: str = "gelu", init_scale: float = 0.1, layer_norm_epsilon: float = 1e-5,
-                 name: Optional[str] = None) -> None:
-        """Creates the layers (``ffn_dim`` 0 means ``4 * dim``; ``max_positions`` bounds the target cache)."""
+                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
+        """Creates the layers (``ffn_dim`` 0 means ``4 * dim``; ``max_positions`` bounds the target cache;
+        ``attention_blocks`` as :class:`~lmkit.modules.TransformerDecoder`'s)."""
         super().__init__(name=name)
         self.num_layers = check_positive_int("num_layers", num_layers)
         self.max_positions = check_positive_int("max_positions", max_positions)
@@ -225,7 +226,7 @@ class TransformerCrossDecoder(Module):
             self.layers, self.final_norm = layer_stack(
                 CrossAttentionLayer, num_layers, dim=dim, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout,
                 attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm, activation=activation,
-                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon)
+                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon, attention_blocks=attention_blocks)
 
     def memory(self, encoder_outputs: tf.Tensor, mask: Optional[tf.Tensor] = None) -> Memory:
         """The keys and values of ``encoder_outputs`` [batch, source_time, dim] for every layer (once per source)."""

@@ -353,3 +353,23 @@ def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     np.testing.assert_array_equal(current[0].numpy(), want[0].numpy())  # the forward pass never changed
     assert any(not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(current[1:], want[1:]))  # the gradient did
+
+
+def test_the_attention_block_variants_build_blocked_models():
+    from benchmarks import train_throughput
+    from lmkit.config import TrainConfig
+    from lmkit.models import build_model
+
+    base = TrainConfig.from_dict({"model": "transformer", "vocab_size": 11, "hidden_size": 8, "num_layers": 1,
+                                  "init_scale": 0.1, "keep_prob": 1.0, "num_heads": 2, "max_positions": 8,
+                                  "batch_size": 2, "num_steps": 8, "num_epochs": 1, "learning_rate": 0.1,
+                                  "max_grad_norm": 1.0})
+    for variant, precision in (("lmkit_blocks4", "float32"), ("lmkit_bf16_blocks4", "mixed_bfloat16")):
+        cfg = base.replace(**train_throughput.LMKIT_VARIANTS[variant])
+        assert cfg.precision == precision
+        model = build_model(cfg.model_config())
+        assert all(layer.attention.attention_blocks == 4 for layer in model.decoder.layers)
+    assert ("lmkit_bf16_blocks4", "lmkit_bf16") in train_throughput.PAIRED_RATIOS
+    # an LSTM config ignores the transformer's argument
+    assert build_model(base.replace(model="lstm", **train_throughput.LMKIT_VARIANTS["lmkit_blocks4"])
+                       .model_config()).stateful

@@ -45,6 +45,26 @@ def test_build_model_from_train_config(kind):
     assert {k: expected[k] for k in config_back} == config_back
 
 
+def test_attention_blocks_from_a_config_train_the_same_model():
+    # model_params = {"attention_blocks": 4}: stored with the run, and the same logits and gradients.
+    blocked = build_model(_config("transformer", model_params={"attention_blocks": 4}).model_config())
+    assert blocked.get_config()["attention_blocks"] == 4
+    assert build_model(blocked.get_config()).decoder.layers[1].attention.attention_blocks == 4
+    plain = build_model(_config("transformer").model_config())
+    assert "attention_blocks" not in plain.get_config()
+    for a, b in zip(plain.variables, blocked.variables):
+        a.assign(b)
+    ids = _ids(3, 6)
+    results = []
+    for model in (plain, blocked):
+        with tf.GradientTape() as tape:
+            logits, _ = model(ids, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(ids, logits))
+        results.append([logits] + [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)])
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_protocol_shapes(kind):
     model = build_model(_config(kind).model_config())
