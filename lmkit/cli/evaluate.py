@@ -9,7 +9,11 @@ in order, ``--batch_size`` rows of ``num_steps`` tokens at a time (a
 recurrent state carries across windows). Perplexity per word divides the
 total negative log-likelihood by the whitespace-separated words of the same
 text (plus one per line, whose end is predicted too), so models with
-different tokenizers compare. Runs in one process.
+different tokenizers compare. Runs in one process. A run trained on your own
+text keeps the encoded file in the data cache (``--data_cache``, the run's
+setting by default): the first evaluation of a file encodes it with every
+core, later ones (and the run's own splits, which ``lmkit train`` encoded)
+only map it; progress lines go to stderr.
 
 An encoder-decoder's run (trained on pairs) is evaluated on line-aligned
 --source_file and --target_file (default: the run's --split, test): the
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Optional, Sequence
 
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
@@ -48,6 +53,10 @@ def build_parser(prog: str = "lmkit evaluate") -> argparse.ArgumentParser:
     p.add_argument("--data_path", default="data/ptb", help="PTB runs: the folder with ptb.*.txt")
     p.add_argument("--batch_size", type=int, default=None,
                    help="rows read side by side; default: the run's eval_batch_size or batch_size")
+    p.add_argument("--data_cache", default=None, metavar="DIR",
+                   help="runs on your own text: where encoded text is kept and reused (default: the run's "
+                        "data_cache, else $LMKIT_DATA_CACHE, else ~/.cache/lmkit/tokens); 'none' encodes "
+                        "into memory")
     pairs = p.add_argument_group("encoder-decoders")
     pairs.add_argument("--source_file", default=None, metavar="PATH", help="sources, one a line")
     pairs.add_argument("--target_file", default=None, metavar="PATH", help="their references, line-aligned")
@@ -95,14 +104,27 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
                          "language model; pass --text_file")
     from lmkit.config import TrainConfig
     from lmkit.data.text import load_text_data
+    from lmkit.data.token_cache import cache_root
     from lmkit.data.tokenizers import tokenizer_of_run
     from lmkit.train.checkpoint import read_config_dict
 
     config = TrainConfig.from_dict(read_config_dict(args.model_dir),
                                    source=f"{args.model_dir}/{CONFIG_FILE}")
+    if config.data == "text":  # the run's tokenizer, saved in model_dir, keys the cache
+        cache = cache_root(config.data_cache if args.data_cache is None else args.data_cache)
+    elif args.data_cache is not None:
+        raise UsageError(f"--data_cache is for runs on your own text, but {args.model_dir} trained on PTB "
+                         "(its word ids are read in memory); leave it out")
+    else:
+        cache = None
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
     path = _text_path(args, config)
-    text = load_text_data(tokenizer_of_run(args.model_dir), path)  # checks the file: no TF yet
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    # checks the file (no TF yet), then encodes it or maps its cached ids
+    text = load_text_data(tokenizer_of_run(args.model_dir), path, cache_dir=cache, log=progress)
     user_modules_importable()
 
     from lmkit import distributed as dist
@@ -155,6 +177,9 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     for flag, value in (("--beam_width", args.beam_width), ("--max_new_tokens", args.max_new_tokens)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} {value} must be >= 1")
+    if args.data_cache is not None:
+        raise UsageError(f"--data_cache is for language models; {args.model_dir} holds an encoder-decoder, whose "
+                         "pairs are read in memory (their text is needed for BLEU anyway); leave it out")
     config = TrainConfig.from_dict(read_config_dict(args.model_dir), source=f"{args.model_dir}/{CONFIG_FILE}")
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
     source_path, target_path = _pair_paths(args, config)

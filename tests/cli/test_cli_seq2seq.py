@@ -126,6 +126,8 @@ def test_flags_that_do_not_fit_an_encoder_decoder_are_named(trained, task):
          "--max_new_tokens 40 exceeds what the decoder holds: 15"),
         (lmkit("evaluate", "--model_dir", model_dir, "--source_file", task["test_src"]),
          "give both --source_file and --target_file"),
+        (lmkit("evaluate", "--model_dir", model_dir, "--data_cache", "none"),
+         "--data_cache is for language models; .* holds an encoder-decoder"),
     ]
     for cmd, message in cases:
         res = run(cmd, timeout=120)

@@ -165,6 +165,30 @@ def test_sentencepiece_stopped_inside_an_epoch_then_generate(spm_dir, corpus):
     assert second.stdout == first.stdout  # the same seed gives the same text
 
 
+def test_evaluate_reads_the_text_through_the_data_cache(spm_dir, corpus, tmp_path):
+    # lmkit evaluate: a file encoded once into the cache and mapped after; the same figures as in memory
+    # and as the test evaluation at the end of training (the same checkpoint and split).
+    cache = str(tmp_path / "cache")
+    evaluate = [sys.executable, "-m", "lmkit", "evaluate", "--model_dir", spm_dir, "--json"]
+    first, in_memory = run_pair([evaluate + ["--text_file", corpus["test"], "--data_cache", cache],
+                                 evaluate + ["--split", "test", "--data_cache", "none"]], timeout=200)
+    second = run(evaluate + ["--text_file", corpus["test"], "--data_cache", cache], timeout=200)
+    for res in (first, in_memory, second):
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    reports = [json.loads(res.stdout) for res in (first, in_memory, second)]
+    assert "encoding" in first.stderr and "encoding" not in second.stderr + in_memory.stderr
+    assert len(os.listdir(cache)) == 1
+    for report in reports[1:]:
+        for key in ("tokens", "words", "perplexity", "word_perplexity"):
+            assert report[key] == pytest.approx(reports[0][key], rel=1e-6), key
+    with open(corpus["test"], encoding="utf-8") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    assert reports[0]["words"] == sum(len(line.split()) + 1 for line in lines)  # each line's end too
+    assert reports[0]["word_perplexity"] > reports[0]["perplexity"] > 1
+    with open(os.path.join(spm_dir, "results.json"), encoding="utf-8") as f:
+        assert reports[0]["perplexity"] == pytest.approx(json.load(f)["test_perplexity"], rel=1e-4)
+
+
 def test_char_and_byte_tokenizers_on_two_workers(tmp_path, corpus):
     lmkit = os.path.join(os.path.dirname(sys.executable), "lmkit")  # the installed command
     dirs = {name: str(tmp_path / name) for name in ("char", "byte")}

@@ -121,3 +121,13 @@ def test_lora_flags_reach_the_config_with_a_pretrained_folder(tmp_path):
         8, 32.0, 0.1, "query,key,down")
     with pytest.raises(ConfigError, match="lora_rank = 4 adapts a pretrained model; pass --init_from"):
         config_from_args(build_parser().parse_args(["--train_file", "t.txt", "--lora_rank", "4"]))
+
+
+def test_evaluate_refuses_the_data_cache_for_a_ptb_run(tmp_path):
+    import json
+
+    from lmkit.cli import evaluate
+    from lmkit.errors import UsageError
+    (tmp_path / "config.json").write_text(json.dumps(load_config("config_small").to_dict()), encoding="utf-8")
+    with pytest.raises(UsageError, match=r"--data_cache is for runs on your own text, but .* trained on PTB"):
+        evaluate.main(["--model_dir", str(tmp_path), "--data_cache", "/tmp/x"])
