@@ -63,3 +63,16 @@ def test_distributed_example_downloads_trains_and_reports(tmp_path, served_ptb):
     assert server.requests == ["/simple-examples.tgz"]
     assert "resumed from" in res2.stdout and "on 1 worker(s)" in res2.stdout
     assert [m.group(1) for m in EPOCH_LINE.finditer(res2.stdout)] == ["3"]
+
+    # lmkit evaluate on the run's PTB test split: the perplexity the run reported at its end, and per
+    # word the same (PTB's words are the ids, each line's end the word <eos>).
+    res3 = run([sys.executable, "-m", "lmkit", "evaluate", "--model_dir", str(model_dir), "--split", "test",
+                "--data_path", str(data), "--json"], timeout=200)
+    assert res3.returncode == 0, res3.stdout[-2000:] + res3.stderr[-4000:]
+    report = json.loads(res3.stdout)
+    with open(model_dir / "results.json") as f:
+        assert report["perplexity"] == pytest.approx(json.load(f)["test_perplexity"], rel=1e-4)
+    with open(data / "simple-examples" / "data" / "ptb.test.txt") as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    assert report["tokens"] == report["words"] == sum(len(line.split()) + 1 for line in lines)
+    assert report["word_perplexity"] == pytest.approx(report["perplexity"], rel=1e-9)
