@@ -20,7 +20,8 @@
 #   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
 #             causal_blocks with 2 and with 4 blocks).
 # gpt2 has had the column lmkit_bf16_f32probs since the H200 run: the bf16 step with attention's softmax
-# as it was then, the same-run baseline of masked_softmax.
+# as it was then, the same-run baseline of masked_softmax; and lmkit_bf16_blocks4 (attention_blocks = 4).
+# In a 15-minute lease (TensorFlow's set-up takes 4-7): gpt2, then profile, then attention.
 set -uo pipefail
 stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|profile|attention|all [OUTDIR]}
 out=${2:-benchmarks/results}
