@@ -68,9 +68,10 @@ eager), ``torch_bf16`` (eager under ``torch.autocast`` bfloat16) and
 ``lmkit`` is the default step (``jit_compile="auto"``: XLA on a GPU),
 ``lmkit_plain`` the uncompiled one, ``lmkit_bf16`` / ``lmkit_xla_bf16`` in
 ``mixed_bfloat16``. ``--peak_probe`` first measures the GPU's bfloat16
-matmul rate (8192^3 products) and each transformer column's model FLOPs
-utilisation is stated against it (6 x parameters + 12 x layers x context x
-width FLOPs per token, as nanoGPT counts)::
+matmul rate (8192^3 products) and each column's model FLOPs utilisation is
+stated against it, with the model FLOPs per token that lmkit's trainer logs
+(:mod:`lmkit.train.flops`: 6 x the weights that multiply + 12 x layers x
+context x width, the same count for every framework)::
 
     python benchmarks/train_throughput.py --device gpu --threads 16 --peak_probe \
         --configs config_small,config_medium,config_transformer,config_gpt2_124m_shape \
@@ -244,6 +245,7 @@ class LmkitRunner(Runner):
         self.setup_seconds = time.perf_counter() - start
         self.step = self.trainer.train_step
         self.parameters = sum(int(v.shape.num_elements()) for v in self.trainer.model.trainable_variables)
+        self.flops_per_token = self.trainer.flops_per_token  # lmkit.train.flops, what the trainer logs
         self.inputs, self.targets = inputs, targets
         self.state = self.trainer.initial_state()
 
@@ -551,18 +553,6 @@ def steps_per_run(name: str, args: argparse.Namespace) -> int:
     return table.get(name, 10)
 
 
-def train_flops_per_token(cfg: Any, parameters: int) -> Optional[float]:
-    """Training FLOPs per token of a transformer: 6 N + 12 L T d (nanoGPT's estimate); None for others.
-
-    ``6 N``: forward and backward through every weight once per token (2 + 4
-    FLOPs per multiply-add); ``12 L T d``: the attention scores and their
-    weighted sum over ``T`` positions in each of ``L`` layers.
-    """
-    if cfg.model != "transformer":
-        return None
-    return 6.0 * parameters + 12.0 * cfg.num_layers * cfg.num_steps * cfg.hidden_size
-
-
 def matmul_tflops(size: int, chain: int = 8, repeats: int = 5, dtype: str = "bfloat16") -> float:
     """The best rate (TFLOP/s) of ``chain`` dependent [size, size] matmuls in ``dtype`` (TensorFlow)."""
     import tensorflow as tf
@@ -617,7 +607,8 @@ def worker_main(args: argparse.Namespace) -> int:
         runner.run(args.warmup)
         runner.losses.clear()
         _reply({"ready": True, "setup_seconds": runner.setup_seconds, "threads": threads,
-                "device": device_name, "parameters": getattr(runner, "parameters", None)})
+                "device": device_name, "parameters": getattr(runner, "parameters", None),
+                "flops_per_token": getattr(runner, "flops_per_token", None)})
     except Exception as exc:  # reported by the parent, which stops
         _reply({"error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -768,6 +759,9 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
         "worker_info": {fw: w.info for fw, w in workers.items()},
         "build_errors": build_errors,
     }
+    # One count for every framework (the same computation): an lmkit worker's (lmkit.train.flops).
+    flops = next((workers[fw].info["flops_per_token"] for fw in frameworks
+                  if workers[fw].info.get("flops_per_token")), None)
     for fw in frameworks:
         out["frameworks"][fw] = {
             "words_per_sec": [round(v, 1) for v in wps[fw]],
@@ -777,12 +771,10 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
             "mean_loss": round(sum(losses[fw]) / max(1, len(losses[fw])), 3),
             "parameters": workers[fw].info.get("parameters"),
         }
-        flops = train_flops_per_token(cfg, workers[fw].info.get("parameters") or 0)
         if flops and peak_tflops:
             out["frameworks"][fw]["mfu"] = round(
                 summarize(wps[fw])["median"] * flops / (peak_tflops * 1e12), 4)
-    parameters = out["frameworks"][frameworks[0]]["parameters"] if frameworks else None
-    out["train_flops_per_token"] = train_flops_per_token(cfg, parameters or 0)
+    out["train_flops_per_token"] = flops
     for lm in LMKIT_VARIANTS:
         for base in BASELINES:
             if lm in wps and base in wps:

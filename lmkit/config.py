@@ -121,6 +121,7 @@ class TrainConfig:
     max_consecutive_skips: int = 20  # mixed_float16: skipped steps in a row before stopping (exit 3)
     divergence_factor: float = 3.0  # stop (exit 3) when the loss stays above this x ln(vocab_size)...
     divergence_steps: int = 10  # ...for this many steps in a row (a uniform guess scores ln(vocab_size))
+    peak_tflops: float = 0.0  # one device's peak TFLOP/s for the logs' MFU; 0 = a known GPU's (lmkit.train.flops)
     # --- model details -----------------------------------------------------
     forget_bias: float = 0.0
     tie_weights: bool = False
@@ -240,6 +241,8 @@ class TrainConfig:
             bad("loss_scale", "must be > 0 (2**15 = 32768 is the usual start)")
         if self.divergence_factor < 0:
             bad("divergence_factor", "must be >= 0 (0 turns the divergence check off)")
+        if self.peak_tflops < 0:
+            bad("peak_tflops", "must be >= 0 (a device's peak TFLOP/s; 0 = a known GPU's data sheet, none on CPUs)")
         for key in ("loss_scale_growth_interval", "max_consecutive_skips", "divergence_steps"):
             if getattr(self, key) < 1:
                 bad(key, "must be a positive integer")

@@ -31,6 +31,8 @@ class EpochStats:
     valid_word_perplexity: Optional[float] = None
     skipped_steps: int = 0  # mixed_float16: steps of this epoch skipped (not applied, not in the perplexity)
     loss_scale: Optional[float] = None  # mixed_float16: the loss scale at the epoch's end
+    model_tflops: Optional[float] = None  # model FLOPs per second of all workers (lmkit.train.flops)
+    mfu: Optional[float] = None  # model_tflops over the devices' peak, when it is known
 
 
 @dataclass

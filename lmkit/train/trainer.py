@@ -53,6 +53,7 @@ from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.loss_scale import DynamicLossScale
 from lmkit.train.evaluation import Evaluator
+from lmkit.train.flops import device_peak_tflops, flops_per_token
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
 from lmkit.preemption import PreemptionWatcher
 from lmkit.train.records import EpochRun, EpochStats, Progress, StepResult, TrainResult
@@ -136,6 +137,10 @@ class Trainer:
         self._watchdog = Watchdog(self.rank, 0.0)  # armed by fit() when there are peers
         self.task = task_for(model, config, vocab, self.rank, dist.size())  # the data's batches and loss
         self._tokens_per_word: Dict[str, float] = {}
+        # Model FLOPs per token (None for encoder-decoders) and one device's peak (None when unknown).
+        self.flops_per_token = flops_per_token(model, config.num_steps)
+        self.peak_tflops: Optional[float] = None
+        self.peak_source = ""
 
     @property
     def _saved_model(self) -> tf.Module:
@@ -159,6 +164,7 @@ class Trainer:
                                                      steps_per_epoch=steps_per_epoch)
         with dist.scope():
             self.optimizer.build(list(self.model.trainable_variables))
+        self.peak_tflops, self.peak_source = device_peak_tflops(self.config.peak_tflops, self.config.precision)
         self._build_steps()
 
     def _build_steps(self) -> None:
@@ -461,7 +467,9 @@ class Trainer:
 
     def _write_results(self, result: TrainResult) -> None:
         if self.chief and self.model_dir is not None:
-            summary = {"config": self.config.to_dict(), "world_size": self.world, **result.to_dict()}
+            summary = {"config": self.config.to_dict(), "world_size": self.world, **result.to_dict(),
+                       "flops_per_token": self.flops_per_token, "peak_tflops": self.peak_tflops,
+                       "peak_source": self.peak_source}
             atomic_write_text(os.path.join(self.model_dir, RESULTS_FILE),
                               json.dumps(summary, indent=2, sort_keys=True))
 
@@ -619,10 +627,17 @@ class Trainer:
             valid_word_perplexity=None if valid_loss is None else self._word_perplexity(valid_loss, "valid"),
             skipped_steps=run.skipped,
             loss_scale=None if self.loss_scale is None else float(self.loss_scale.scale.numpy()))
+        if self.flops_per_token is not None and run.steps > run.timed_from:
+            stats.model_tflops = stats.tokens_per_sec * self.flops_per_token / 1e12
+            if self.peak_tflops:
+                stats.mfu = stats.model_tflops / (self.peak_tflops * self.world)
         result.epochs.append(stats)
         valid_text = "-" if stats.valid_perplexity is None else f"{stats.valid_perplexity:.2f}"
         scaling = ("" if stats.loss_scale is None else
                    f" | loss scale {stats.loss_scale:g}, {run.skipped} step(s) skipped")
+        if stats.model_tflops is not None:
+            scaling += f" | model {stats.model_tflops:.3g} TFLOP/s" + (
+                "" if stats.mfu is None else f", MFU {100 * stats.mfu:.1f}%")
         self.log(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {stats.train_perplexity:.2f}"
                  f"{self._per_word_text(stats.train_word_perplexity)} | valid ppl {valid_text}"
                  f"{self._per_word_text(stats.valid_word_perplexity)} | {stats.tokens_per_sec:.0f} "

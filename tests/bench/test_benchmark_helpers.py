@@ -114,13 +114,17 @@ def test_gpu_mode_names_its_results_and_needs_a_gpu(monkeypatch):
     assert bench.check_device("lmkit", "cpu") == "cpu"
 
 
-def test_flops_per_token_follow_the_6n_plus_attention_count():
-    from benchmarks import train_throughput as bench
+def test_the_gpt2_shapes_flops_per_token_are_the_6n_plus_attention_count():
+    # The MFU of the benchmark and of the trainer's logs: for the GPT-2 shape, 6 x its weights (the
+    # tied table counted, the position table only looked up) + 12 x layers x context x width.
     from lmkit.config import load_config
+    from lmkit.models import build_model
+    from lmkit.train.flops import flops_per_token
     gpt = load_config("config_gpt2_124m_shape")
+    model = build_model(gpt.model_config())
     n = 93_532_432  # its parameters with a 10k vocabulary (tied embeddings)
-    assert bench.train_flops_per_token(gpt, n) == 6 * n + 12 * 12 * 1024 * 768
-    assert bench.train_flops_per_token(load_config("config_small"), 1000) is None  # LSTMs: not stated
+    assert sum(int(v.shape.num_elements()) for v in model.trainable_variables) == n
+    assert flops_per_token(model, 1024) == 6 * (n - 1024 * 768) + 12 * 12 * 1024 * 768
 
 
 def test_matmul_probe_measures_a_rate():
