@@ -124,10 +124,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
         print(line, file=sys.stderr, flush=True)
 
     # checks the file (no TF yet), then encodes it or maps its cached ids
-    text = load_text_data(tokenizer_of_run(args.model_dir), path, cache_dir=cache, log=progress)
+    text = load_text_data(tokenizer_of_run(args.model_dir), path, cache_dir=cache, log=progress,
+                          names={"train": "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"})
     user_modules_importable()
 
     from lmkit import distributed as dist
+    from lmkit.data.batching import BpttBatches
+    from lmkit.progress import rate_progress
     from lmkit.train.checkpoint import load_model
     from lmkit.train.evaluation import Evaluator, word_perplexity
     from lmkit.train.metrics import perplexity
@@ -135,7 +138,16 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     dist.init(backend="local")
     model, tokenizer, config = load_model(args.model_dir, checkpoint)
     batch = args.batch_size or config.eval_batch_size or config.batch_size
-    loss = Evaluator(model, config.num_steps, batch).mean_loss(text.train)
+    # Long evaluations say how far they are, every few seconds, on stderr.
+    per_batch = batch * config.num_steps
+    total = per_batch * len(BpttBatches(text.train, batch, config.num_steps))  # the windows mean_loss reads
+    update, done = rate_progress(progress, f"evaluating {path}", total, unit="tokens", every=5.0), [0]
+
+    def on_batch() -> None:
+        done[0] += per_batch
+        update(done[0])
+
+    loss = Evaluator(model, config.num_steps, batch).mean_loss(text.train, on_batch=on_batch)
     tokens, words = len(text.train), text.train_words
     report = {"model_dir": args.model_dir, "text": path, "tokenizer": tokenizer.name,
               "tokens": tokens, "words": words, "loss_per_token": loss,

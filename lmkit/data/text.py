@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -157,7 +157,8 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
                    valid_file: Optional[Union[PathLike, Sequence[PathLike]]] = None,
                    test_file: Optional[Union[PathLike, Sequence[PathLike]]] = None, *,
                    cache_dir: Optional[str] = None, workers: Optional[int] = None,
-                   log: Callable[[str], None] = lambda line: None) -> TextData:
+                   log: Callable[[str], None] = lambda line: None,
+                   names: Optional[Mapping[str, str]] = None) -> TextData:
     """Checks and encodes the text files of a corpus.
 
     Every non-blank line is encoded and followed by the tokenizer's eos id
@@ -178,6 +179,8 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
       workers: encoding processes for the cache (None: one per core for
         large texts).
       log: where the cache's progress lines go.
+      names: what messages call a split's files (``{"train": "--text_file"}``);
+        default ``train_file``, ``valid_file``, ``test_file``.
 
     Returns:
       A :class:`TextData`; with a cache its streams are read-only
@@ -198,15 +201,15 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
         if spec is None or (isinstance(spec, (str, os.PathLike)) and not os.fspath(spec)):
             streams[name] = words[name] = None
             continue
-        files = resolve_sources(spec, f"{name}_file")
+        what = (names or {}).get(name, f"{name}_file")
+        files = resolve_sources(spec, what)
         if cache_dir is not None:
             from lmkit.data.token_cache import cached_stream
-            stream = cached_stream(cache_dir, tokenizer, files, add_eos, what=f"{name}_file",
-                                   workers=workers, log=log)
+            stream = cached_stream(cache_dir, tokenizer, files, add_eos, what=what, workers=workers, log=log)
             streams[name], words[name] = stream.ids, stream.words
             continue
         for path in files:
-            check_text_file(path, f"{name}_file")
+            check_text_file(path, what)
         lines = [line for path in files for line in read_lines(path) if line.strip()]
         streams[name] = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
         words[name] = count_words(lines, line_ends=corpus.add_eos)

@@ -58,6 +58,7 @@ import numpy as np
 
 from lmkit.data.errors import DataError
 from lmkit.fileio import atomic_write_text, fsync_dir
+from lmkit.progress import rate_progress
 
 __all__ = ["CACHE_ENV", "LineIds", "TokenStream", "cache_root", "cache_key", "open_cached", "encode_to_cache",
            "cached_stream", "encoding_workers", "open_cached_lines", "encode_lines_to_cache", "cached_lines"]
@@ -385,19 +386,7 @@ class _Blocks:
 
 def _progress(log: Callable[[str], None], what: str, total: int, every: float = 2.0):
     """A callback ``(bytes done) -> None`` that logs MB/s and the time left, at most every ``every`` s."""
-    start = last = time.perf_counter()
-
-    def update(done: int, final: bool = False) -> None:
-        nonlocal last
-        now = time.perf_counter()
-        if not final and now - last < every:
-            return
-        last = now
-        rate = done / max(now - start, 1e-9)
-        eta = (total - done) / rate if rate > 0 else float("inf")
-        log(f"encoding {what}: {done / 1e6:.1f}/{total / 1e6:.1f} MB, {rate / 1e6:.1f} MB/s"
-            + ("" if final else f", about {eta:.0f} s left"))
-    return update
+    return rate_progress(log, f"encoding {what}", total, unit="MB", scale=1e6, digits=1, every=every)
 
 
 def encode_to_cache(root: str, tokenizer, files: Sequence[str], add_eos: bool, *,

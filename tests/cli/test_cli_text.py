@@ -172,7 +172,10 @@ def test_evaluate_reads_the_text_through_the_data_cache(spm_dir, corpus, tmp_pat
     evaluate = [sys.executable, "-m", "lmkit", "evaluate", "--model_dir", spm_dir, "--json"]
     first, in_memory = run_pair([evaluate + ["--text_file", corpus["test"], "--data_cache", cache],
                                  evaluate + ["--split", "test", "--data_cache", "none"]], timeout=200)
-    second = run(evaluate + ["--text_file", corpus["test"], "--data_cache", cache], timeout=200)
+    second, missing = run_pair([evaluate + ["--text_file", corpus["test"], "--data_cache", cache],
+                                evaluate + ["--text_file", str(tmp_path / "missing.txt")]], timeout=200)
+    assert missing.returncode == 2 and re.search(r"(?m)^error: --text_file '.*missing.txt' does not exist",
+                                                 missing.stderr), missing.stderr[-2000:]
     for res in (first, in_memory, second):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     reports = [json.loads(res.stdout) for res in (first, in_memory, second)]
