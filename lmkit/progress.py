@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable
 
-__all__ = ["rate_progress"]
+__all__ = ["rate_progress", "stderr_line"]
+
+
+def stderr_line(line: str) -> None:
+    """Prints a progress line on stderr (stdout carries a command's results)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def rate_progress(log: Callable[[str], None], what: str, total: float, *, unit: str, scale: float = 1.0,

@@ -33,12 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import Optional, Sequence
 
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.errors import UsageError
 from lmkit.layout import CONFIG_FILE, resolve_checkpoint
+from lmkit.progress import rate_progress, stderr_line
 
 __all__ = ["build_parser", "main"]
 
@@ -120,17 +120,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
     path = _text_path(args, config)
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
     # checks the file (no TF yet), then encodes it or maps its cached ids
-    text = load_text_data(tokenizer_of_run(args.model_dir), path, cache_dir=cache, log=progress,
+    text = load_text_data(tokenizer_of_run(args.model_dir), path, cache_dir=cache, log=stderr_line,
                           names={"train": "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"})
     user_modules_importable()
 
     from lmkit import distributed as dist
     from lmkit.data.batching import BpttBatches
-    from lmkit.progress import rate_progress
     from lmkit.train.checkpoint import load_model
     from lmkit.train.evaluation import Evaluator, word_perplexity
     from lmkit.train.metrics import perplexity
@@ -141,7 +137,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     # Long evaluations say how far they are, every few seconds, on stderr.
     per_batch = batch * config.num_steps
     total = per_batch * len(BpttBatches(text.train, batch, config.num_steps))  # the windows mean_loss reads
-    update, done = rate_progress(progress, f"evaluating {path}", total, unit="tokens", every=5.0), [0]
+    update, done = rate_progress(stderr_line, f"evaluating {path}", total, unit="tokens", every=5.0), [0]
 
     def on_batch() -> None:
         done[0] += per_batch
@@ -214,8 +210,10 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     batch = args.batch_size or config.eval_batch_size or config.batch_size
     total, tokens = PairEvaluator(run.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)
+    update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)
     outputs = transduce(run, sources, strategy=args.strategy, beam_width=args.beam_width,
-                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, batch_size=batch)
+                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, batch_size=batch,
+                        on_batch=lambda done, _: update(done))
     if args.output:
         from lmkit.fileio import atomic_write_text
         atomic_write_text(args.output, "".join(text.replace("\n", " ") + "\n" for text in outputs))

@@ -337,11 +337,16 @@ def _transduce_main(args: argparse.Namespace) -> int:
     if args.max_new_tokens is not None and args.max_new_tokens > limit:
         raise UsageError(f"--max_new_tokens {args.max_new_tokens} exceeds what the decoder holds: {limit} "
                          f"(max_positions {run.model.max_positions}, the start id included)")
+    from lmkit.progress import rate_progress, stderr_line
     start = time.perf_counter()
+    # Many sources take a while: a progress line every 5 s on stderr (none for a few).
+    update = rate_progress(stderr_line, f"decoding {args.source_file or '--prompt'}", len(sources), unit="sources",
+                           every=5.0)
     outputs = transduce_samples(run, sources, num_samples=args.num_samples, strategy=strategy,
                                 beam_width=args.beam_width, length_penalty=args.length_penalty,
                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=seed)
+                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=seed,
+                                on_batch=lambda done, _: update(done))
     seconds = time.perf_counter() - start
     try:
         for i, texts in enumerate(outputs):
