@@ -119,10 +119,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
         cache = None
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
     path = _text_path(args, config)
-
+    named = "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"
     # checks the file (no TF yet), then encodes it or maps its cached ids
     text = load_text_data(tokenizer_of_run(args.model_dir), path, cache_dir=cache, log=stderr_line,
-                          names={"train": "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"})
+                          names={"train": named})
     user_modules_importable()
 
     from lmkit import distributed as dist
