@@ -6,6 +6,7 @@ counts before either framework starts.
 
 from __future__ import annotations
 
+import ast
 import datetime
 import json
 import os
@@ -111,6 +112,25 @@ def package_version(name: str) -> Optional[str]:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def parse_overrides(items: Sequence[str]) -> Dict[str, Any]:
+    """``--set KEY=VALUE`` items -> config overrides; each value a Python literal (``40``, ``True``, ``"fp16"``).
+
+    Raises:
+      ValueError: an item without ``=`` or whose value is not a literal.
+    """
+    overrides: Dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: give KEY=VALUE, e.g. --set num_steps=512")
+        try:
+            overrides[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--set {item!r}: {value!r} is not a Python literal (quote strings: "
+                             f"--set precision='\"mixed_bfloat16\"')") from None
+    return overrides
 
 
 def summarize(values: Sequence[float]) -> Dict[str, float]:

@@ -25,6 +25,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks._common import parse_overrides  # noqa: E402
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -124,10 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     dist.init()
     rank, size = dist.rank(), dist.size()
-    overrides: Dict[str, Any] = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        overrides[key] = eval(value, {}, {})  # a Python literal: 40, True, "fp16"
+    overrides = parse_overrides(args.set)
     cfg = load_config(args.config, overrides)
     rss_after_import = _rss_mib()
     tf.random.set_seed(cfg.seed)

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, intervals_union, load_average, machine_info,  # noqa: E402
-                                write_json)
+                                parse_overrides, write_json)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -222,10 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from lmkit.losses import window_loss
 
     dist.init(backend="local", intra_op_threads=args.threads or None)
-    overrides = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        overrides[key] = eval(value, {}, {})  # a Python literal: True, 0.5, "fp16"
+    overrides = parse_overrides(args.set)
     cfg = load_config(args.config, overrides)
     tf.random.set_seed(cfg.seed)
     model = build_model(cfg.model_config())

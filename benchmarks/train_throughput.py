@@ -93,7 +93,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                package_version, ratio_spread, save_figure, summarize, write_json)
+                                package_version, parse_overrides, ratio_spread, save_figure, summarize,
+                                write_json)
 from benchmarks.attention import float32_probs_softmax  # noqa: E402
 
 DEFAULT_FRAMEWORKS = ("lmkit", "lmkit_xla", "keras", "torch")
@@ -159,6 +160,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="seconds of idle between runs, so that spinning worker threads of the "
                              "previous framework go to sleep")
     parser.add_argument("--quick", action="store_true", help="3 repeats, fewer steps (a smoke run)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every config and framework (a Python literal), "
+                             "e.g. --set num_steps=512")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="where every framework trains (default cpu: GPUs are hidden)")
     parser.add_argument("--peak_probe", action="store_true",
@@ -187,11 +191,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.repeats < 1 or args.threads < 1 or args.warmup < 1:
         parser.error("--repeats, --threads and --warmup must be >= 1")
     from lmkit.config import ConfigError, load_config
+    try:
+        args.overrides = parse_overrides(args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
     for name in args.configs:
         try:
-            load_config(name)
+            load_config(name, args.overrides)
         except ConfigError as exc:
-            parser.error(f"--configs: {exc}")
+            parser.error(f"--configs {name} with --set: {exc}" if args.set else f"--configs: {exc}")
     return args
 
 
@@ -600,7 +608,7 @@ def worker_main(args: argparse.Namespace) -> int:
         threads = set_threads(args.threads, framework in TORCH_VARIANTS)
         device_name = check_device(framework, args.device)
         from lmkit.config import load_config
-        cfg = load_config(name)
+        cfg = load_config(name, args.overrides)
         steps = steps_per_run(name, args)
         ids, inputs, targets = synthetic_batches(cfg, num_batches=max(8, steps + args.warmup))
         runner = build_runner(framework, cfg, ids, inputs, targets, args.device)
@@ -636,6 +644,8 @@ class Worker:
                "--device", args.device]
         if args.quick:
             cmd.append("--quick")
+        for item in args.set:
+            cmd += ["--set", item]
         env = dict(os.environ)
         if framework in TORCH_VARIANTS and "LMKIT_BENCH_TORCH_LD_LIBRARY_PATH" in env:
             # A machine whose TensorFlow brings its own CUDA libraries (../shared/gpu) on the library
@@ -698,7 +708,7 @@ class Worker:
 def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
                  log: Callable[[str], None], peak_tflops: Optional[float] = None) -> Dict[str, Any]:
     from lmkit.config import load_config
-    cfg = load_config(name)
+    cfg = load_config(name, args.overrides)
     steps = steps_per_run(name, args)
     words_per_step = cfg.batch_size * cfg.num_steps
     workers: Dict[str, Worker] = {}
@@ -754,6 +764,7 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
         "steps_per_run": steps,
         "words_per_step": words_per_step,
         "lmkit_overrides": {fw: LMKIT_VARIANTS[fw] for fw in frameworks if fw in LMKIT_VARIANTS},
+        "config_overrides": args.overrides,  # --set, for every framework
         "frameworks": {},
         "ratios": {},
         "worker_info": {fw: w.info for fw, w in workers.items()},

@@ -377,3 +377,40 @@ def test_the_attention_block_variants_build_blocked_models():
     # an LSTM config ignores the transformer's argument
     assert build_model(base.replace(model="lstm", **train_throughput.LMKIT_VARIANTS["lmkit_blocks4"])
                        .model_config()).stateful
+
+
+def test_set_overrides_are_python_literals_with_one_clear_error():
+    from benchmarks._common import parse_overrides
+    assert parse_overrides(["num_steps=512", "precision='mixed_bfloat16'", "model_params={'attention_blocks': 4}",
+                            " jit_compile = True"]) == {
+        "num_steps": 512, "precision": "mixed_bfloat16", "model_params": {"attention_blocks": 4}, "jit_compile": True}
+    with pytest.raises(ValueError, match="give KEY=VALUE"):
+        parse_overrides(["num_steps"])
+    with pytest.raises(ValueError, match="is not a Python literal"):
+        parse_overrides(["precision=mixed_bfloat16"])  # unquoted: a name, never evaluated
+    from benchmarks import train_throughput
+    args = train_throughput.parse_args(["--configs", "config_tiny_transformer", "--set", "num_steps=256",
+                                        "--set", "max_positions=256"])
+    assert args.overrides == {"num_steps": 256, "max_positions": 256}
+    with pytest.raises(SystemExit):  # a config the override breaks: argparse's one error line
+        train_throughput.parse_args(["--configs", "config_tiny_transformer", "--set", "num_steps=-1"])
+
+
+def test_the_profile_and_scaling_workers_run_with_overrides(tmp_path):
+    # The scripts a GPU lease relies on (profile_step.py) must not first fail there: a short run of each.
+    import json
+    import sys
+
+    from tests.helpers import ROOT, run
+    profile, scaling = str(tmp_path / "profile.json"), str(tmp_path / "scaling.json")
+    commands = [
+        [sys.executable, "benchmarks/profile_step.py", "--config", "config_tiny_transformer", "--trace_only",
+         "--steps", "1", "--set", "batch_size=4", "--set", "num_steps=16", "--output", profile],
+        [sys.executable, "benchmarks/_scaling_worker.py", "--config", "config_small", "--set", "batch_size=4",
+         "--set", "num_steps=5", "--steps", "2", "--repeats", "1", "--collective_calls", "0", "--output", scaling],
+    ]
+    for cmd, path in zip(commands, (profile, scaling)):
+        res = run(cmd, timeout=300, cwd=ROOT)
+        assert res.returncode == 0, res.stderr[-3000:]
+        with open(path, encoding="utf-8") as f:
+            assert json.load(f)["overrides"]["batch_size"] == 4
