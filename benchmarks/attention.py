@@ -14,11 +14,12 @@ for each variant:
   :func:`~lmkit.modules.transformer.masked_softmax` computes in float32 and
   keeps the probabilities in the compute dtype only (for float32 inputs the
   two variants are the same program);
-* ``causal_blocks``: an experiment, not used by lmkit: the queries cut into
-  ``--blocks`` blocks, block i attending (through lmkit's ``attend``) to the
-  keys of blocks 0..i only, so the matmuls and softmax skip about half of
-  the masked upper triangle (with 2 blocks a quarter of the work, with 4
-  three eighths) at the cost of more, smaller kernels.
+* ``causal_blocks``: :func:`lmkit.modules.transformer.causal_attend` with
+  ``--blocks`` query blocks (a model's ``attention_blocks``, off by default),
+  block i attending to the keys of blocks 0..i only, so the matmuls and
+  softmax skip about half of the masked upper triangle (with 2 blocks a
+  quarter of the work, with 4 three eighths) at the cost of more, smaller
+  kernels.
 
 The variants alternate, one timed run each per round (``--steps`` calls,
 dispatched back to back, then one result read back), so load from other
@@ -93,11 +94,10 @@ def attention_flops(shape: Sequence[int]) -> int:
     return 12 * batch * heads * time_ * time_ * head_dim
 
 
-def causal_mask(queries: int, keys: int, offset: int = 0):
-    """[1, 1, queries, keys] bool: query i (at position offset + i) sees keys 0..offset + i."""
+def causal_mask(queries: int, keys: int):
+    """[1, 1, queries, keys] bool: query i sees keys 0..i."""
     import tensorflow as tf
-    rows = tf.range(queries)[:, tf.newaxis] + offset
-    return (tf.range(keys)[tf.newaxis, :] <= rows)[tf.newaxis, tf.newaxis]
+    return (tf.range(keys)[tf.newaxis, :] <= tf.range(queries)[:, tf.newaxis])[tf.newaxis, tf.newaxis]
 
 
 def float32_probs_softmax(scores: Any, mask: Any) -> Any:
@@ -122,18 +122,11 @@ def lmkit_attend(queries, keys, values, mask):
 
 
 def causal_blocks_attend(blocks: int) -> Callable[..., Any]:
-    """Block i of the queries attends to keys 0..end of block i: the masked key blocks are never computed."""
+    """lmkit's attention in ``blocks`` query blocks (``attention_blocks``): the masked key blocks are never computed."""
     def run(queries, keys, values, mask):
-        import tensorflow as tf
-        from lmkit.modules.transformer import attend
+        from lmkit.modules.transformer import causal_attend
         del mask  # each block builds its own
-        size = queries.shape[2] // blocks
-        outputs = []
-        for i in range(blocks):
-            end = (i + 1) * size
-            outputs.append(attend(queries[:, :, i * size:end], keys[:, :, :end], values[:, :, :end],
-                                  causal_mask(size, end, i * size), 0.0, False))
-        return tf.concat(outputs, axis=2)
+        return causal_attend(queries, keys, values, blocks, 0.0, False)
     return run
 
 

@@ -113,9 +113,8 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_blocks4": {"model_params": {"attention_blocks": 4}},
     "lmkit_bf16_blocks4": {"precision": "mixed_bfloat16", "model_params": {"attention_blocks": 4}},
 }
-# Same-run A/B pairs reported beside the ratios to lmkit: (variant, its baseline).
-PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_blocks4", "lmkit"),
-                 ("lmkit_bf16_blocks4", "lmkit_bf16"))
+# Same-run A/B pairs reported beside the ratios to lmkit: (variant, its baseline other than lmkit).
+PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "lmkit_bf16"))
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
@@ -544,12 +543,12 @@ def check_device(framework: str, device: str) -> str:
             return torch.cuda.get_device_name(0)
         return "cpu"
     import tensorflow as tf
-    gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu":
-        if not gpus:
+        if not tf.config.list_physical_devices("GPU"):
             raise RuntimeError("--device gpu: TensorFlow sees no GPU (a CPU-only TensorFlow? see "
                                "the README's GPU section)")
-        return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+        from lmkit.train.flops import gpu_name  # the name the trainer's MFU looks up
+        return gpu_name() or "GPU"
     return "cpu"
 
 

@@ -126,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     user_modules_importable()
 
     from lmkit import distributed as dist
-    from lmkit.data.batching import BpttBatches
+    from lmkit.data.batching import num_bptt_batches
     from lmkit.train.checkpoint import load_model
     from lmkit.train.evaluation import Evaluator, word_perplexity
     from lmkit.train.metrics import perplexity
@@ -136,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     batch = args.batch_size or config.eval_batch_size or config.batch_size
     # Long evaluations say how far they are, every few seconds, on stderr.
     per_batch = batch * config.num_steps
-    total = per_batch * len(BpttBatches(text.train, batch, config.num_steps))  # the windows mean_loss reads
+    total = per_batch * num_bptt_batches(len(text.train), batch, config.num_steps)  # the windows mean_loss reads
     update, done = rate_progress(stderr_line, f"evaluating {path}", total, unit="tokens", every=5.0), [0]
 
     def on_batch() -> None:
