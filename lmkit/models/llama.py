@@ -49,7 +49,8 @@ class LlamaLanguageModel(LanguageModel):
                  sliding_window: int = 0, layer_types: Optional[Sequence[str]] = None,
                  qkv_bias: bool = False, attention_output_bias: bool = False,
                  rms_norm_epsilon: float = 1e-6, tie_weights: bool = False, activation: str = "silu",
-                 dropout: float = 0.0, init_scale: float = 0.02, name: Optional[str] = None) -> None:
+                 dropout: float = 0.0, init_scale: float = 0.02, attention_blocks: int = 1,
+                 name: Optional[str] = None) -> None:
         """Creates the embedder, the decoder and the softmax layer.
 
         Args:
@@ -73,6 +74,10 @@ class LlamaLanguageModel(LanguageModel):
           activation: the feed-forward gate's activation (``"silu"``).
           dropout: on residual branches and attention probabilities while training.
           init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
+          attention_blocks: a training window's attention in this many query
+            blocks that skip the masked keys (and, with a sliding window, the
+            keys before it); 1 = the whole window at once. The results are the
+            same (``model_params = {"attention_blocks": 4}`` in a config).
           name: module name.
         """
         super().__init__(name=name)
@@ -106,7 +111,8 @@ class LlamaLanguageModel(LanguageModel):
                 num_kv_heads=self.num_kv_heads, head_dim=self.head_dim or None, rope_theta=rope_theta,
                 rope_scaling=rope_scaling, sliding_windows=windows, qkv_bias=qkv_bias,
                 output_bias=attention_output_bias, norm_epsilon=rms_norm_epsilon, activation=activation,
-                max_positions=max_positions, dropout=dropout, init_scale=init_scale, name="decoder")
+                max_positions=max_positions, dropout=dropout, init_scale=init_scale,
+                attention_blocks=attention_blocks, name="decoder")
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.embedder if self.tie_weights else None,
                                                use_bias=False, initializer=initializer, name="projection")
@@ -145,4 +151,6 @@ class LlamaLanguageModel(LanguageModel):
                   "attention_output_bias": attention.output_bias, "rms_norm_epsilon": self.rms_norm_epsilon,
                   "tie_weights": self.tie_weights, "activation": self.decoder.layers[0].ffn.activation,
                   "keep_prob": keep_prob_of(self.dropout), "init_scale": self.init_scale}
+        if attention.attention_blocks != 1:  # absent by default, as in the transformer's config
+            config["attention_blocks"] = attention.attention_blocks
         return config

@@ -50,7 +50,7 @@ class TransformerSeq2Seq(LanguageModel):
                  decoder_layers: int = 0, num_heads: int = 4, ffn_dim: int = 0, max_source_positions: int = 256,
                  max_positions: int = 256, dropout: float = 0.0, pre_layer_norm: bool = True,
                  share_embeddings: bool = False, tie_weights: bool = True, init_scale: float = 0.1,
-                 name: Optional[str] = None) -> None:
+                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
         """Creates the embedders, the encoder, the decoder and the softmax layer.
 
         Args:
@@ -66,6 +66,11 @@ class TransformerSeq2Seq(LanguageModel):
           share_embeddings: one table for source and target (the vocabularies must be one).
           tie_weights: the softmax kernel is the target embedding table.
           init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
+          attention_blocks: the decoder's causal self-attention over a training
+            target in this many query blocks that skip the masked keys; 1 = the
+            whole target at once. The results are the same (``model_params =
+            {"attention_blocks": 4}`` in a config). The encoder, which attends
+            to every source position, has no masked blocks to skip.
           name: module name.
         """
         super().__init__(name=name)
@@ -95,7 +100,7 @@ class TransformerSeq2Seq(LanguageModel):
                                                      init_scale=init_scale, name="target_positions")
             self.encoder = TransformerEncoder(num_layers=num_layers, name="encoder", **options)
             self.decoder = TransformerCrossDecoder(num_layers=decoder_layers, max_positions=max_positions,
-                                                   name="decoder", **options)
+                                                   attention_blocks=attention_blocks, name="decoder", **options)
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.target_embedder if self.tie_weights else None,
                                                initializer=initializer, name="projection")
@@ -161,11 +166,15 @@ class TransformerSeq2Seq(LanguageModel):
 
     def get_config(self) -> Dict[str, Any]:
         layer = self.encoder.layers[0]
-        return {"model": "transformer_seq2seq", "source_vocab_size": self.source_vocab_size,
-                "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-                "num_layers": self.encoder.num_layers, "decoder_layers": self.decoder.num_layers,
-                "num_heads": layer.num_heads, "ffn_dim": layer.ffn_dim,
-                "max_source_positions": self.source_positions.max_positions, "max_positions": self.max_positions,
-                "keep_prob": keep_prob_of(self.dropout), "pre_layer_norm": layer.pre_layer_norm,
-                "share_embeddings": self.share_embeddings, "tie_weights": self.tie_weights,
-                "init_scale": self.init_scale}
+        config = {"model": "transformer_seq2seq", "source_vocab_size": self.source_vocab_size,
+                  "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+                  "num_layers": self.encoder.num_layers, "decoder_layers": self.decoder.num_layers,
+                  "num_heads": layer.num_heads, "ffn_dim": layer.ffn_dim,
+                  "max_source_positions": self.source_positions.max_positions, "max_positions": self.max_positions,
+                  "keep_prob": keep_prob_of(self.dropout), "pre_layer_norm": layer.pre_layer_norm,
+                  "share_embeddings": self.share_embeddings, "tie_weights": self.tie_weights,
+                  "init_scale": self.init_scale}
+        blocks = self.decoder.layers[0].attention_blocks
+        if blocks != 1:  # absent by default, as in the transformer's config
+            config["attention_blocks"] = blocks
+        return config

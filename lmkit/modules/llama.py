@@ -21,8 +21,8 @@ import tensorflow as tf
 from lmkit.errors import UsageError
 from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
                                 check_rate, dropout, ones_initializer)
-from lmkit.modules.transformer import (AttentionCache, TransformerState, attend, empty_state, run_layers,
-                                       write_cache)
+from lmkit.modules.transformer import (AttentionCache, TransformerState, causal_attend, empty_state,
+                                       grouped_attend, run_layers, write_cache)
 from lmkit.precision import cast_like
 
 __all__ = ["GatedFeedForward", "GroupedQueryAttention", "LlamaDecoder", "LlamaLayer", "RMSNorm",
@@ -240,7 +240,7 @@ class GroupedQueryAttention(Module):
                  head_dim: Optional[int] = None, rope_theta: float = 10000.0,
                  rope_scaling: Optional[Mapping[str, Any]] = None, sliding_window: Optional[int] = None,
                  qkv_bias: bool = False, output_bias: bool = False, dropout: float = 0.0,
-                 init_scale: float = 0.02, name: Optional[str] = None) -> None:
+                 init_scale: float = 0.02, attention_blocks: int = 1, name: Optional[str] = None) -> None:
         """Creates the projections.
 
         Args:
@@ -253,11 +253,15 @@ class GroupedQueryAttention(Module):
           qkv_bias, output_bias: biases on the query/key/value and output projections.
           dropout: on the attention probabilities while training.
           init_scale: kernels from uniform(-init_scale, init_scale).
+          attention_blocks: a window without a cache attends in this many query
+            blocks that skip the masked keys (:func:`lmkit.modules.transformer.causal_attend`;
+            the same results, fewer scores); 1 = the whole window at once.
           name: module name.
         """
         super().__init__(name=name)
         self.dim = check_positive_int("dim", dim)
         self.num_heads = check_positive_int("num_heads", num_heads)
+        self.attention_blocks = check_positive_int("attention_blocks", attention_blocks)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads or num_heads)
         if num_heads % self.num_kv_heads:
             raise UsageError(f"num_heads {num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
@@ -315,18 +319,15 @@ class GroupedQueryAttention(Module):
         queries = self.rotary.rotate(self._heads(self.query(inputs, training), self.num_heads), cos, sin)
         keys = self.rotary.rotate(self._heads(self.key(inputs, training), self.num_kv_heads), cos, sin)
         values = self._heads(self.value(inputs, training), self.num_kv_heads)
-        if cache is not None:
+        scaled = queries * (1.0 / math.sqrt(self.head_dim))
+        if cache is None:  # one window from position 0: query i sees keys 0..i (in its sliding window)
+            context = causal_attend(scaled, keys, values, self.attention_blocks, self.dropout, training,
+                                    self.sliding_window)
+        else:
             cache = write_cache(cache, keys, values, query_positions)
             keys, values = cache  # [batch, kv_heads, max_length, head_dim]
-        key_count = tf.shape(keys)[2]
-        mask = attention_mask(query_positions, key_count, self.sliding_window)  # [1|b, 1, time, keys]
-        group = self.num_heads // self.num_kv_heads
-        # Queries of one group share their key/value head: [batch, kv, group * time, head_dim],
-        # the group's rows one after the other, each with the window's mask.
-        grouped = tf.reshape(queries * (1.0 / math.sqrt(self.head_dim)),
-                             [batch, self.num_kv_heads, group * length, self.head_dim])
-        context = attend(grouped, keys, values, tf.tile(mask, [1, 1, group, 1]), self.dropout, training)
-        context = tf.reshape(context, [batch, self.num_heads, length, self.head_dim])
+            mask = attention_mask(query_positions, tf.shape(keys)[2], self.sliding_window)  # [b, 1, time, keys]
+            context = grouped_attend(scaled, keys, values, mask, self.dropout, training)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.num_heads * self.head_dim])
         return self.output(context, training), cache
 
@@ -335,7 +336,7 @@ class GroupedQueryAttention(Module):
                 "head_dim": self.head_dim, "rope_theta": self.rotary.theta, "rope_scaling": plain(self.rotary.scaling),
                 "sliding_window": self.sliding_window, "qkv_bias": self.qkv_bias,
                 "output_bias": self.output_bias, "dropout": self.dropout, "init_scale": self.init_scale,
-                "name": self.name}
+                "attention_blocks": self.attention_blocks, "name": self.name}
 
 
 class LlamaLayer(Module):
@@ -349,21 +350,21 @@ class LlamaLayer(Module):
                  rope_scaling: Optional[Mapping[str, Any]] = None, sliding_window: Optional[int] = None,
                  qkv_bias: bool = False, output_bias: bool = False, norm_epsilon: float = 1e-6,
                  activation: str = "silu", dropout: float = 0.0, init_scale: float = 0.02,
-                 name: Optional[str] = None) -> None:
+                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
         super().__init__(name=name)
         self.dropout = check_rate("dropout", dropout)
         self._config = {"dim": dim, "num_heads": num_heads, "ffn_dim": ffn_dim, "num_kv_heads": num_kv_heads,
                         "head_dim": head_dim, "rope_theta": rope_theta, "rope_scaling": rope_scaling,
                         "sliding_window": sliding_window, "qkv_bias": qkv_bias, "output_bias": output_bias,
                         "norm_epsilon": norm_epsilon, "activation": activation, "dropout": self.dropout,
-                        "init_scale": init_scale, "name": name}
+                        "init_scale": init_scale, "attention_blocks": attention_blocks, "name": name}
         with self.name_scope:
             self.attention_norm = RMSNorm(dim=dim, epsilon=norm_epsilon, name="attention_norm")
             self.attention = GroupedQueryAttention(
                 dim=dim, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                 rope_theta=rope_theta, rope_scaling=rope_scaling, sliding_window=sliding_window,
                 qkv_bias=qkv_bias, output_bias=output_bias, dropout=dropout, init_scale=init_scale,
-                name="attention")
+                attention_blocks=attention_blocks, name="attention")
             self.ffn_norm = RMSNorm(dim=dim, epsilon=norm_epsilon, name="ffn_norm")
             self.ffn = GatedFeedForward(dim=dim, ffn_dim=ffn_dim, activation=activation, init_scale=init_scale,
                                         name="ffn")
@@ -393,7 +394,7 @@ class LlamaDecoder(Module):
                  sliding_windows: Optional[Sequence[Optional[int]]] = None, qkv_bias: bool = False,
                  output_bias: bool = False, norm_epsilon: float = 1e-6, activation: str = "silu",
                  max_positions: int = 2048, dropout: float = 0.0, init_scale: float = 0.02,
-                 name: Optional[str] = None) -> None:
+                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
         super().__init__(name=name)
         self.num_layers = check_positive_int("num_layers", num_layers)
         self.max_positions = check_positive_int("max_positions", max_positions)
@@ -405,14 +406,14 @@ class LlamaDecoder(Module):
                         "rope_scaling": rope_scaling, "sliding_windows": windows, "qkv_bias": qkv_bias,
                         "output_bias": output_bias, "norm_epsilon": norm_epsilon, "activation": activation,
                         "max_positions": max_positions, "dropout": dropout, "init_scale": init_scale,
-                        "name": name}
+                        "attention_blocks": attention_blocks, "name": name}
         with self.name_scope:
             self.layers = [
                 LlamaLayer(dim=dim, num_heads=num_heads, ffn_dim=ffn_dim, num_kv_heads=num_kv_heads,
                            head_dim=head_dim, rope_theta=rope_theta, rope_scaling=rope_scaling,
                            sliding_window=windows[i], qkv_bias=qkv_bias, output_bias=output_bias,
                            norm_epsilon=norm_epsilon, activation=activation, dropout=dropout,
-                           init_scale=init_scale, name=f"layer_{i}")
+                           init_scale=init_scale, attention_blocks=attention_blocks, name=f"layer_{i}")
                 for i in range(num_layers)]
             self.final_norm = RMSNorm(dim=dim, epsilon=norm_epsilon, name="final_norm")
 

@@ -35,6 +35,7 @@ __all__ = [
     "TransformerState",
     "attend",
     "causal_attend",
+    "grouped_attend",
     "default_ffn_dim",
     "empty_state",
     "layer_stack",
@@ -73,7 +74,7 @@ def attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, mask: Optiona
 
 
 def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks: int, rate: float,
-                  training: Training) -> tf.Tensor:
+                  training: Training, window: Optional[int] = None) -> tf.Tensor:
     """Causal self-attention over one window, in ``blocks`` query blocks that skip the keys after them.
 
     Query block i (positions ``start_i`` to ``end_i - 1``) attends to keys 0 to
@@ -83,29 +84,73 @@ def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks
     about ``T^2 (B + 1) / (2 B)`` (5/8 with 4 blocks), at the price of ``B``
     smaller matmuls. The results equal one block's up to summation order.
 
+    Grouped-query attention (Llama, Mistral, Qwen2) passes fewer key/value
+    heads than query heads (:func:`grouped_attend`). A sliding ``window`` (Mistral's rule: the query at ``q``
+    sees the keys ``k <= q`` with ``q - k < window``) also skips, per block,
+    the key blocks before the window.
+
     Args:
-      queries, keys, values: [batch, heads, time, head_dim] of the same window;
-        ``queries`` already scaled. ``time`` must be static for ``blocks`` > 1
-        (under ``tf.function`` a dynamic window falls back to one block).
+      queries: [batch, heads, time, head_dim], already scaled.
+      keys, values: [batch, kv_heads, time, head_dim] of the same window;
+        ``kv_heads`` divides ``heads``. ``time`` must be static for ``blocks``
+        > 1 (under ``tf.function`` a dynamic window falls back to one block).
       blocks: query blocks (at most ``time`` are used; their sizes differ by at most one).
       rate, training: dropout on the attention probabilities, as :func:`attend`.
+      window: None, or how many positions (the query's own included) a query sees.
 
     Returns:
       [batch, heads, time, head_dim].
     """
     length = queries.shape[2]
     blocks = min(blocks, length) if length is not None else 1
-    if blocks <= 1:
-        dynamic = tf.shape(queries)[2]
-        mask = tf.range(dynamic)[tf.newaxis, :] <= tf.range(dynamic)[:, tf.newaxis]
-        return attend(queries, keys, values, mask[tf.newaxis, tf.newaxis], rate, training)
-    bounds = [length * i // blocks for i in range(blocks + 1)]
+    if blocks <= 1:  # the whole window, unsliced
+        positions = tf.range(tf.shape(queries)[2])
+        return grouped_attend(queries, keys, values, _causal_mask(positions, positions, window), rate, training)
+    ends = [length * i // blocks for i in range(blocks + 1)]
     outputs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        # [1, 1, end - start, end]: query start + q sees keys 0..start + q.
-        mask = (tf.range(end)[tf.newaxis, :] <= tf.range(start, end)[:, tf.newaxis])[tf.newaxis, tf.newaxis]
-        outputs.append(attend(queries[:, :, start:end], keys[:, :, :end], values[:, :, :end], mask, rate, training))
+    for start, end in zip(ends[:-1], ends[1:]):
+        first_key = max(0, start - window + 1) if window else 0
+        mask = _causal_mask(tf.range(start, end), tf.range(first_key, end), window)
+        outputs.append(grouped_attend(queries[:, :, start:end], keys[:, :, first_key:end],
+                                      values[:, :, first_key:end], mask, rate, training))
     return tf.concat(outputs, axis=2)
+
+
+def _causal_mask(query_positions: tf.Tensor, key_positions: tf.Tensor, window: Optional[int]) -> tf.Tensor:
+    """bool [1, 1, queries, keys]: key ``k`` is visible from query ``q`` when ``k <= q`` (and ``q - k < window``)."""
+    offsets = query_positions[:, tf.newaxis] - key_positions[tf.newaxis, :]
+    visible = offsets >= 0
+    if window:
+        visible = tf.logical_and(visible, offsets < window)
+    return visible[tf.newaxis, tf.newaxis]
+
+
+def grouped_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, mask: Optional[tf.Tensor],
+                   rate: float, training: Training) -> tf.Tensor:
+    """:func:`attend` with fewer key/value heads than query heads (grouped-query attention).
+
+    Query head ``h`` reads key/value head ``h // (heads / kv_heads)``
+    (Hugging Face's ``repeat_kv`` order) without copying the keys: the query
+    rows of one group go one after the other against their shared head.
+
+    Args:
+      queries: [batch, heads, time, head_dim], already scaled.
+      keys, values: [batch, kv_heads, keys, head_dim]; ``kv_heads`` (static) divides ``heads``.
+      mask: bool, broadcastable to [batch, 1, time, keys], or None.
+      rate, training: as :func:`attend`.
+
+    Returns:
+      [batch, heads, time, head_dim].
+    """
+    group = queries.shape[1] // keys.shape[1]
+    if group == 1:
+        return attend(queries, keys, values, mask, rate, training)
+    batch, head_dim = tf.shape(queries)[0], tf.shape(queries)[3]
+    rows = tf.reshape(queries, [batch, keys.shape[1], -1, head_dim])  # [batch, kv_heads, group * time, head_dim]
+    if mask is not None:
+        mask = tf.tile(mask, [1, 1, group, 1])
+    context = attend(rows, keys, values, mask, rate, training)
+    return tf.reshape(context, [batch, queries.shape[1], -1, head_dim])
 
 
 def masked_softmax(scores: tf.Tensor, mask: Optional[tf.Tensor]) -> tf.Tensor:

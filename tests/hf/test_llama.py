@@ -77,6 +77,30 @@ def test_logits_equal_transformers_with_and_without_the_cache(family):
     np.testing.assert_allclose(np.concatenate(rows, axis=1), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("blocks", [3, 5])
+def test_attention_blocks_keep_transformers_logits_and_the_gradients(family, blocks):
+    # model_params = {"attention_blocks": B} on a checkpoint (grouped heads, sliding windows, multi-query):
+    # the logits of transformers, and the gradients of one block.
+    name, folder, model = family
+    _, expected = reference(name, folder)
+    blocked = build_model({**model.get_config(), "attention_blocks": blocks})
+    assert blocked.get_config()["attention_blocks"] == blocks and "attention_blocks" not in model.get_config()
+    for mine, theirs in zip(blocked.variables, model.variables):
+        mine.assign(theirs)
+    ids = tf.constant(IDS)
+    results = []
+    for each in (model, blocked):
+        with tf.GradientTape() as tape:
+            logits, _ = each(ids, training=True)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(ids[:, 1:], logits[:, :-1]))
+        results.append([logits] + [tf.convert_to_tensor(g) for g in tape.gradient(loss, each.trainable_variables)])
+    np.testing.assert_allclose(results[1][0].numpy(), expected, atol=1e-4, rtol=1e-4)
+    # The same products (skipped keys add exact zeros) summed in another order: float32 rounding, a few
+    # eps (1.2e-7) of each value through two layers; 1e-5 relative and 1e-6 absolute.
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_compiled_pass_equals_transformers(family):
     name, folder, model = family
     _, expected = reference(name, folder)

@@ -287,11 +287,15 @@ def test_mixed_precision_attention_keeps_no_float32_probabilities(dtype):
     assert _float32_square_arrays_kept_for_backward(transformer_module.attend, dtype) == set()
 
 
-def _causal_reference(q, k, v):
-    """float64 NumPy: softmax(q k^T, causal) v per batch row and head."""
+def _causal_reference(q, k, v, window=None):
+    """float64 NumPy: softmax(q k^T, causal) v per batch row and head; query head h reads key/value head
+    h // (heads / kv_heads); with a window the query at i sees keys i - window < j <= i."""
     length = q.shape[2]
+    k, v = (np.repeat(x, q.shape[1] // x.shape[1], axis=1) for x in (k, v))
     scores = np.einsum("bhqd,bhkd->bhqk", q, k)
-    scores = np.where(np.tril(np.ones((length, length))) > 0, scores, -np.inf)
+    offsets = np.arange(length)[:, None] - np.arange(length)[None, :]
+    visible = (offsets >= 0) & (offsets < (window or length))
+    scores = np.where(visible, scores, -np.inf)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     return np.einsum("bhqk,bhkd->bhqd", probs / probs.sum(-1, keepdims=True), v)
 
@@ -305,6 +309,35 @@ def test_causal_attend_in_blocks_is_causal_attention(length, blocks):
     got = transformer_module.causal_attend(tf.constant(q), tf.constant(k), tf.constant(v), blocks, 0.0, False)
     np.testing.assert_allclose(got, _causal_reference(q.astype(np.float64), k.astype(np.float64),
                                                       v.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kv_heads, window", [(2, None), (1, None), (6, 3), (2, 5), (3, 1)])
+@pytest.mark.parametrize("length, blocks", [(8, 1), (8, 4), (7, 3), (3, 8)])
+def test_causal_attend_with_grouped_heads_and_a_sliding_window(kv_heads, window, length, blocks):
+    # Llama's grouped-query attention (6 query heads over 2, 1 or 3 key/value heads) and Mistral's
+    # sliding window, in any number of blocks: the attention of the float64 reference.
+    q = _random(2, 6, length, 4, seed=1)
+    k, v = (_random(2, kv_heads, length, 4, seed=s) for s in (2, 3))
+    got = transformer_module.causal_attend(tf.constant(q), tf.constant(k), tf.constant(v), blocks, 0.0, False,
+                                           window)
+    # float32 against float64, as above: sums of at most 8 terms, a few eps each.
+    np.testing.assert_allclose(got, _causal_reference(*(x.astype(np.float64) for x in (q, k, v)), window),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_attend_reads_the_shared_heads_of_a_cache():
+    # The cached path (generation): the same grouping, with a [batch, 1, time, keys] mask per row.
+    q = _random(2, 4, 3, 4, seed=1)
+    k, v = (_random(2, 2, 5, 4, seed=s) for s in (2, 3))
+    query_positions = np.array([0, 2])[:, None] + np.arange(3)  # rows whose windows start at 0 and 2
+    mask = (np.arange(5)[None, None, :] <= query_positions[:, :, None])[:, None]  # [batch, 1, time, keys]
+    got = transformer_module.grouped_attend(tf.constant(q), tf.constant(k), tf.constant(v), tf.constant(mask), 0.0,
+                                            False)
+    k, v = (np.repeat(x.astype(np.float64), 2, axis=1) for x in (k, v))
+    scores = np.where(mask, np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k), -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("bhqk,bhkd->bhqd", probs / probs.sum(-1, keepdims=True), v)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
@@ -349,6 +382,16 @@ def test_attention_blocks_skip_the_masked_keys():
         counts[blocks] = _score_elements(lambda x: attention(x)[0], spec)
     assert counts[1] == 2 * 2 * 16 * 16
     assert counts[4] == counts[1] * 5 // 8
+
+
+def test_attention_blocks_skip_the_keys_before_a_sliding_window():
+    # Blocks of 4 queries of 16 with a window of 5 read 4, 8, 8, 8 keys: 7/16 of the window's scores.
+    spec = [tf.TensorSpec([2, 2, 16, 4], tf.float32)] * 3
+    counts = {blocks: _score_elements(lambda q, k, v: transformer_module.causal_attend(q, k, v, blocks, 0.0, False,
+                                                                                        5), *spec)
+              for blocks in (1, 4)}
+    assert counts[1] == 2 * 2 * 16 * 16
+    assert counts[4] == 2 * 2 * 4 * (4 + 8 + 8 + 8) == counts[1] * 7 // 16
 
 
 def test_attention_blocks_with_a_dynamic_window_and_a_cache():
