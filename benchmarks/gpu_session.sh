@@ -18,7 +18,7 @@
 #                 --platform manylinux2014_x86_64 -d .gpu/cupti nvidia-cuda-cupti-cu12
 #             and carry [".gpu/cupti"]; the stage installs it into /tmp/site.
 #   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
-#             causal_blocks with 2 and with 4 blocks).
+#             causal_blocks with 2, 4 and 8 blocks).
 # gpt2 has had the column lmkit_bf16_f32probs since the H200 run: the bf16 step with attention's softmax
 # as it was then, the same-run baseline of masked_softmax; and lmkit_bf16_blocks4 (attention_blocks = 4).
 # In a 15-minute lease (TensorFlow's set-up takes 4-7): gpt2, then profile, then attention.
@@ -54,7 +54,7 @@ case $stage in
     exit $rc ;;
   attention)
     rc=0
-    for blocks in 2 4; do
+    for blocks in 2 4 8; do
       "$py" benchmarks/attention.py --shape 8,12,1024,64 --steps 50 --repeats 5 --blocks $blocks \
         --output "$out/attention_gpu_blocks$blocks.json" || rc=1
     done
