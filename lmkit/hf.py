@@ -29,9 +29,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 
-__all__ = ["FAMILIES", "check_new_folder", "check_pretrained", "export_gpt2", "family_of", "gpt2_model_config",
+__all__ = ["FAMILIES", "build_pretrained", "check_fine_tunable", "check_new_folder", "check_pretrained", "export_gpt2", "family_of", "gpt2_model_config",
            "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained", "load_pretrained_weights",
-           "parameter_map", "pretrained_training_config", "read_gpt2_config", "read_tokenizer", "read_weights",
+           "parameter_map", "pretrained_training_config", "read_config_json", "read_gpt2_config", "read_tokenizer", "read_weights",
            "resolve_source", "training_config", "write_folder"]
 
 #: Hugging Face ``model_type`` -> the module that reads that family's folders. Each has
@@ -39,7 +39,7 @@ __all__ = ["FAMILIES", "check_new_folder", "check_pretrained", "export_gpt2", "f
 #: (a TrainConfig for fine-tuning), ``load(folder, tokenizer)`` -> (model, tokenizer, config.json)
 #: and ``load_weights(model, folder)``. A new family is one module and one line here.
 FAMILIES = {"gpt2": "lmkit.hf", "llama": "lmkit.hf_llama", "qwen2": "lmkit.hf_llama",
-            "mistral": "lmkit.hf_llama"}
+            "mistral": "lmkit.hf_llama", "bart": "lmkit.hf_bart"}
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -62,6 +62,31 @@ def _read_json(path: str) -> Dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"{path} is not a JSON object")
     return data
+
+
+def read_config_json(folder: str) -> Tuple[str, Dict[str, Any]]:
+    """``(path, contents)`` of the folder's ``config.json``; a missing or unreadable one is a UsageError."""
+    path = os.path.join(folder, HF_CONFIG)
+    if not os.path.isfile(path):
+        raise UsageError(f"{folder} is not a Hugging Face model folder: {path} is missing")
+    return path, _read_json(path)
+
+
+def build_pretrained(folder: str, tokenizer: Any, config: Dict[str, Any], model_config: Dict[str, Any],
+                     load_weights: Any) -> Tuple[Any, Any, Dict[str, Any]]:
+    """What every family's ``load`` does once its config is checked: the tokenizer (read when None) checked
+    against the vocabulary, the model built from ``model_config`` and filled by ``load_weights(model, folder)``.
+
+    Returns:
+      ``(model, tokenizer, config)``.
+    """
+    from lmkit.models import build_model
+
+    tokenizer = tokenizer if tokenizer is not None else read_tokenizer(folder)
+    check_vocabulary(tokenizer, config["vocab_size"], folder)
+    model = build_model(model_config)
+    load_weights(model, folder)
+    return model, tokenizer, config
 
 
 def is_hf_folder(path: str) -> bool:
@@ -108,6 +133,15 @@ def load_pretrained_weights(model: Any, folder: str) -> Any:
     return family_of(folder).load_weights(model, folder)
 
 
+def check_fine_tunable(folder: str) -> None:
+    """Raises for a Hugging Face folder of a family lmkit reads but does not fine-tune (BART), before any
+    other check of the training flags could say something beside the point."""
+    if is_hf_folder(folder):
+        why = getattr(family_of(folder), "NOT_FINE_TUNED", None)
+        if why:
+            raise UsageError(f"--init_from {folder}: {why}")
+
+
 def pretrained_training_config(config: Any, folder: str) -> Any:
     """``config`` (a TrainConfig) for fine-tuning the model in ``folder``: its family's model keys."""
     return family_of(folder).training_config(config, folder)
@@ -120,10 +154,7 @@ def read_gpt2_config(folder: str) -> Dict[str, Any]:
       UsageError: no config, another model type, a missing size or an
         activation other than GELU's tanh approximation (naming the file).
     """
-    path = os.path.join(folder, HF_CONFIG)
-    if not os.path.isfile(path):
-        raise UsageError(f"{folder} is not a Hugging Face model folder: {path} is missing")
-    config = _read_json(path)
+    path, config = read_config_json(folder)
     model_type = config.get("model_type")
     if model_type != "gpt2":
         raise UsageError(f"{path}: model_type {model_type!r} is not 'gpt2'; lmkit loads GPT-2 checkpoints "
@@ -322,14 +353,8 @@ def load_gpt2(folder: str, tokenizer: Any = None) -> Tuple[Any, Any, Dict[str, A
     Raises:
       UsageError: any problem with the folder (one message naming the file).
     """
-    from lmkit.models import build_model
-
     config = read_gpt2_config(folder)
-    tokenizer = tokenizer if tokenizer is not None else read_tokenizer(folder)
-    check_vocabulary(tokenizer, config["vocab_size"], folder)
-    model = build_model(gpt2_model_config(config))
-    load_gpt2_weights(model, folder)
-    return model, tokenizer, config
+    return build_pretrained(folder, tokenizer, config, gpt2_model_config(config), load_gpt2_weights)
 
 
 def check_vocabulary(tokenizer: Any, vocab_size: int, folder: str) -> None:

@@ -20,10 +20,10 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from lmkit.errors import UsageError
-from lmkit.hf import _read_json
+from lmkit.hf import _read_json, build_pretrained, read_config_json
 
 __all__ = ["FAMILIES", "export_llama", "llama_model_config", "load_llama", "load_llama_weights",
-           "parameter_map", "read_llama_config", "training_config", "weight_files"]
+           "parameter_map", "read_llama_config", "read_tensors", "training_config", "weight_files"]
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -41,10 +41,7 @@ def read_llama_config(folder: str) -> Dict[str, Any]:
       UsageError: a missing file, another model type, a missing size, or a
         setting lmkit does not compute (naming the file, the key and the value).
     """
-    path = os.path.join(folder, HF_CONFIG)
-    if not os.path.isfile(path):
-        raise UsageError(f"{folder} is not a Hugging Face model folder: {path} is missing")
-    config = _read_json(path)
+    path, config = read_config_json(folder)
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise UsageError(f"{path}: model_type {model_type!r} is not one of {', '.join(FAMILIES)} "
@@ -140,7 +137,7 @@ def parameter_map(model: Any) -> Dict[str, Tuple[Any, bool]]:
     return names
 
 
-def weight_files(folder: str) -> List[str]:
+def weight_files(folder: str, auto_class: str = "AutoModelForCausalLM") -> List[str]:
     """The safetensors files of the folder: one, or the shards its index lists.
 
     Raises:
@@ -163,10 +160,10 @@ def weight_files(folder: str) -> List[str]:
         return [single]
     raise UsageError(f"{folder} holds no {SAFETENSORS} (nor {SAFETENSORS_INDEX}); lmkit reads safetensors "
                      "checkpoints: convert a PyTorch one where PyTorch is with "
-                     "AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder)")
+                     f"{auto_class}.from_pretrained(folder).save_pretrained(folder)")
 
 
-def _tensors(path: str) -> Iterator[Tuple[str, Any]]:
+def read_tensors(path: str) -> Iterator[Tuple[str, Any]]:
     """(name, float32 NumPy array) of one safetensors file, one tensor at a time."""
     try:
         from safetensors import safe_open
@@ -227,7 +224,7 @@ def load_llama_weights(model: Any, folder: str) -> List[str]:
         raise UsageError(f"{folder} lacks {missing[0]} ({len(missing)} tensors missing); the checkpoint is "
                          "incomplete or of another model")
     for path in files:
-        for name, value in _tensors(path):
+        for name, value in read_tensors(path):
             if name in targets:
                 variable, transposed = targets[name]
                 variable.assign(value.T if transposed else value)
@@ -240,15 +237,9 @@ def load_llama(folder: str, tokenizer: Any = None) -> Tuple[Any, Any, Dict[str, 
     Raises:
       UsageError: any problem with the folder (one message naming the file).
     """
-    from lmkit.hf import check_vocabulary, read_tokenizer
-    from lmkit.models import build_model
-
     config = read_llama_config(folder)
-    tokenizer = tokenizer if tokenizer is not None else read_tokenizer(folder)
-    check_vocabulary(tokenizer, config["vocab_size"], folder)
-    model = build_model(llama_model_config(config, os.path.join(folder, HF_CONFIG)))
-    load_llama_weights(model, folder)
-    return model, tokenizer, config
+    return build_pretrained(folder, tokenizer, config, llama_model_config(config, os.path.join(folder, HF_CONFIG)),
+                            load_llama_weights)
 
 
 #: TrainConfig fields that the model keys of a llama fill; the rest go to model_params.

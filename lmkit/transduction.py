@@ -44,7 +44,14 @@ class Seq2SeqRun:
 
 
 def is_seq2seq_run(model_dir: str) -> bool:
-    """Whether ``model_dir`` holds an encoder-decoder's run (its config.json says data = "pairs")."""
+    """Whether ``model_dir`` holds an encoder-decoder: a run whose config.json says data = "pairs", or a
+    Hugging Face folder of an encoder-decoder family (BART)."""
+    from lmkit.hf import family_of, is_hf_folder
+    if is_hf_folder(model_dir):
+        try:
+            return bool(getattr(family_of(model_dir), "conditional", False))
+        except UsageError:  # a family lmkit does not read: the language-model path says so
+            return False
     from lmkit.layout import CONFIG_FILE
     path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.isfile(path):
@@ -61,12 +68,22 @@ def source_tokenizer_of_run(model_dir: str, share_vocab: bool) -> Any:
 
 
 def load_seq2seq(model_dir: str, checkpoint: Optional[str] = None) -> Seq2SeqRun:
-    """The encoder-decoder, its tokenizers and config from a training run's folder.
+    """The encoder-decoder, its tokenizers and config from a training run's folder, or from a Hugging
+    Face folder of an encoder-decoder family (BART: :func:`lmkit.hf_bart.load_seq2seq`).
 
     Raises:
       UsageError: not an encoder-decoder's run (naming what it is), or what
         :func:`lmkit.train.checkpoint.load_model` raises.
     """
+    from lmkit.hf import family_of, is_hf_folder
+    if is_hf_folder(model_dir):
+        from lmkit.generation import check_hf_checkpoint
+        check_hf_checkpoint(model_dir, checkpoint)
+        family = family_of(model_dir)
+        if not getattr(family, "conditional", False):
+            raise UsageError(f"{model_dir} holds a language model, not an encoder-decoder; --source_file and "
+                             "--target_file are for encoder-decoders")
+        return family.load_seq2seq(model_dir)
     from lmkit.train.checkpoint import load_model
     model, tokenizer, config = load_model(model_dir, checkpoint)
     if not getattr(model, "conditional", False):

@@ -219,3 +219,16 @@ def assert_within_rounding(run, ref, controls, names) -> None:
         assert arrays[k] <= limit, (f"{k}: relative difference {arrays[k]:.3g} is outside the rounding "
                                     f"bound {limit:.3g} ({ROUNDING_FACTOR:g} x the controls' + "
                                     f"{ROUNDING_FLOOR:.2g})")
+
+
+def prefill_then_steps(model, rows, prefill: int, state):
+    """The logits [batch, time, vocab] of ``rows`` (token id lists) computed with ``model``'s cache: the
+    first ``prefill`` tokens as one window from ``state``, then one ``model.step`` per token."""
+    import numpy as np
+    import tensorflow as tf
+    first, state = model(tf.constant([row[:prefill] for row in rows]), state)
+    logits = [first.numpy()]
+    for t in range(prefill, len(rows[0])):
+        step, state = model.step(tf.constant([row[t] for row in rows]), state)
+        logits.append(step.numpy()[:, np.newaxis])
+    return np.concatenate(logits, axis=1)

@@ -165,6 +165,9 @@ def _pair_paths(args: argparse.Namespace, config) -> "tuple[str, str]":
         raise UsageError("give both --source_file and --target_file (line i of one goes with line i of the other)")
     if args.source_file:
         return args.source_file, args.target_file
+    if config is None:
+        raise UsageError(f"{args.model_dir} is a Hugging Face folder, which has no data splits; pass --source_file "
+                         "and --target_file")
     split = args.split or "test"
     prefix = "" if split == "train" else f"{split}_"
     source, target = getattr(config, f"{prefix}source_file"), getattr(config, f"{prefix}target_file")
@@ -188,15 +191,16 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     if args.data_cache is not None:
         raise UsageError(f"--data_cache is for language models; {args.model_dir} holds an encoder-decoder, whose "
                          "pairs are read in memory (their text is needed for BLEU anyway); leave it out")
-    config = TrainConfig.from_dict(read_config_dict(args.model_dir), source=f"{args.model_dir}/{CONFIG_FILE}")
-    checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
+    from lmkit.hf import is_hf_folder
+    hf_folder = is_hf_folder(args.model_dir)  # BART: no run config, the tokenizers and sizes of the folder
+    config = None if hf_folder else TrainConfig.from_dict(read_config_dict(args.model_dir),
+                                                          source=f"{args.model_dir}/{CONFIG_FILE}")
+    checkpoint = args.checkpoint if hf_folder else resolve_checkpoint(args.model_dir, args.checkpoint)
     source_path, target_path = _pair_paths(args, config)
     sources, references = read_pairs(source_path, target_path)  # checks the files: no TF yet
-    tokenizer = tokenizer_of_run(args.model_dir)
-    source_tokenizer = source_tokenizer_of_run(args.model_dir, config.share_vocab)
-    # Perplexity over the pairs the model can read; BLEU and exact match over every line.
-    pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
-                         max_source_length=config.max_source_positions, max_target_length=config.max_positions - 1)
+    if not hf_folder:
+        tokenizer = tokenizer_of_run(args.model_dir)
+        source_tokenizer = source_tokenizer_of_run(args.model_dir, config.share_vocab)
     user_modules_importable()
 
     from lmkit import distributed as dist
@@ -207,7 +211,13 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
 
     dist.init(backend="local")
     run = load_seq2seq(args.model_dir, checkpoint)
-    batch = args.batch_size or config.eval_batch_size or config.batch_size
+    if hf_folder:
+        tokenizer, source_tokenizer = run.tokenizer, run.source_tokenizer
+    # Perplexity over the pairs the model can read; BLEU and exact match over every line.
+    pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
+                         max_source_length=run.model.source_positions.max_positions,
+                         max_target_length=run.model.max_positions - 1)
+    batch = args.batch_size or (32 if hf_folder else config.eval_batch_size or config.batch_size)
     total, tokens = PairEvaluator(run.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)
     update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)

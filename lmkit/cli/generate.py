@@ -9,7 +9,9 @@ rebuilt from the import path stored in its config (its module must be
 importable: installed, on PYTHONPATH or in the current folder). --model_dir
 may also be a Hugging Face GPT-2 folder (config.json with model_type gpt2,
 model.safetensors, tokenizer.json or vocab.json + merges.txt): its weights
-and tokenizer are read directly (docs/gpt2.md).
+and tokenizer are read directly (docs/gpt2.md); so are Llama, Qwen2 and
+Mistral folders (docs/llama.md), and BART folders, which decode
+--source_file as an encoder-decoder run does (docs/seq2seq.md).
 
 Output on stdout: each sample as ``[<prompt>.<sample>] text``, the prompt
 then the continuation, detokenized (sentencepiece pieces joined, bytes
@@ -326,7 +328,9 @@ def _transduce_main(args: argparse.Namespace) -> int:
 
     dist.init(backend="local")
     start = time.perf_counter()
-    run = load_seq2seq(args.model_dir, resolve_checkpoint(args.model_dir, args.checkpoint))
+    checkpoint = args.checkpoint if is_hf_folder(args.model_dir) else resolve_checkpoint(args.model_dir,
+                                                                                         args.checkpoint)
+    run = load_seq2seq(args.model_dir, checkpoint)
     loaded = time.perf_counter() - start
     seed = args.seed
     if seed is None and strategy not in ("greedy", "beam"):
@@ -368,7 +372,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     """Generates as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     args = build_parser(prog).parse_args(argv)
     from lmkit.transduction import is_seq2seq_run
-    if not is_hf_folder(args.model_dir) and is_seq2seq_run(args.model_dir):
+    if is_seq2seq_run(args.model_dir):
         return _transduce_main(args)
     tokenizer, prompts, unknown = check_args(args)
     user_modules_importable()

@@ -203,8 +203,9 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     overrides = _flag_overrides(args, distributed)
     if not args.init_from:
         return load_config(args.config, overrides)
-    from lmkit.hf import pretrained_training_config, resolve_source
+    from lmkit.hf import check_fine_tunable, pretrained_training_config, resolve_source
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
+    check_fine_tunable(folder)
     overrides["init_from"] = os.path.abspath(folder)  # checked with the keys that need it (lora_rank)
     return pretrained_training_config(load_config(args.config, overrides), folder)  # --train_file: data = "text"
 

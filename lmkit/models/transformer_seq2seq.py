@@ -11,6 +11,7 @@ and beam search (which gathers the state's rows) work unchanged.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 import tensorflow as tf
@@ -22,7 +23,7 @@ from lmkit.modules.base import Training, dropout, uniform_initializer
 from lmkit.modules.embedders import PositionEmbedder, WordEmbedder
 from lmkit.modules.encoder_decoder import Memory, TransformerCrossDecoder, TransformerEncoder
 from lmkit.modules.projection import OutputProjection
-from lmkit.modules.transformer import TransformerState
+from lmkit.modules.transformer import LayerNorm, TransformerState
 
 __all__ = ["Seq2SeqState", "TransformerSeq2Seq"]
 
@@ -40,7 +41,8 @@ class TransformerSeq2Seq(LanguageModel):
     Variables: ``source_embedder`` (absent with ``share_embeddings``: the
     target's serves both), ``target_embedder``, ``source_positions``,
     ``target_positions``, ``encoder/...``, ``decoder/...``, ``projection``
-    (its kernel the target embedding table with ``tie_weights``).
+    (its kernel the target embedding table with ``tie_weights``) and, with
+    ``embedding_norm``, ``source_embedding_norm`` and ``target_embedding_norm``.
     """
 
     stateful = False
@@ -50,7 +52,8 @@ class TransformerSeq2Seq(LanguageModel):
                  decoder_layers: int = 0, num_heads: int = 4, ffn_dim: int = 0, max_source_positions: int = 256,
                  max_positions: int = 256, dropout: float = 0.0, pre_layer_norm: bool = True,
                  share_embeddings: bool = False, tie_weights: bool = True, init_scale: float = 0.1,
-                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
+                 attention_blocks: int = 1, activation: str = "gelu", embedding_norm: bool = False,
+                 scale_embedding: bool = False, name: Optional[str] = None) -> None:
         """Creates the embedders, the encoder, the decoder and the softmax layer.
 
         Args:
@@ -71,6 +74,12 @@ class TransformerSeq2Seq(LanguageModel):
             whole target at once. The results are the same (``model_params =
             {"attention_blocks": 4}`` in a config). The encoder, which attends
             to every source position, has no masked blocks to skip.
+          activation: the feed-forward blocks' ``"gelu"`` (tanh approximation),
+            ``"gelu_exact"`` (erf, BART's) or ``"relu"``.
+          embedding_norm: a layer norm on each side's embedded tokens and
+            positions, before the first layer (BART's ``layernorm_embedding``).
+          scale_embedding: token embeddings times ``sqrt(hidden_size)`` (Vaswani et al.;
+            BART's ``scale_embedding``); the softmax's tied kernel is not scaled.
           name: module name.
         """
         super().__init__(name=name)
@@ -87,8 +96,10 @@ class TransformerSeq2Seq(LanguageModel):
         self.init_scale = check_positive_float("init_scale", init_scale)
         decoder_layers = check_positive_int("decoder_layers", decoder_layers) if decoder_layers else num_layers
         initializer = uniform_initializer(init_scale)
+        self.embedding_norm, self.scale_embedding = bool(embedding_norm), bool(scale_embedding)
+        self._embedding_scale = math.sqrt(hidden_size) if self.scale_embedding else 1.0
         options = dict(dim=hidden_size, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout,
-                       pre_layer_norm=pre_layer_norm, init_scale=init_scale)
+                       pre_layer_norm=pre_layer_norm, init_scale=init_scale, activation=activation)
         with self.name_scope:
             self.target_embedder = WordEmbedder(vocab_size=vocab_size, dim=hidden_size, initializer=initializer,
                                                 name="target_embedder")
@@ -104,6 +115,9 @@ class TransformerSeq2Seq(LanguageModel):
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.target_embedder if self.tie_weights else None,
                                                initializer=initializer, name="projection")
+            norms = [LayerNorm(dim=hidden_size, name=f"{side}_embedding_norm") if self.embedding_norm else None
+                     for side in ("source", "target")]
+            self.source_embedding_norm, self.target_embedding_norm = norms
 
     @property
     def max_positions(self) -> int:
@@ -120,12 +134,19 @@ class TransformerSeq2Seq(LanguageModel):
             raise UsageError(f"a source of {length} tokens is longer than max_source_positions "
                              f"{self.source_positions.max_positions}; shorten it or build a larger model")
         embedder = self.target_embedder if self.source_embedder is None else self.source_embedder
-        x = embedder(source_ids) + self.source_positions(tf.range(tf.shape(source_ids)[1])[tf.newaxis])
+        x = self._embed(embedder, self.source_positions, self.source_embedding_norm, source_ids,
+                        tf.range(tf.shape(source_ids)[1])[tf.newaxis])
         outputs = self.encoder(dropout(x, self.dropout, training), source_mask, training)
         return self.decoder.memory(outputs, source_mask)
 
+    def _embed(self, embedder: WordEmbedder, table: PositionEmbedder, norm: Optional[LayerNorm], ids: tf.Tensor,
+               positions: tf.Tensor) -> tf.Tensor:
+        tokens = embedder(ids)
+        x = (tokens if self._embedding_scale == 1.0 else tokens * self._embedding_scale) + table(positions)
+        return x if norm is None else norm(x)
+
     def _embed_target(self, ids: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
-        return self.target_embedder(ids) + self.target_positions(positions)
+        return self._embed(self.target_embedder, self.target_positions, self.target_embedding_norm, ids, positions)
 
     def initial_state(self, batch_size: Union[int, tf.Tensor], max_length: Optional[int] = None,
                       condition: Optional[Memory] = None) -> Seq2SeqState:
@@ -174,7 +195,9 @@ class TransformerSeq2Seq(LanguageModel):
                   "keep_prob": keep_prob_of(self.dropout), "pre_layer_norm": layer.pre_layer_norm,
                   "share_embeddings": self.share_embeddings, "tie_weights": self.tie_weights,
                   "init_scale": self.init_scale}
-        blocks = self.decoder.layers[0].attention_blocks
-        if blocks != 1:  # absent by default, as in the transformer's config
-            config["attention_blocks"] = blocks
+        # Absent when the defaults, as in the transformer's config.
+        optional = {"attention_blocks": (self.decoder.layers[0].attention_blocks, 1),
+                    "activation": (layer.activation, "gelu"), "embedding_norm": (self.embedding_norm, False),
+                    "scale_embedding": (self.scale_embedding, False)}
+        config.update({key: value for key, (value, default) in optional.items() if value != default})
         return config

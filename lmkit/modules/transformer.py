@@ -49,6 +49,7 @@ _MASK_VALUE = -1.0e9
 
 ACTIVATIONS = {
     "gelu": lambda x: tf.nn.gelu(x, approximate=True),  # GPT-2's tanh approximation
+    "gelu_exact": lambda x: tf.nn.gelu(x, approximate=False),  # the erf form (BART; Hugging Face's "gelu")
     "relu": tf.nn.relu,
 }
 

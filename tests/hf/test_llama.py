@@ -68,13 +68,9 @@ def test_logits_equal_transformers_with_and_without_the_cache(family):
     np.testing.assert_allclose(logits.numpy(), expected, atol=1e-4, rtol=1e-4)
     assert np.abs(expected).max() > 0.5  # large enough weights that a wrong term would show
     # Cached: 5 tokens as one window, then one at a time, past the sliding windows.
-    state = model.initial_state(2, 16)
-    first, state = model(tf.constant([row[:5] for row in IDS]), state)
-    rows = [first.numpy()]
-    for t in range(5, len(IDS[0])):
-        step, state = model.step(tf.constant([row[t] for row in IDS]), state)
-        rows.append(step.numpy()[:, np.newaxis])
-    np.testing.assert_allclose(np.concatenate(rows, axis=1), expected, atol=1e-4, rtol=1e-4)
+    from tests.helpers import prefill_then_steps
+    np.testing.assert_allclose(prefill_then_steps(model, IDS, 5, model.initial_state(2, 16)), expected, atol=1e-4,
+                               rtol=1e-4)
 
 
 @pytest.mark.parametrize("blocks", [3, 5])

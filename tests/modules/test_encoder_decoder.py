@@ -178,7 +178,7 @@ def test_compiled_and_bfloat16_passes():
 def test_bad_sizes_and_memories_are_named():
     with pytest.raises(UsageError, match="dim 10 is not divisible by num_heads 3"):
         MemoryAttention(dim=10, num_heads=3)
-    with pytest.raises(UsageError, match="activation 'swish' is not one of gelu, relu"):
+    with pytest.raises(UsageError, match="activation 'swish' is not one of gelu, gelu_exact, relu"):
         TransformerEncoderLayer(dim=8, num_heads=2, ffn_dim=4, activation="swish")
     _, decoder, memory, target = _stack()
     other = TransformerCrossDecoder(num_layers=1, dim=DIM, num_heads=HEADS)

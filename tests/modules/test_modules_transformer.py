@@ -182,7 +182,7 @@ def test_bad_arguments():
         TransformerDecoder(num_layers=1, dim=10, num_heads=4)
     with pytest.raises(ValueError, match="num_heads 0 must be a positive integer"):
         TransformerLayer(dim=8, num_heads=0, ffn_dim=4)
-    with pytest.raises(ValueError, match="activation 'swish' is not one of gelu, relu"):
+    with pytest.raises(ValueError, match="activation 'swish' is not one of gelu, gelu_exact, relu"):
         TransformerLayer(dim=8, num_heads=2, ffn_dim=4, activation="swish")
     with pytest.raises(ValueError, match="ffn_dim -1 must be an integer >= 0"):
         TransformerDecoder(num_layers=1, dim=8, num_heads=2, ffn_dim=-1)

@@ -1,0 +1,207 @@
+"""BART checkpoints in (lmkit.hf_bart): logits, cached steps and greedy decoding against transformers' BART on
+tiny random models; the config and weight checks; ``lmkit generate`` on a BART folder."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tensorflow as tf  # noqa: E402
+import torch  # noqa: E402  (a test dependency of the main environment: make setup)
+from transformers import BartConfig, BartForConditionalGeneration  # noqa: E402
+
+from lmkit import decoding, distributed as dist, hf_bart  # noqa: E402
+from lmkit.errors import UsageError  # noqa: E402
+from lmkit.models import build_model  # noqa: E402
+
+pytestmark = pytest.mark.transformers
+
+SIZES = dict(vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+             decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=24,
+             pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=None,
+             dropout=0.1, init_std=0.2)
+VARIANTS = {
+    "bart": {},  # the erf GELU, no embedding scale: bart-base and bart-large
+    # the tanh GELU, token embeddings scaled by sqrt(d_model), a deeper decoder
+    "scaled": dict(activation_function="gelu_new", scale_embedding=True, decoder_layers=3),
+}
+# Sources with <s> ... </s> (ids 0 and 2), the second padded (1); teacher-forced decoder inputs from </s>.
+SOURCES = [[0, 17, 5, 33, 9, 41, 2], [0, 8, 60, 12, 2, 1, 1]]
+SOURCE_MASK = [[1] * 7, [1] * 5 + [0] * 2]
+TARGETS = [[2, 0, 11, 19, 4, 27], [2, 0, 50, 3, 3, 2]]
+
+
+def save_random(folder, **options):
+    """A random BART saved as transformers saves it, with every parameter (norms, positions' offset rows and
+    the softmax bias included) away from its initial value, so that a wrong mapping shows."""
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(BartConfig(**{**SIZES, **options}, attn_implementation="eager")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request, tmp_path_factory):
+    """(torch model, folder, lmkit model loaded from it)."""
+    dist.init(backend="local")
+    folder = str(tmp_path_factory.mktemp(request.param))
+    torch_model = save_random(folder, **VARIANTS[request.param])
+    model = build_model(hf_bart.bart_model_config(hf_bart.read_bart_config(folder)))
+    hf_bart.load_bart_weights(model, folder)
+    return torch_model, folder, model
+
+
+def test_logits_equal_transformers_teacher_forced_and_step_by_step(variant):
+    torch_model, _, model = variant
+    config = model.get_config()  # stored with a run: the same model again
+    assert config["embedding_norm"] and config["pre_layer_norm"] is False and config["share_embeddings"]
+    assert [(v.name, v.shape) for v in build_model(config).variables] == [(v.name, v.shape) for v in model.variables]
+    with torch.no_grad():
+        expected = torch_model(input_ids=torch.tensor(SOURCES), attention_mask=torch.tensor(SOURCE_MASK),
+                               decoder_input_ids=torch.tensor(TARGETS)).logits.numpy()
+    assert np.abs(expected).max() > 1.0  # weights large enough that a wrong term would show
+    memory = model.encode(tf.constant(SOURCES), tf.constant(np.array(SOURCE_MASK, bool)))
+    logits, _ = model(tf.constant(TARGETS), condition=memory)
+    # float32 in both frameworks, summed in other orders through 4-5 layers: 1e-4 of logits of size ~10.
+    np.testing.assert_allclose(logits.numpy(), expected, atol=1e-4, rtol=1e-4)
+    from tests.helpers import prefill_then_steps
+    state = model.initial_state(2, len(TARGETS[0]), condition=memory)
+    np.testing.assert_allclose(prefill_then_steps(model, TARGETS, 2, state), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_decoding_equals_transformers(variant):
+    torch_model, _, model = variant
+    with torch.no_grad():
+        expected = torch_model.generate(input_ids=torch.tensor(SOURCES), attention_mask=torch.tensor(SOURCE_MASK),
+                                        max_new_tokens=15, do_sample=False, num_beams=1, forced_bos_token_id=None,
+                                        forced_eos_token_id=None, no_repeat_ngram_size=0, min_length=0).tolist()
+    memory = model.encode(tf.constant(SOURCES), tf.constant(np.array(SOURCE_MASK, bool)))
+    result = decoding.decode(model, 16, prompts=[[2], [2]], eos_id=2, pad_id=1, condition=memory)
+    got = [result.ids[row, :result.lengths[row]].tolist() for row in range(2)]
+    for mine, theirs in zip(got, expected):  # transformers pads a finished row with pad ids
+        theirs = theirs[:theirs.index(2, 1) + 1] if 2 in theirs[1:] else theirs
+        assert mine == theirs
+
+
+def test_bad_configs_are_named(tmp_path):
+    folder = tmp_path / "bart"
+    folder.mkdir()
+    config = {**SIZES, "model_type": "bart", "activation_function": "gelu"}
+    for change, pattern in [({"model_type": "t5"}, "not 'bart'"),
+                            ({"d_model": 0}, "d_model = 0 must be a positive integer"),
+                            ({"decoder_attention_heads": 2}, "encoder_attention_heads = 4 and decoder_attention"),
+                            ({"decoder_ffn_dim": 64}, "encoder_ffn_dim = 48 and decoder_ffn_dim = 64 differ"),
+                            ({"activation_function": "swish"}, "activation_function 'swish' is not supported"),
+                            ({"add_final_layer_norm": True}, "mBART's layout"),
+                            ({"tie_word_embeddings": False}, "tie_word_embeddings = false"),
+                            ({"decoder_start_token_id": None}, "decoder_start_token_id = None must be a token id")]:
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(UsageError, match=pattern):
+            hf_bart.read_bart_config(str(folder))
+
+
+def test_weights_of_another_model_are_refused_whole(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    folder = str(tmp_path / "bart")
+    save_random(folder)
+    model = build_model(hf_bart.bart_model_config(hf_bart.read_bart_config(folder)))
+    before = [v.numpy().copy() for v in model.variables]
+    weights = load_file(os.path.join(folder, "model.safetensors"))
+    for name, edit, pattern in [
+            ("extra", lambda w: {**w, "model.encoder.layers.9.fc1.weight": np.zeros([2, 2], np.float32)},
+             "holds model.encoder.layers.9.fc1.weight"),
+            ("missing", lambda w: {k: v for k, v in w.items() if k != "model.decoder.layers.1.fc2.bias"},
+             "lacks model.decoder.layers.1.fc2.bias"),
+            ("shape", lambda w: {**w, "model.decoder.layers.0.encoder_attn.k_proj.weight": np.zeros([32, 16],
+                                                                                                   np.float32)},
+             r"encoder_attn.k_proj.weight of shape \[32, 16\], .*v_proj.weight of shape \[32, 32\] cannot fill "
+             r".*key_value/kernel.* \[32, 64\]")]:
+        bad = os.path.join(str(tmp_path), name)
+        os.makedirs(bad)
+        save_file(edit(dict(weights)), os.path.join(bad, "model.safetensors"))
+        with open(os.path.join(folder, "config.json")) as src, open(os.path.join(bad, "config.json"), "w") as dst:
+            dst.write(src.read())
+        with pytest.raises(UsageError, match=pattern):
+            hf_bart.load_bart_weights(model, bad)
+    for was, variable in zip(before, model.variables):  # nothing assigned by a refused checkpoint
+        np.testing.assert_array_equal(variable.numpy(), was)
+
+
+# ------------------------------------------------------------------ the commands on a BART folder
+def make_bart_folder(folder):
+    """A random BART with a byte-level BPE tokenizer (<s>, <pad>, </s>, <unk> as ids 0-3), saved as
+    transformers saves them; returns the transformers tokenizer and model."""
+    import random
+
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "fast", "blue", "sky", "über", "42", "!"]
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(200)]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(lines, vocab_size=120, min_frequency=1, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", pad_token="<pad>",
+                                        eos_token="</s>", unk_token="<unk>")
+    os.makedirs(folder, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    return tokenizer, save_random(folder, vocab_size=len(tokenizer))
+
+
+def _lmkit(*args):
+    import subprocess
+    import sys
+    from tests.helpers import ROOT, subprocess_env
+    return subprocess.run([sys.executable, "-m", "lmkit", *args], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_generate_and_evaluate_a_bart_folder_on_the_command_line(tmp_path):
+    folder = str(tmp_path / "bart")
+    tokenizer, torch_model = make_bart_folder(folder)
+    sources = ["the cat sat on a mat", "blue sky !", "über 42"]
+    expected = []
+    for text in sources:  # BART's framing: <s> tokens </s> in, </s> <s> ... </s> out
+        ids = [0] + tokenizer(text, add_special_tokens=False)["input_ids"] + [2]
+        with torch.no_grad():
+            out = torch_model.generate(input_ids=torch.tensor([ids]), max_new_tokens=10, do_sample=False,
+                                       num_beams=1, forced_bos_token_id=None, forced_eos_token_id=None,
+                                       no_repeat_ngram_size=0, min_length=0)[0].tolist()
+        expected.append(tokenizer.decode(out, skip_special_tokens=True).replace("\n", " "))
+    source_file = tmp_path / "sources.txt"
+    source_file.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    res = _lmkit("generate", "--model_dir", folder, "--source_file", str(source_file), "--max_new_tokens", "10")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.splitlines() == expected and all(expected), expected  # no empty output passes by chance
+    res = _lmkit("generate", "--model_dir", folder, "--prompt", sources[1], "--max_new_tokens", "10",
+                 "--strategy", "beam", "--beam_width", "3", "--num_samples", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [line[:6] for line in res.stdout.splitlines()] == ["[0.0] ", "[0.1] "], res.stdout
+    # lmkit evaluate: the perplexity of transformers' loss on the pairs (labels <s> tokens </s>).
+    targets = ["the dog ran fast", "a blue mat", "sky 42 !"]
+    target_file = tmp_path / "targets.txt"
+    target_file.write_text("\n".join(targets) + "\n", encoding="utf-8")
+    total, count = 0.0, 0
+    for source, target in zip(sources, targets):
+        labels = [0] + tokenizer(target, add_special_tokens=False)["input_ids"] + [2]
+        with torch.no_grad():
+            loss = torch_model(input_ids=torch.tensor([[0] + tokenizer(source, add_special_tokens=False)["input_ids"]
+                                                       + [2]]), labels=torch.tensor([labels])).loss.item()
+        total, count = total + loss * len(labels), count + len(labels)
+    res = _lmkit("evaluate", "--model_dir", folder, "--source_file", str(source_file), "--target_file",
+                 str(target_file), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert report["target_tokens"] == count and report["pairs"] == 3
+    # float32 sums of 3 x ~8 token losses in two frameworks: 1e-5 relative
+    assert report["perplexity"] == pytest.approx(float(np.exp(total / count)), rel=1e-5)
+    res = _lmkit("evaluate", "--model_dir", folder)
+    assert res.returncode == 2 and "has no data splits; pass --source_file and --target_file" in res.stderr
+    # Fine-tuning is not there yet: one clear error, nothing written.
+    res = _lmkit("train", "--init_from", folder, "--source_file", str(source_file), "--target_file",
+                 str(target_file), "--model_dir", str(tmp_path / "run"))
+    assert res.returncode == 2 and "does not fine-tune them yet" in res.stderr, res.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "run")
