@@ -214,9 +214,9 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     if hf_folder:
         tokenizer, source_tokenizer = run.tokenizer, run.source_tokenizer
     # Perplexity over the pairs the model can read; BLEU and exact match over every line.
+    max_source = run.model.source_positions.max_positions if hf_folder else config.max_source_positions
     pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
-                         max_source_length=run.model.source_positions.max_positions,
-                         max_target_length=run.model.max_positions - 1)
+                         max_source_length=max_source, max_target_length=run.model.max_positions - 1)
     batch = args.batch_size or (32 if hf_folder else config.eval_batch_size or config.batch_size)
     total, tokens = PairEvaluator(run.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)

@@ -177,3 +177,18 @@ def test_prepare_encodes_the_pairs_ahead_and_train_only_maps_them(task, tmp_path
     assert "encoding " not in trained.stdout and "pairs: train 960, valid 40 (from the data cache" in trained.stdout
     assert sorted(os.listdir(cache)) == sorted(folders)  # nothing new encoded
     assert os.path.isdir(os.path.join(model_dir, "source_tokenizer"))
+
+
+def test_evaluate_an_rnn_encoder_decoder_gives_its_runs_test_perplexity(task, tmp_path):
+    # rnn_seq2seq has no position tables: evaluate takes its source limit from the run's config.
+    model_dir = str(tmp_path / "rnn")
+    res = run(lmkit("train", "--config", "config_seq2seq_rnn", "--model_dir", model_dir, "--max_steps", "3",
+                    *pair_flags(task, "train", "test"), "--set", "hidden_size=16", "--set", "batch_size=32",
+                    "--set", "max_positions=16", "--set", "max_source_positions=16"), timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    res = run(lmkit("evaluate", "--model_dir", model_dir, "--json"), timeout=300)  # the run's test split
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    report = json.loads(res.stdout)
+    with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
+        assert report["perplexity"] == pytest.approx(json.load(f)["test_perplexity"], rel=1e-4)
+    assert report["pairs"] == report["scored_pairs"] == 40
