@@ -43,7 +43,7 @@ class ConfigError(UsageError):
 
 DATA_KINDS = ("ptb", "text", "pairs")
 # The models --init_from fills from a Hugging Face folder (lmkit.hf.FAMILIES maps the folders onto them).
-PRETRAINED_MODELS = ("gpt2", "llama")
+PRETRAINED_MODELS = ("gpt2", "llama", "transformer_seq2seq")  # transformer_seq2seq: BART, on pairs
 # OpenSeq2Seq's spelling of the backend, still accepted: True -> "horovod"
 # (launch with mpirun/horovodrun), False -> "native".
 LEGACY_BACKEND_KEY = "use_horovod"
@@ -154,7 +154,7 @@ class TrainConfig:
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
     min_count: int = 1  # word tokenizer: drop words seen fewer times
     spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: vocab_size)
-    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral folder: its weights, sizes, tokenizer
+    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral/BART folder: its weights, sizes, tokenizer
     lora_rank: int = 0  # with init_from: train rank-r adapters only, the base frozen (0 = full fine-tuning)
     lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.0  # on the adapters' inputs while training
@@ -302,9 +302,11 @@ class TrainConfig:
             bad("lora_alpha", "must be > 0 (the update is scaled by lora_alpha / lora_rank)")
         if not 0.0 <= self.lora_dropout < 1.0:
             bad("lora_dropout", "must be in [0, 1)")
-        if self.init_from and (self.model not in PRETRAINED_MODELS or self.data != "text"):
-            bad("init_from", "starts a pretrained (gpt2 or llama) model on text data; pass --train_file (and "
-                "leave model to --init_from)")
+        data = "pairs" if self.model == "transformer_seq2seq" else "text"
+        if self.init_from and (self.model not in PRETRAINED_MODELS or self.data != data):
+            bad("init_from", "starts a pretrained model: gpt2 or llama on text data (pass --train_file), or "
+                "BART's transformer_seq2seq on pairs (pass --source_file and --target_file); leave model to "
+                "--init_from")
 
     def _validate_pairs(self, bad) -> None:
         for key in ("train_file", "valid_file", "test_file"):
@@ -320,8 +322,9 @@ class TrainConfig:
                     "give both sides of the split")
         if self.share_embeddings and not self.share_vocab:
             bad("share_embeddings", "needs one vocabulary for both sides: set share_vocab = True")
-        if self.tokenizer == "hf":
-            bad("tokenizer", "comes with a pretrained language model; pairs use word, sentencepiece, char or byte")
+        if self.tokenizer == "hf" and not self.init_from:
+            bad("tokenizer", "comes with a pretrained model (--init_from <a BART folder> for pairs); pairs from "
+                "scratch use word, sentencepiece, char or byte")
         for key, limit, room in (("max_source_length", self.max_source_positions, 0),
                                  ("max_target_length", self.max_positions, 1)):
             value = getattr(self, key)

@@ -29,8 +29,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 
-__all__ = ["FAMILIES", "build_pretrained", "check_fine_tunable", "check_new_folder", "check_pretrained", "export_gpt2", "family_of", "gpt2_model_config",
-           "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained", "load_pretrained_weights",
+__all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "export_gpt2", "family_of", "gpt2_model_config",
+           "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained", "load_pretrained_weights", "pair_framing",
            "parameter_map", "pretrained_training_config", "read_config_json", "read_gpt2_config", "read_tokenizer", "read_weights",
            "resolve_source", "training_config", "write_folder"]
 
@@ -133,13 +133,17 @@ def load_pretrained_weights(model: Any, folder: str) -> Any:
     return family_of(folder).load_weights(model, folder)
 
 
-def check_fine_tunable(folder: str) -> None:
-    """Raises for a Hugging Face folder of a family lmkit reads but does not fine-tune (BART), before any
-    other check of the training flags could say something beside the point."""
-    if is_hf_folder(folder):
-        why = getattr(family_of(folder), "NOT_FINE_TUNED", None)
-        if why:
-            raise UsageError(f"--init_from {folder}: {why}")
+def pair_framing(folder: str) -> Optional[Dict[str, Any]]:
+    """How an encoder-decoder family frames its texts (:class:`lmkit.data.hf_tokenizer.HFTokenizer`'s
+    ``framing``), or None for a language model's folder (or a folder that is not a model's)."""
+    if not is_hf_folder(folder):
+        return None
+    try:
+        family = family_of(folder)
+    except UsageError:
+        return None
+    framing = getattr(family, "framing", None)
+    return None if framing is None else framing(family.read_config(folder))
 
 
 def pretrained_training_config(config: Any, folder: str) -> Any:

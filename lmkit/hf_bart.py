@@ -13,11 +13,13 @@ cross-attention's key and value one ``key_value`` kernel, and the position
 tables lose BART's two offset rows.
 
 Sources and targets are framed as BART's pretraining framed them
-(:class:`BartSide`): a source is ``<s> tokens </s>``; the decoder starts
+(:func:`framing`, which the folder's tokenizer carries): a source is ``<s> tokens </s>``; the decoder starts
 from ``decoder_start_token_id`` (``</s>``) and writes ``<s> tokens </s>``.
 So ``lmkit generate --model_dir <a BART folder> --source_file F`` (or
 ``--prompt``) decodes with every strategy of :mod:`lmkit.decoding`, as for
-an encoder-decoder lmkit trained. The weights are read with the
+an encoder-decoder lmkit trained, ``lmkit evaluate`` scores it, and ``lmkit
+train --init_from <folder> --source_file ... --target_file ...`` fine-tunes
+it (:func:`training_config`). The weights are read with the
 ``safetensors`` package (no PyTorch); the tokenizer with ``tokenizers``.
 """
 
@@ -32,7 +34,7 @@ from lmkit.errors import UsageError
 from lmkit.hf import HF_CONFIG, build_pretrained, read_config_json
 from lmkit.hf_llama import read_tensors, weight_files
 
-__all__ = ["NOT_FINE_TUNED", "BartSide", "bart_model_config", "conditional", "load_bart", "load_bart_weights", "load_seq2seq",
+__all__ = ["bart_model_config", "conditional", "framing", "load_bart", "load_bart_weights", "load_seq2seq",
            "parameter_map", "read_bart_config", "training_config"]
 
 #: lmkit.hf.FAMILIES entries read here: an encoder-decoder (``lmkit generate`` decodes sources with it).
@@ -205,37 +207,13 @@ def load_bart_weights(model: Any, folder: str) -> List[str]:
     return files
 
 
-class BartSide:
-    """A BART folder's tokenizer as one side of the encoder-decoder reads and writes text.
-
-    ``source``: ``encode`` gives ``<s> tokens </s>``. ``target``: ``encode``
-    gives ``<s> tokens`` (the end id follows in training); ``bos_id`` is the
-    decoder's first input (``decoder_start_token_id``), ``eos_id`` ends a
-    target and ``pad_id`` pads. ``decode`` drops the special tokens.
-    """
-
-    name = "hf"
-
-    def __init__(self, tokenizer: Any, config: Dict[str, Any], side: str) -> None:
-        if side not in ("source", "target"):
-            raise ValueError(f"side {side!r} is not 'source' or 'target'")
-        self.tokenizer, self.side = tokenizer, side
-        self.bos_id = int(config["decoder_start_token_id"])
-        self.eos_id, self.pad_id = int(config["eos_token_id"]), int(config["pad_token_id"])
-        start = config.get("bos_token_id")
-        self.start_id = None if start is None else int(start)  # <s>, which begins every text
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    def encode(self, text: str) -> List[int]:
-        ids = list(self.tokenizer.hf.encode(text, add_special_tokens=False).ids)
-        start = [] if self.start_id is None else [self.start_id]
-        return start + ids + ([self.eos_id] if self.side == "source" else [])
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.hf.decode([int(i) for i in ids], skip_special_tokens=True)
+def framing(config: Dict[str, Any]) -> Dict[str, Any]:
+    """BART's framing of texts (:class:`lmkit.data.hf_tokenizer.HFTokenizer`'s ``framing``): the
+    decoder starts from ``decoder_start_token_id`` and ends at ``eos_token_id``; every text begins with
+    ``<s>`` (``bos_token_id``), and a source ends with ``</s>``."""
+    start = config.get("bos_token_id")
+    return {"bos": config["decoder_start_token_id"], "eos": config["eos_token_id"], "pad": config["pad_token_id"],
+            "prefix": [] if start is None else [start], "suffix": [], "source_suffix": [config["eos_token_id"]]}
 
 
 def load_bart(folder: str, tokenizer: Any = None) -> Tuple[Any, Any, Dict[str, Any]]:
@@ -254,20 +232,31 @@ def load_seq2seq(folder: str) -> Any:
 
     from lmkit.transduction import Seq2SeqRun
 
-    model, tokenizer, config = load_bart(folder)
-    return Seq2SeqRun(model, BartSide(tokenizer, config, "source"), BartSide(tokenizer, config, "target"),
+    model, tokenizer, _ = load_bart(folder)  # the folder's tokenizer, framed as BART frames texts
+    return Seq2SeqRun(model, tokenizer.source_side(), tokenizer,
                       types.SimpleNamespace(model="bart (Hugging Face folder)", source=folder))
 
 
-#: Why ``--init_from`` a BART folder is refused (:func:`lmkit.hf.check_fine_tunable`).
-NOT_FINE_TUNED = ("lmkit generates with BART checkpoints (lmkit generate --model_dir <folder> --source_file F) "
-                  "but does not fine-tune them yet; train a transformer_seq2seq from scratch with "
-                  "--config config_seq2seq")
+#: TrainConfig fields that a BART's model keys fill; the rest go to model_params.
+_TRAIN_CONFIG_KEYS = ("vocab_size", "source_vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_dim",
+                      "max_positions", "max_source_positions", "keep_prob", "init_scale", "tie_weights",
+                      "pre_layer_norm", "share_embeddings")
 
 
 def training_config(config: Any, folder: str) -> Any:
-    """Not yet: fine-tuning a BART folder is one clear error."""
-    raise UsageError(f"--init_from {folder}: {NOT_FINE_TUNED}")
+    """``config`` (a :class:`lmkit.config.TrainConfig`) for fine-tuning the BART in ``folder`` on pairs.
+
+    The model keys come from the checkpoint; the tokenizer is the folder's,
+    one for both sides, framed as BART frames texts; the optimizer, schedule
+    and batch stay the config's.
+    """
+    keys = bart_model_config(read_bart_config(folder))
+    keys.pop("model")
+    extra = {k: v for k, v in keys.items() if k not in _TRAIN_CONFIG_KEYS}
+    return config.replace(model="transformer_seq2seq", init_from=os.path.abspath(folder), tokenizer="hf",
+                          data="pairs", share_vocab=True, embedding_dim=0,
+                          model_params={**config.model_params, **extra},
+                          **{k: keys[k] for k in _TRAIN_CONFIG_KEYS})
 
 
 # The bart entry of lmkit.hf.FAMILIES.

@@ -64,7 +64,9 @@ def source_tokenizer_of_run(model_dir: str, share_vocab: bool) -> Any:
     """The source side's tokenizer: the run's own one, or the one in ``<model_dir>/source_tokenizer``."""
     from lmkit.data.tokenizers import load_tokenizer, tokenizer_of_run
     from lmkit.layout import SOURCE_TOKENIZER_DIR
-    return tokenizer_of_run(model_dir) if share_vocab else load_tokenizer(os.path.join(model_dir, SOURCE_TOKENIZER_DIR))
+    if share_vocab:  # the same ids; a BART folder's tokenizer ends sources with </s>
+        return tokenizer_of_run(model_dir).source_side()
+    return load_tokenizer(os.path.join(model_dir, SOURCE_TOKENIZER_DIR))
 
 
 def load_seq2seq(model_dir: str, checkpoint: Optional[str] = None) -> Seq2SeqRun:

@@ -306,8 +306,8 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
     lines = _everywhere(readable, read)
     source, target = splits["train"]
     if config.share_vocab:
-        tokenizer = source_tokenizer = tokenizer_everywhere(config, model_dir, cache,
-                                                            train_file=f"{source}{SEPARATOR}{target}")
+        tokenizer = tokenizer_everywhere(config, model_dir, cache, train_file=f"{source}{SEPARATOR}{target}")
+        source_tokenizer = tokenizer.source_side()  # the same ids; a BART folder's ends sources with </s>
     else:
         tokenizer = tokenizer_everywhere(config, model_dir, cache, train_file=target)
         source_tokenizer = tokenizer_everywhere(config, os.path.join(model_dir, SOURCE_TOKENIZER_DIR), cache,
@@ -324,7 +324,11 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
     for split, (source_path, target_path) in splits.items():
         log(f"{split} pairs: {pairs[split].report.summary()} ({source_path}, {target_path}; at most "
             f"{config.source_length_limit} source and {config.target_length_limit} target tokens)")
-    config = config.replace(vocab_size=tokenizer.vocab_size, source_vocab_size=source_tokenizer.vocab_size)
+    if config.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
+        from lmkit.hf import check_vocabulary
+        check_vocabulary(tokenizer, config.vocab_size, config.init_from)
+    else:
+        config = config.replace(vocab_size=tokenizer.vocab_size, source_vocab_size=source_tokenizer.vocab_size)
     shared = "one tokenizer for both sides" if config.share_vocab else \
         f"source {source_tokenizer.vocab_size} ids in {os.path.join(model_dir, SOURCE_TOKENIZER_DIR)}"
     log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir} ({shared})")

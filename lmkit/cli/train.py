@@ -7,6 +7,7 @@
     lmkit train --config config_transformer --model my_pkg.my_lm:MyLM --train_file train.txt
     mpirun -np 2 lmkit train --init_from gpt2_folder --train_file train.txt --model_dir runs/ft  # GPT-2
     mpirun -np 2 lmkit train --init_from llama_folder --lora_rank 8 --train_file train.txt  # LoRA
+    lmkit train --init_from bart_folder --source_file train.src --target_file train.tgt  # BART, on pairs
     python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- lmkit train --backend native ...
     lmkit train --config config_seq2seq --source_file src.txt --target_file tgt.txt \
         --valid_source_file vsrc.txt --valid_target_file vtgt.txt     # an encoder-decoder
@@ -49,10 +50,10 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                         "file; default config_small, config_gpt2_finetune with --init_from, config_seq2seq "
                         "with --source_file")
     p.add_argument("--init_from", default=None,
-                   help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral: a Hugging Face folder "
-                        "(config.json, model.safetensors, tokenizer.json or vocab.json + merges.txt) or "
-                        "hf:<name> to download one (e.g. "
-                        "hf:gpt2); its sizes, weights and tokenizer replace the config's; needs --train_file")
+                   help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral (with --train_file) or BART "
+                        "(with --source_file and --target_file): a Hugging Face folder (config.json, "
+                        "model.safetensors, tokenizer.json or vocab.json + merges.txt) or hf:<name> to download "
+                        "one (e.g. hf:gpt2); its sizes, weights and tokenizer replace the config's")
     lora = p.add_argument_group("LoRA (with --init_from: train low-rank adapters, the base frozen)")
     lora.add_argument("--lora_rank", type=int, default=None,
                       help="the adapters' rank r (0 = train every weight); default: the config's lora_rank (0)")
@@ -203,11 +204,13 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     overrides = _flag_overrides(args, distributed)
     if not args.init_from:
         return load_config(args.config, overrides)
-    from lmkit.hf import check_fine_tunable, pretrained_training_config, resolve_source
+    from lmkit.hf import family_of, pretrained_training_config, resolve_source
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
-    check_fine_tunable(folder)
     overrides["init_from"] = os.path.abspath(folder)  # checked with the keys that need it (lora_rank)
-    return pretrained_training_config(load_config(args.config, overrides), folder)  # --train_file: data = "text"
+    if getattr(family_of(folder), "conditional", False):  # BART: an encoder-decoder, fine-tuned on pairs
+        overrides.setdefault("model", "transformer_seq2seq")
+    # --train_file: data = "text"; --source_file/--target_file: data = "pairs"
+    return pretrained_training_config(load_config(args.config, overrides), folder)
 
 
 def check_model_data(cls: type, config: Any) -> None:

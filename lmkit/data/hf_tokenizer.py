@@ -13,6 +13,13 @@ Special ids in lmkit's sense: ``eos_id`` is the token of a line break
 (``"\\n"``, which lmkit's text pipeline puts at the end of every line, as a
 GPT-2 text has it) and ``bos_id`` the model's ``<|endoftext|>`` (GPT-2's
 document separator); there is no unknown or padding token.
+
+An encoder-decoder's tokenizer (BART) is *framed* instead (``framing``,
+from the folder's family, :func:`lmkit.hf.pair_framing`): its ``bos_id``,
+``eos_id`` and ``pad_id`` are the target's start, end and padding ids, every
+text is encoded between ``prefix`` and ``suffix`` ids, the source side
+(:meth:`HFTokenizer.source_side`) with its own suffix, and decoding drops
+the special tokens.
 """
 
 from __future__ import annotations
@@ -50,12 +57,15 @@ class HFTokenizer(Tokenizer):
     """
 
     name = "hf"
-    OPTIONS: Mapping[str, Any] = {"source": ""}
+    OPTIONS: Mapping[str, Any] = {"source": "", "framing": None}
     READS_TEXT = False
+    #: the keys of ``framing``: the target's start, end and padding ids, the ids around every text, the source's suffix
+    FRAMING_KEYS = ("bos", "eos", "pad", "prefix", "suffix", "source_suffix")
 
-    def __init__(self, tokenizer: Any, source: str = "") -> None:
+    def __init__(self, tokenizer: Any, source: str = "", framing: Optional[Mapping[str, Any]] = None) -> None:
         self.hf = tokenizer
         self.source = source
+        self.framing = None if framing is None else _check_framing(framing)
         newline = tokenizer.encode("\n", add_special_tokens=False).ids
         self._newline = newline[0] if len(newline) == 1 else None
         self._end_of_text = tokenizer.token_to_id(END_OF_TEXT)
@@ -66,14 +76,23 @@ class HFTokenizer(Tokenizer):
         return int(self.hf.get_vocab_size(with_added_tokens=True))
 
     def _special_id(self, role: str) -> Optional[int]:
+        if self.framing is not None:
+            return self.framing.get(role) if role in ("bos", "eos", "pad") else None
         return {"eos": self._newline, "bos": self._end_of_text}.get(role)
 
     @property
     def options(self) -> Dict[str, Any]:
-        return {"source": self.source}
+        return {"source": self.source, "framing": self.framing}
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(self.hf.to_str().encode("utf-8")).hexdigest()[:16]
+        text = self.hf.to_str() + ("" if self.framing is None else json.dumps(self.framing, sort_keys=True))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def source_side(self) -> "HFTokenizer":
+        """The tokenizer an encoder-decoder's sources are encoded with: framed ones end with ``source_suffix``."""
+        if self.framing is None:
+            return self
+        return HFTokenizer(self.hf, self.source, {**self.framing, "suffix": self.framing["source_suffix"]})
 
     # -- text <-> ids -----------------------------------------------------------------------------
     def _encode_line(self, line: str) -> List[int]:
@@ -82,7 +101,26 @@ class HFTokenizer(Tokenizer):
     def _decode_line(self, ids: List[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=False)
 
+    def encode(self, text: str) -> List[int]:
+        if self.framing is None:
+            return super().encode(text)
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids: Any) -> str:
+        if self.framing is None:
+            return super().decode(ids)
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise DataError(f"id {bad} is out of range for the hf tokenizer of {self.vocab_size} ids")
+        return self.hf.decode(ids, skip_special_tokens=True)
+
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
+        if self.framing is not None:
+            if not all(isinstance(t, str) for t in texts):
+                raise DataError("encode takes a str; decode bytes with .decode('utf-8') first")
+            prefix, suffix = self.framing["prefix"], self.framing["suffix"]
+            return [prefix + list(e.ids) + suffix for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
         if self._newline is None:
             return [list(e.ids) for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
         return super().encode_batch(texts)
@@ -93,7 +131,9 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> Dict[str, Any]:
-        return {"source": str(options.get("source") or "")}
+        framing = options.get("framing")
+        return {"source": str(options.get("source") or ""),
+                "framing": None if framing is None else _check_framing(framing)}
 
     @classmethod
     def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "HFTokenizer":
@@ -110,8 +150,9 @@ class HFTokenizer(Tokenizer):
         path = os.path.join(folder, HF_TOKENIZER_FILE)
         if not os.path.isfile(path):
             raise DataError(f"{path} is missing")
+        options = cls.check_options(options)
         try:
-            return cls(_tokenizers().Tokenizer.from_file(path), str(options.get("source") or ""))
+            return cls(_tokenizers().Tokenizer.from_file(path), options["source"], options["framing"])
         except Exception as exc:  # the tokenizers package raises its own exception types
             raise DataError(f"{path} is not a tokenizers file ({exc})") from None
 
@@ -128,9 +169,11 @@ class HFTokenizer(Tokenizer):
         """
         tk = _tokenizers()
         path = os.path.join(folder, "tokenizer.json")
+        from lmkit.hf import pair_framing
+        framing = pair_framing(folder)  # an encoder-decoder's (BART) target start, end and padding ids
         if os.path.isfile(path):
             try:
-                return cls(tk.Tokenizer.from_file(path), os.path.abspath(folder))
+                return cls(tk.Tokenizer.from_file(path), os.path.abspath(folder), framing)
             except Exception as exc:
                 raise DataError(f"{path} is not a Hugging Face tokenizers file ({exc}); "
                                 "save the tokenizer again with save_pretrained") from None
@@ -164,3 +207,16 @@ class HFTokenizer(Tokenizer):
                   "add_prefix_space": False, **special}
         atomic_write_text(os.path.join(folder, "tokenizer_config.json"), json.dumps(config, indent=2) + "\n")
         atomic_write_text(os.path.join(folder, "special_tokens_map.json"), json.dumps(special, indent=2) + "\n")
+
+
+def _check_framing(framing: Mapping[str, Any]) -> Dict[str, Any]:
+    """The framing (:attr:`HFTokenizer.FRAMING_KEYS`), checked: ids are non-negative ints, lists of them."""
+    if not hasattr(framing, "items") or set(framing) != set(HFTokenizer.FRAMING_KEYS):
+        raise DataError(f"the hf tokenizer's framing {framing!r} must have the keys {', '.join(HFTokenizer.FRAMING_KEYS)}")
+    checked: Dict[str, Any] = {}
+    for key, value in framing.items():
+        values = list(value) if key in ("prefix", "suffix", "source_suffix") else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise DataError(f"the hf tokenizer's framing {key} = {value!r} must hold token ids")
+        checked[key] = values if key in ("prefix", "suffix", "source_suffix") else value
+    return checked

@@ -166,6 +166,11 @@ class Tokenizer(abc.ABC):
             ids.extend(self._encode_line(line[:-1] if line.endswith("\r") else line))
         return ids
 
+    def source_side(self) -> "Tokenizer":
+        """The tokenizer an encoder-decoder's sources are encoded with when both sides share it: itself,
+        unless a kind frames sources apart (a BART folder's, :meth:`lmkit.data.hf_tokenizer.HFTokenizer.source_side`)."""
+        return self
+
     def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
         """``[encode(t) for t in texts]`` (a kind may do it faster)."""
         return [self.encode(t) for t in texts]

@@ -133,8 +133,8 @@ def test_weights_of_another_model_are_refused_whole(tmp_path):
 
 # ------------------------------------------------------------------ the commands on a BART folder
 def make_bart_folder(folder):
-    """A random BART with a byte-level BPE tokenizer (<s>, <pad>, </s>, <unk> as ids 0-3), saved as
-    transformers saves them; returns the transformers tokenizer and model."""
+    """A random BART with a byte-level BPE tokenizer (<s>, <pad>, </s>, <unk> as ids 0-3; <s> tokens </s> with
+    special tokens, as BART's), saved as transformers saves them; returns the transformers tokenizer and model."""
     import random
 
     from tokenizers import ByteLevelBPETokenizer
@@ -144,11 +144,37 @@ def make_bart_folder(folder):
     lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(200)]
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(lines, vocab_size=120, min_frequency=1, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    from tokenizers.processors import RobertaProcessing
+    bpe._tokenizer.post_processor = RobertaProcessing(("</s>", 2), ("<s>", 0))  # as bart-base's tokenizer.json
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", pad_token="<pad>",
                                         eos_token="</s>", unk_token="<unk>")
     os.makedirs(folder, exist_ok=True)
     tokenizer.save_pretrained(folder)
     return tokenizer, save_random(folder, vocab_size=len(tokenizer))
+
+
+def test_the_folders_tokenizer_frames_texts_as_bart_does(tmp_path):
+    from lmkit.data.errors import DataError
+    from lmkit.data.hf_tokenizer import HFTokenizer
+    from lmkit.data.tokenizers import load_tokenizer
+    folder = str(tmp_path / "bart")
+    theirs, _ = make_bart_folder(folder)
+    target = HFTokenizer.from_hf_folder(folder)
+    source = target.source_side()
+    text = "the cat sat on a mat"
+    assert source.encode(text) == theirs(text)["input_ids"]  # transformers' framing: <s> tokens </s>
+    assert target.encode(text) == theirs(text)["input_ids"][:-1]  # the end id follows in training
+    assert source.encode_batch([text, "über 42"]) == [theirs(t)["input_ids"] for t in (text, "über 42")]
+    assert (target.bos_id, target.eos_id, target.pad_id) == (2, 2, 1)  # decoder start, end, padding
+    assert target.decode([2, 0, *theirs(text, add_special_tokens=False)["input_ids"], 2, 1]) == text
+    assert len({source.fingerprint(), target.fingerprint(), HFTokenizer(target.hf).fingerprint()}) == 3
+    target.save(str(tmp_path / "run"))  # a run keeps the framing without the folder
+    again = load_tokenizer(str(tmp_path / "run"))
+    assert again.framing == target.framing and again.source_side().encode(text) == source.encode(text)
+    with pytest.raises(DataError, match="framing .* must have the keys"):
+        HFTokenizer(target.hf, framing={"bos": 2})
+    with pytest.raises(DataError, match="framing prefix = \\[-1\\] must hold token ids"):
+        HFTokenizer(target.hf, framing={**target.framing, "prefix": [-1]})
 
 
 def _lmkit(*args):
@@ -200,8 +226,28 @@ def test_generate_and_evaluate_a_bart_folder_on_the_command_line(tmp_path):
     assert report["perplexity"] == pytest.approx(float(np.exp(total / count)), rel=1e-5)
     res = _lmkit("evaluate", "--model_dir", folder)
     assert res.returncode == 2 and "has no data splits; pass --source_file and --target_file" in res.stderr
-    # Fine-tuning is not there yet: one clear error, nothing written.
-    res = _lmkit("train", "--init_from", folder, "--source_file", str(source_file), "--target_file",
-                 str(target_file), "--model_dir", str(tmp_path / "run"))
-    assert res.returncode == 2 and "does not fine-tune them yet" in res.stderr, res.stderr[-2000:]
-    assert not os.path.exists(tmp_path / "run")
+    # Fine-tuning from the folder (--init_from) on pairs: with a learning rate of 1e-30 the weights stay
+    # the folder's, and the run's own test perplexity is transformers' on the same pairs.
+    train_src, train_tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    train_src.write_text("\n".join(sources * 8) + "\n", encoding="utf-8")
+    train_tgt.write_text("\n".join(targets * 8) + "\n", encoding="utf-8")
+    flags = ["train", "--init_from", folder, "--source_file", str(train_src), "--target_file", str(train_tgt),
+             "--test_source_file", str(source_file), "--test_target_file", str(target_file),
+             "--set", "batch_size=8", "--set", "warmup_epochs=0.0", "--set", "keep_prob=1.0"]
+    frozen, tuned = str(tmp_path / "frozen"), str(tmp_path / "tuned")
+    res = _lmkit(*flags, "--model_dir", frozen, "--max_steps", "1", "--set", "learning_rate=1e-30")
+    assert res.returncode == 0, res.stderr[-3000:]
+    with open(os.path.join(frozen, "results.json"), encoding="utf-8") as f:
+        # the trainer's batched float32 evaluation against transformers': 1e-5 relative
+        assert json.load(f)["test_perplexity"] == pytest.approx(report["perplexity"], rel=1e-5)
+    with open(os.path.join(frozen, "config.json"), encoding="utf-8") as f:
+        saved = json.load(f)
+    assert saved["model"] == "transformer_seq2seq" and saved["data"] == "pairs" and saved["share_embeddings"]
+    assert saved["model_params"]["embedding_norm"] is True
+    # 12 steps of AdamW at 1e-3 on 24 pairs: the test perplexity falls, and the run generates and evaluates.
+    res = _lmkit(*flags, "--model_dir", tuned, "--max_steps", "12", "--set", "learning_rate=1e-3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    with open(os.path.join(tuned, "results.json"), encoding="utf-8") as f:
+        assert json.load(f)["test_perplexity"] < report["perplexity"] / 2
+    res = _lmkit("generate", "--model_dir", tuned, "--source_file", str(source_file), "--max_new_tokens", "10")
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 3, res.stderr[-3000:]
