@@ -26,15 +26,15 @@ it (:func:`training_config`). The weights are read with the
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from lmkit.errors import UsageError
 from lmkit.hf import HF_CONFIG, build_pretrained, read_config_json
-from lmkit.hf_llama import read_tensors, weight_files
+from lmkit.hf_llama import check_export_source, read_tensors, weight_files, write_pretrained
 
-__all__ = ["bart_model_config", "conditional", "framing", "load_bart", "load_bart_weights", "load_seq2seq",
+__all__ = ["bart_model_config", "conditional", "export_bart", "framing", "load_bart", "load_bart_weights", "load_seq2seq",
            "parameter_map", "read_bart_config", "training_config"]
 
 #: lmkit.hf.FAMILIES entries read here: an encoder-decoder (``lmkit generate`` decodes sources with it).
@@ -103,33 +103,49 @@ def bart_model_config(config: Dict[str, Any]) -> Dict[str, Any]:
             "scale_embedding": bool(config.get("scale_embedding", False))}
 
 
-# (lmkit variable, the Hugging Face tensors that fill it, how it is built from them)
-Target = Tuple[Any, List[str], Callable[..., np.ndarray]]
+# (lmkit variable, the Hugging Face tensors that fill it, how it is built from them, and how they are
+# taken back from it, for export)
+Target = Tuple[Any, List[str], Callable[..., np.ndarray], Callable[[np.ndarray], List[np.ndarray]]]
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
 
 
 def _linear(prefix: str, linear: Any) -> List[Target]:
     """A torch ``nn.Linear`` [out, in] (and bias) onto an lmkit ``Linear`` [in, out]."""
-    return [(linear.kernel, [prefix + ".weight"], lambda w: w.T), (linear.bias, [prefix + ".bias"], lambda b: b)]
+    return [(linear.kernel, [prefix + ".weight"], lambda w: w.T, lambda k: [k.T]),
+            (linear.bias, [prefix + ".bias"], _same, lambda b: [b])]
 
 
 def _fused(prefix: str, names: Sequence[str], linear: Any) -> List[Target]:
     """Several torch projections side by side in one lmkit kernel (queries, keys, values in that order)."""
-    return [(linear.kernel, [f"{prefix}.{n}.weight" for n in names], lambda *ws: np.concatenate([w.T for w in ws], 1)),
-            (linear.bias, [f"{prefix}.{n}.bias" for n in names], lambda *bs: np.concatenate(bs))]
+    parts = len(names)
+    return [(linear.kernel, [f"{prefix}.{n}.weight" for n in names],
+             lambda *ws: np.concatenate([w.T for w in ws], 1), lambda k: [w.T for w in np.split(k, parts, 1)]),
+            (linear.bias, [f"{prefix}.{n}.bias" for n in names], lambda *bs: np.concatenate(bs),
+             lambda b: np.split(b, parts))]
 
 
 def _norm(prefix: str, norm: Any) -> List[Target]:
-    return [(norm.scale, [prefix + ".weight"], lambda w: w), (norm.offset, [prefix + ".bias"], lambda b: b)]
+    return [(norm.scale, [prefix + ".weight"], _same, lambda w: [w]),
+            (norm.offset, [prefix + ".bias"], _same, lambda b: [b])]
+
+
+def _positions(name: str, table: Any) -> Target:
+    """BART's rows 0-1 come before position 0: never read (exported as zeros)."""
+    return (table.embeddings, [name], lambda w: w[_POSITION_OFFSET:],
+            lambda t: [np.concatenate([np.zeros([_POSITION_OFFSET, t.shape[1]], t.dtype), t])])
 
 
 def parameter_map(model: Any) -> List[Target]:
-    """Every lmkit variable but the token table, with the Hugging Face tensors that fill it and how.
-    The token table is apart (:data:`_TABLE_NAMES`: whichever copy the checkpoint stores)."""
-    table = lambda w: w[_POSITION_OFFSET:]  # noqa: E731  (rows 0-1 are BART's offset, never a position)
+    """Every lmkit variable with the Hugging Face tensors that fill it, how, and how they come back. The
+    token table is ``model.shared.weight``, read from whichever copy a checkpoint stores (:data:`_TABLE_NAMES`)."""
     targets: List[Target] = [
-        (model.source_positions.embeddings, ["model.encoder.embed_positions.weight"], table),
-        (model.target_positions.embeddings, ["model.decoder.embed_positions.weight"], table),
-        (model.projection.bias, ["final_logits_bias"], lambda b: b.reshape(-1)),
+        (model.target_embedder.embeddings, ["model.shared.weight"], _same, lambda t: [t]),
+        _positions("model.encoder.embed_positions.weight", model.source_positions),
+        _positions("model.decoder.embed_positions.weight", model.target_positions),
+        (model.projection.bias, ["final_logits_bias"], lambda b: b.reshape(-1), lambda b: [b[np.newaxis]]),
         *_norm("model.encoder.layernorm_embedding", model.source_embedding_norm),
         *_norm("model.decoder.layernorm_embedding", model.target_embedding_norm)]
     for i, layer in enumerate(model.encoder.layers):
@@ -175,7 +191,7 @@ def load_bart_weights(model: Any, folder: str) -> List[str]:
         tensors.update(read_tensors(path))
     targets = parameter_map(model)
     config_path = os.path.join(folder, HF_CONFIG)
-    known = set(_TABLE_NAMES) | {n for _, hf_names, _ in targets for n in hf_names}
+    known = set(_TABLE_NAMES) | {n for _, hf_names, _, _ in targets for n in hf_names}
     unexpected = sorted(set(tensors) - known)
     if unexpected:
         raise UsageError(f"{folder} holds {unexpected[0]} ({len(unexpected)} tensors lmkit's BART has no use "
@@ -187,8 +203,7 @@ def load_bart_weights(model: Any, folder: str) -> List[str]:
         raise UsageError(f"{folder} lacks the token table (model.shared.weight); the checkpoint is incomplete")
     tensors["model.shared.weight"] = table
     values = []
-    for variable, hf_names, build in [(model.target_embedder.embeddings, ["model.shared.weight"], lambda w: w),
-                                      *targets]:
+    for variable, hf_names, build, _ in targets:
         missing = [n for n in hf_names if n not in tensors]
         if missing:
             raise UsageError(f"{folder} lacks {missing[0]}; the checkpoint is incomplete or of another model")
@@ -257,6 +272,26 @@ def training_config(config: Any, folder: str) -> Any:
                           data="pairs", share_vocab=True, embedding_dim=0,
                           model_params={**config.model_params, **extra},
                           **{k: keys[k] for k in _TRAIN_CONFIG_KEYS})
+
+
+def export_bart(model: Any, source: Optional[str], output: str) -> List[str]:
+    """Writes a run fine-tuned from a BART folder as a folder ``transformers`` loads
+    (``BartForConditionalGeneration``): the weights are the model's (:func:`parameter_map` backwards),
+    the config and tokenizer files the ``source`` folder's (the run's ``init_from``).
+
+    Raises:
+      UsageError: a run not started from a BART folder, a source folder that is
+        gone or does not describe the model, or an ``output`` that exists and is not empty.
+    """
+    check_export_source(source, "transformer_seq2seq", output)
+    config = read_bart_config(source)
+    if (config["encoder_layers"], config["decoder_layers"], config["d_model"]) != (
+            model.encoder.num_layers, model.decoder.num_layers, model.hidden_size):
+        raise UsageError(f"{source} does not describe this run's model (other layers or sizes)")
+    tensors: Dict[str, np.ndarray] = {}
+    for variable, names, _, unbuild in parameter_map(model):
+        tensors.update(zip(names, unbuild(variable.numpy())))
+    return write_pretrained(tensors, source, output)
 
 
 # The bart entry of lmkit.hf.FAMILIES.

@@ -23,7 +23,8 @@ from lmkit.errors import UsageError
 from lmkit.hf import _read_json, build_pretrained, read_config_json
 
 __all__ = ["FAMILIES", "export_llama", "llama_model_config", "load_llama", "load_llama_weights",
-           "parameter_map", "read_llama_config", "read_tensors", "training_config", "weight_files"]
+           "check_export_source", "parameter_map", "read_llama_config", "read_tensors", "training_config",
+           "weight_files", "write_pretrained"]
 
 HF_CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -285,23 +286,37 @@ def export_llama(model: Any, source: Optional[str], output: str) -> List[str]:
         folder that is gone or does not fit the model, or an ``output``
         that exists and is not empty.
     """
+    check_export_source(source, "llama", output)
+    if llama_model_config(read_llama_config(source))["num_layers"] != model.decoder.num_layers:
+        raise UsageError(f"{source} does not describe this run's model (another number of layers)")
+    return write_pretrained({name: v.numpy().T if transposed else v.numpy()
+                             for name, (v, transposed) in parameter_map(model).items()}, source, output)
+
+
+def check_export_source(source: Optional[str], model: str, output: str) -> None:
+    """Raises unless ``source`` (a run's ``init_from``) is a folder an export can take its config and
+    tokenizer from, and ``output`` is missing or empty."""
+    from lmkit.hf import check_new_folder
+    if not source:
+        raise UsageError(f"export --format hf of a {model} run needs the Hugging Face folder it was fine-tuned "
+                         "from (its init_from), for the config and the tokenizer; this run started from scratch")
+    if not os.path.isdir(source):
+        raise UsageError(f"the run was fine-tuned from {source}, which is gone; export needs its config and "
+                         "tokenizer files")
+    check_new_folder(output)
+
+
+def write_pretrained(tensors: Dict[str, Any], source: str, output: str) -> List[str]:
+    """The folder ``output`` as ``transformers`` reads it: ``tensors`` (Hugging Face names and layouts) in
+    ``model.safetensors`` as float32, and the config and tokenizer files of ``source`` (the folder a run
+    was fine-tuned from: fine-tuning keeps the architecture). Written aside and renamed into place."""
     import shutil
 
     import numpy as np
     from safetensors.numpy import save_file
 
-    from lmkit.hf import check_new_folder, write_folder
-    if not source:
-        raise UsageError("export --format hf of a llama run needs the Hugging Face folder it was fine-tuned "
-                         "from (its init_from), for the config and the tokenizer; this run started from scratch")
-    if not os.path.isdir(source):
-        raise UsageError(f"the run was fine-tuned from {source}, which is gone; export needs its config and "
-                         "tokenizer files")
-    if llama_model_config(read_llama_config(source))["num_layers"] != model.decoder.num_layers:
-        raise UsageError(f"{source} does not describe this run's model (another number of layers)")
-    check_new_folder(output)
-    tensors = {name: np.ascontiguousarray(v.numpy().T if transposed else v.numpy(), dtype=np.float32)
-               for name, (v, transposed) in parameter_map(model).items()}
+    from lmkit.hf import write_folder
+    tensors = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in tensors.items()}
 
     def fill(tmp: str) -> None:
         save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})

@@ -10,7 +10,8 @@ and the tokenizer files (``tokenizer.json``, ``vocab.json``, ``merges.txt``,
 of GPT-2's shape with a Hugging Face tokenizer (a run started with ``lmkit
 train --init_from``), or a Llama/Qwen2/Mistral fine-tune, written with its
 source folder's config, tokenizer and chat template
-(``AutoModelForCausalLM.from_pretrained(output)``). A LoRA run
+(``AutoModelForCausalLM.from_pretrained(output)``), or a BART fine-tune
+(``AutoModelForSeq2SeqLM.from_pretrained(output)``). A LoRA run
 (``--lora_rank``) exports with its adapters merged into the weights.
 
     lmkit export --model_dir runs/lora --format peft --output adapters
@@ -77,6 +78,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
     if config.model == "llama":  # a Llama, Qwen2 or Mistral fine-tune: its source folder's family
         from lmkit.hf_llama import export_llama
         files = export_llama(model, config.init_from, args.output)
+    elif config.model == "transformer_seq2seq":  # a BART fine-tune
+        from lmkit.hf_bart import export_bart
+        files = export_bart(model, config.init_from, args.output)
     else:
         files = export_gpt2(model, tokenizer, args.output, dropout=default_dropout(config))
     print(f"wrote {args.output}: {', '.join(files)}", flush=True)

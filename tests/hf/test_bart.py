@@ -251,3 +251,17 @@ def test_generate_and_evaluate_a_bart_folder_on_the_command_line(tmp_path):
         assert json.load(f)["test_perplexity"] < report["perplexity"] / 2
     res = _lmkit("generate", "--model_dir", tuned, "--source_file", str(source_file), "--max_new_tokens", "10")
     assert res.returncode == 0 and len(res.stdout.splitlines()) == 3, res.stderr[-3000:]
+    # The tuned run exports to a BART folder that transformers loads, with lmkit's logits.
+    exported = str(tmp_path / "exported")
+    res = _lmkit("export", "--model_dir", tuned, "--format", "hf", "--output", exported)
+    assert res.returncode == 0, res.stderr[-3000:]
+    from lmkit.train.checkpoint import load_model
+    model, _, _ = load_model(tuned)
+    with torch.no_grad():
+        theirs = BartForConditionalGeneration.from_pretrained(exported).eval()(
+            input_ids=torch.tensor(SOURCES), attention_mask=torch.tensor(SOURCE_MASK),
+            decoder_input_ids=torch.tensor(TARGETS)).logits.numpy()
+    mine, _ = model(tf.constant(TARGETS), condition=model.encode(tf.constant(SOURCES),
+                                                                 tf.constant(np.array(SOURCE_MASK, bool))))
+    np.testing.assert_allclose(mine.numpy(), theirs, atol=1e-4, rtol=1e-4)
+    assert os.path.isfile(os.path.join(exported, "tokenizer.json"))
