@@ -29,10 +29,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 
-__all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "export_gpt2", "family_of", "gpt2_model_config",
-           "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained", "load_pretrained_weights", "pair_framing",
-           "parameter_map", "pretrained_training_config", "read_config_json", "read_gpt2_config", "read_tokenizer", "read_weights",
-           "resolve_source", "training_config", "write_folder"]
+__all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "export_gpt2", "family_of",
+           "gpt2_model_config", "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained",
+           "load_pretrained_weights", "pair_framing", "parameter_map", "pretrained_training_config",
+           "read_config_json", "read_gpt2_config", "read_tokenizer", "read_weights", "resolve_source",
+           "training_config", "write_folder"]
 
 #: Hugging Face ``model_type`` -> the module that reads that family's folders. Each has
 #: ``read_config(folder)`` (checked config.json), ``training_config(config, folder)``

@@ -34,8 +34,8 @@ from lmkit.errors import UsageError
 from lmkit.hf import HF_CONFIG, build_pretrained, read_config_json
 from lmkit.hf_llama import check_export_source, read_tensors, weight_files, write_pretrained
 
-__all__ = ["bart_model_config", "conditional", "export_bart", "framing", "load_bart", "load_bart_weights", "load_seq2seq",
-           "parameter_map", "read_bart_config", "training_config"]
+__all__ = ["bart_model_config", "conditional", "export_bart", "framing", "load_bart", "load_bart_weights",
+           "load_seq2seq", "parameter_map", "read_bart_config", "training_config"]
 
 #: lmkit.hf.FAMILIES entries read here: an encoder-decoder (``lmkit generate`` decodes sources with it).
 conditional = True

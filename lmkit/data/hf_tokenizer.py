@@ -59,7 +59,8 @@ class HFTokenizer(Tokenizer):
     name = "hf"
     OPTIONS: Mapping[str, Any] = {"source": "", "framing": None}
     READS_TEXT = False
-    #: the keys of ``framing``: the target's start, end and padding ids, the ids around every text, the source's suffix
+    #: the keys of ``framing``: the target's start, end and padding ids, the ids around every text, and
+    #: the source's suffix
     FRAMING_KEYS = ("bos", "eos", "pad", "prefix", "suffix", "source_suffix")
 
     def __init__(self, tokenizer: Any, source: str = "", framing: Optional[Mapping[str, Any]] = None) -> None:
@@ -120,7 +121,8 @@ class HFTokenizer(Tokenizer):
             if not all(isinstance(t, str) for t in texts):
                 raise DataError("encode takes a str; decode bytes with .decode('utf-8') first")
             prefix, suffix = self.framing["prefix"], self.framing["suffix"]
-            return [prefix + list(e.ids) + suffix for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+            encoded = self.hf.encode_batch(list(texts), add_special_tokens=False)
+            return [prefix + list(e.ids) + suffix for e in encoded]
         if self._newline is None:
             return [list(e.ids) for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
         return super().encode_batch(texts)
@@ -210,13 +212,18 @@ class HFTokenizer(Tokenizer):
 
 
 def _check_framing(framing: Mapping[str, Any]) -> Dict[str, Any]:
-    """The framing (:attr:`HFTokenizer.FRAMING_KEYS`), checked: ids are non-negative ints, lists of them."""
+    """The framing (:attr:`HFTokenizer.FRAMING_KEYS`), checked: token ids, and lists of them for the
+    prefix and the suffixes."""
     if not hasattr(framing, "items") or set(framing) != set(HFTokenizer.FRAMING_KEYS):
-        raise DataError(f"the hf tokenizer's framing {framing!r} must have the keys {', '.join(HFTokenizer.FRAMING_KEYS)}")
+        raise DataError(f"the hf tokenizer's framing {framing!r} must have the keys "
+                        f"{', '.join(HFTokenizer.FRAMING_KEYS)}")
     checked: Dict[str, Any] = {}
     for key, value in framing.items():
-        values = list(value) if key in ("prefix", "suffix", "source_suffix") else [value]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            raise DataError(f"the hf tokenizer's framing {key} = {value!r} must hold token ids")
-        checked[key] = values if key in ("prefix", "suffix", "source_suffix") else value
+        listed = key in ("prefix", "suffix", "source_suffix")
+        values = list(value) if listed and isinstance(value, (list, tuple)) else [value]
+        if (listed and not isinstance(value, (list, tuple))) or \
+                not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise DataError(f"the hf tokenizer's framing {key} = {value!r} must hold token ids"
+                            + (" (a list)" if listed else ""))
+        checked[key] = values if listed else value
     return checked

@@ -168,7 +168,8 @@ class Tokenizer(abc.ABC):
 
     def source_side(self) -> "Tokenizer":
         """The tokenizer an encoder-decoder's sources are encoded with when both sides share it: itself,
-        unless a kind frames sources apart (a BART folder's, :meth:`lmkit.data.hf_tokenizer.HFTokenizer.source_side`)."""
+        unless a kind frames sources apart (a BART folder's, see
+        :meth:`lmkit.data.hf_tokenizer.HFTokenizer.source_side`)."""
         return self
 
     def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:

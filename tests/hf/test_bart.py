@@ -175,6 +175,8 @@ def test_the_folders_tokenizer_frames_texts_as_bart_does(tmp_path):
         HFTokenizer(target.hf, framing={"bos": 2})
     with pytest.raises(DataError, match="framing prefix = \\[-1\\] must hold token ids"):
         HFTokenizer(target.hf, framing={**target.framing, "prefix": [-1]})
+    with pytest.raises(DataError, match="framing suffix = 2 must hold token ids \\(a list\\)"):
+        HFTokenizer(target.hf, framing={**target.framing, "suffix": 2})
 
 
 def _lmkit(*args):
