@@ -210,7 +210,10 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     if getattr(family_of(folder), "conditional", False):  # BART: an encoder-decoder, fine-tuned on pairs
         overrides.setdefault("model", "transformer_seq2seq")
     # --train_file: data = "text"; --source_file/--target_file: data = "pairs"
-    return pretrained_training_config(load_config(args.config, overrides), folder)
+    config = pretrained_training_config(load_config(args.config, overrides), folder)
+    if "keep_prob" in overrides:  # dropout is the recipe's, not the architecture's: a --set wins over the folder's
+        config = config.replace(keep_prob=overrides["keep_prob"])
+    return config
 
 
 def check_model_data(cls: type, config: Any) -> None:

@@ -245,6 +245,7 @@ def test_generate_and_evaluate_a_bart_folder_on_the_command_line(tmp_path):
     with open(os.path.join(frozen, "config.json"), encoding="utf-8") as f:
         saved = json.load(f)
     assert saved["model"] == "transformer_seq2seq" and saved["data"] == "pairs" and saved["share_embeddings"]
+    assert saved["keep_prob"] == 1.0  # --set keep_prob wins over the folder's dropout (0.1)
     assert saved["model_params"]["embedding_norm"] is True
     # 12 steps of AdamW at 1e-3 on 24 pairs: the test perplexity falls, and the run generates and evaluates.
     res = _lmkit(*flags, "--model_dir", tuned, "--max_steps", "12", "--set", "learning_rate=1e-3")

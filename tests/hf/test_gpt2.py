@@ -247,6 +247,17 @@ def test_a_window_longer_than_the_checkpoint_allows_is_one_clear_error(folder, t
     assert not (tmp_path / "m").exists()
 
 
+def test_the_checkpoints_dropout_unless_a_set_asks_for_another(folder):
+    # The sizes are the checkpoint's; dropout is the recipe's: --set keep_prob wins over the folder's.
+    from lmkit.cli.train import build_parser, config_from_args
+    corpus = os.path.join(folder, "corpus.txt")
+    flags = ["--init_from", folder, "--train_file", corpus, "--set", "num_steps=16"]
+    config = config_from_args(build_parser().parse_args(flags))
+    assert config.keep_prob == 1.0 and config.hidden_size == 32  # the tiny GPT-2's pdrop 0.0 and n_embd
+    config = config_from_args(build_parser().parse_args(flags + ["--set", "keep_prob=0.8"]))
+    assert config.keep_prob == 0.8 and config.hidden_size == 32
+
+
 def test_a_download_without_a_network_is_one_clear_error(tmp_path):
     env = subprocess_env({"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hub")})
     res = run(LMKIT + ["train", "--init_from", "hf:gpt2", "--train_file", __file__,
