@@ -95,9 +95,11 @@ def attention_flops(shape: Sequence[int]) -> int:
 
 
 def causal_mask(queries: int, keys: int):
-    """[1, 1, queries, keys] bool: query i sees keys 0..i."""
+    """[1, 1, queries, keys] bool: query i sees keys 0..i (lmkit's own mask)."""
     import tensorflow as tf
-    return (tf.range(keys)[tf.newaxis, :] <= tf.range(queries)[:, tf.newaxis])[tf.newaxis, tf.newaxis]
+
+    from lmkit.modules.transformer import causal_mask as lmkit_causal_mask
+    return lmkit_causal_mask(tf.range(queries), tf.range(keys))
 
 
 def float32_probs_softmax(scores: Any, mask: Any) -> Any:

@@ -21,7 +21,7 @@ import tensorflow as tf
 from lmkit.errors import UsageError
 from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
                                 check_rate, dropout, ones_initializer)
-from lmkit.modules.transformer import (AttentionCache, TransformerState, causal_attend, empty_state,
+from lmkit.modules.transformer import (AttentionCache, TransformerState, causal_attend, causal_mask, empty_state,
                                        grouped_attend, run_layers, write_cache)
 from lmkit.precision import cast_like
 
@@ -205,22 +205,6 @@ class GatedFeedForward(Module):
                 "init_scale": self.init_scale, "name": self.name}
 
 
-def attention_mask(query_positions: tf.Tensor, key_count: Union[int, tf.Tensor],
-                   sliding_window: Optional[int]) -> tf.Tensor:
-    """Which keys each query sees: query_positions [b, time] -> bool [b, 1, time, keys].
-
-    Key ``k`` is visible from the query at position ``q`` when ``k <= q`` and,
-    with a window ``w``, ``q - k < w`` (Mistral's rule: ``w`` positions, the
-    query's own included).
-    """
-    keys = tf.range(key_count)[tf.newaxis, tf.newaxis, :]  # [1, 1, keys]
-    queries = query_positions[:, :, tf.newaxis]  # [b, time, 1]
-    visible = keys <= queries
-    if sliding_window:
-        visible = tf.logical_and(visible, queries - keys < sliding_window)
-    return visible[:, tf.newaxis]
-
-
 class GroupedQueryAttention(Module):
     """Causal self-attention with ``num_kv_heads`` key/value heads shared by groups of query heads.
 
@@ -326,7 +310,7 @@ class GroupedQueryAttention(Module):
         else:
             cache = write_cache(cache, keys, values, query_positions)
             keys, values = cache  # [batch, kv_heads, max_length, head_dim]
-            mask = attention_mask(query_positions, tf.shape(keys)[2], self.sliding_window)  # [b, 1, time, keys]
+            mask = causal_mask(query_positions, tf.range(tf.shape(keys)[2]), self.sliding_window)  # [b, 1, time, keys]
             context = grouped_attend(scaled, keys, values, mask, self.dropout, training)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.num_heads * self.head_dim])
         return self.output(context, training), cache

@@ -35,6 +35,7 @@ __all__ = [
     "TransformerState",
     "attend",
     "causal_attend",
+    "causal_mask",
     "grouped_attend",
     "default_ffn_dim",
     "empty_state",
@@ -106,24 +107,35 @@ def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks
     blocks = min(blocks, length) if length is not None else 1
     if blocks <= 1:  # the whole window, unsliced
         positions = tf.range(tf.shape(queries)[2])
-        return grouped_attend(queries, keys, values, _causal_mask(positions, positions, window), rate, training)
+        return grouped_attend(queries, keys, values, causal_mask(positions, positions, window), rate, training)
     ends = [length * i // blocks for i in range(blocks + 1)]
     outputs = []
     for start, end in zip(ends[:-1], ends[1:]):
         first_key = max(0, start - window + 1) if window else 0
-        mask = _causal_mask(tf.range(start, end), tf.range(first_key, end), window)
+        mask = causal_mask(tf.range(start, end), tf.range(first_key, end), window)
         outputs.append(grouped_attend(queries[:, :, start:end], keys[:, :, first_key:end],
                                       values[:, :, first_key:end], mask, rate, training))
     return tf.concat(outputs, axis=2)
 
 
-def _causal_mask(query_positions: tf.Tensor, key_positions: tf.Tensor, window: Optional[int]) -> tf.Tensor:
-    """bool [1, 1, queries, keys]: key ``k`` is visible from query ``q`` when ``k <= q`` (and ``q - k < window``)."""
-    offsets = query_positions[:, tf.newaxis] - key_positions[tf.newaxis, :]
+def causal_mask(query_positions: tf.Tensor, key_positions: tf.Tensor, window: Optional[int] = None) -> tf.Tensor:
+    """Which keys each query sees: bool [1 or batch, 1, time, keys].
+
+    Key ``k`` is visible from the query at position ``q`` when ``k <= q`` and,
+    with a ``window`` ``w``, ``q - k < w`` (Mistral's rule: ``w`` positions, the
+    query's own included).
+
+    Args:
+      query_positions: [time], or [batch, time] (each row's own positions: a cache).
+      key_positions: [keys].
+      window: None, or the positions a query sees.
+    """
+    queries = query_positions if query_positions.shape.rank == 2 else query_positions[tf.newaxis]
+    offsets = queries[:, :, tf.newaxis] - key_positions[tf.newaxis, tf.newaxis, :]  # [1 or batch, time, keys]
     visible = offsets >= 0
     if window:
         visible = tf.logical_and(visible, offsets < window)
-    return visible[tf.newaxis, tf.newaxis]
+    return visible[:, tf.newaxis]
 
 
 def grouped_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, mask: Optional[tf.Tensor],
@@ -386,10 +398,8 @@ class MultiHeadAttention(Module):
             query_positions = positions[:, tf.newaxis] + tf.range(length)[tf.newaxis, :]  # [batch, time]
             cache = write_cache(cache, keys, values, query_positions)
             keys, values = cache  # [batch, heads, max_length, head_dim]
-            max_length = tf.shape(keys)[2]
             # [batch, 1, time, max_length]: slots after the query are future or unwritten.
-            mask = (tf.range(max_length)[tf.newaxis, tf.newaxis, :]
-                    <= query_positions[:, :, tf.newaxis])[:, tf.newaxis]
+            mask = causal_mask(query_positions, tf.range(tf.shape(keys)[2]))
             context = attend(queries, keys, values, mask, self.dropout, training)  # [batch, heads, time, head_dim]
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.dim])
         return self.output(context, training), cache
