@@ -49,7 +49,7 @@ class LlamaLanguageModel(LanguageModel):
                  sliding_window: int = 0, layer_types: Optional[Sequence[str]] = None,
                  qkv_bias: bool = False, attention_output_bias: bool = False,
                  rms_norm_epsilon: float = 1e-6, tie_weights: bool = False, activation: str = "silu",
-                 dropout: float = 0.0, init_scale: float = 0.02, attention_blocks: int = 1,
+                 dropout: float = 0.0, init_scale: float = 0.02, attention_blocks: Union[int, str] = "auto",
                  name: Optional[str] = None) -> None:
         """Creates the embedder, the decoder and the softmax layer.
 
@@ -76,8 +76,9 @@ class LlamaLanguageModel(LanguageModel):
           init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
           attention_blocks: a training window's attention in this many query
             blocks that skip the masked keys (and, with a sliding window, the
-            keys before it); 1 = the whole window at once. The results are the
-            same (``model_params = {"attention_blocks": 4}`` in a config).
+            keys before it); 1 = the whole window at once; ``"auto"`` (default):
+            4 blocks for windows of at least 1024 positions, else 1. The results
+            are the same (``model_params = {"attention_blocks": 4}`` in a config).
           name: module name.
         """
         super().__init__(name=name)
@@ -151,6 +152,6 @@ class LlamaLanguageModel(LanguageModel):
                   "attention_output_bias": attention.output_bias, "rms_norm_epsilon": self.rms_norm_epsilon,
                   "tie_weights": self.tie_weights, "activation": self.decoder.layers[0].ffn.activation,
                   "keep_prob": keep_prob_of(self.dropout), "init_scale": self.init_scale}
-        if attention.attention_blocks != 1:  # absent by default, as in the transformer's config
+        if attention.attention_blocks != "auto":  # absent by default, as in the transformer's config
             config["attention_blocks"] = attention.attention_blocks
         return config

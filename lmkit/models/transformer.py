@@ -57,7 +57,7 @@ class TransformerLanguageModel(LanguageModel):
                  position_embedding: str = "learned",
                  layer_norm_epsilon: float = 1e-5,
                  output_bias: bool = True,
-                 attention_blocks: int = 1,
+                 attention_blocks: Union[int, str] = "auto",
                  name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 
@@ -78,7 +78,8 @@ class TransformerLanguageModel(LanguageModel):
           output_bias: give the softmax layer a bias (GPT-2 has none).
           attention_blocks: a training window's attention in this many query
             blocks that skip the masked keys after them (speed only; the results
-            are the same; ``model_params = {"attention_blocks": 4}`` in a config).
+            are the same; ``model_params = {"attention_blocks": 4}`` in a config);
+            ``"auto"`` (default): 4 blocks for windows of at least 1024 positions, else 1.
           name: module name.
 
         Raises:
@@ -190,6 +191,6 @@ class TransformerLanguageModel(LanguageModel):
         if self.projection.bias is None and not self.is_gpt2:
             config["output_bias"] = False
         blocks = self.decoder.layers[0].attention_blocks
-        if blocks != 1:
+        if blocks != "auto":
             config["attention_blocks"] = blocks
         return config

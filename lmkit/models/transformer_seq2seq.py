@@ -52,7 +52,7 @@ class TransformerSeq2Seq(LanguageModel):
                  decoder_layers: int = 0, num_heads: int = 4, ffn_dim: int = 0, max_source_positions: int = 256,
                  max_positions: int = 256, dropout: float = 0.0, pre_layer_norm: bool = True,
                  share_embeddings: bool = False, tie_weights: bool = True, init_scale: float = 0.1,
-                 attention_blocks: int = 1, activation: str = "gelu", embedding_norm: bool = False,
+                 attention_blocks: Union[int, str] = "auto", activation: str = "gelu", embedding_norm: bool = False,
                  scale_embedding: bool = False, name: Optional[str] = None) -> None:
         """Creates the embedders, the encoder, the decoder and the softmax layer.
 
@@ -71,7 +71,8 @@ class TransformerSeq2Seq(LanguageModel):
           init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
           attention_blocks: the decoder's causal self-attention over a training
             target in this many query blocks that skip the masked keys; 1 = the
-            whole target at once. The results are the same (``model_params =
+            whole target at once; ``"auto"`` (default): 4 blocks for targets of at
+            least 1024 positions, else 1. The results are the same (``model_params =
             {"attention_blocks": 4}`` in a config). The encoder, which attends
             to every source position, has no masked blocks to skip.
           activation: the feed-forward blocks' ``"gelu"`` (tanh approximation),
@@ -196,7 +197,7 @@ class TransformerSeq2Seq(LanguageModel):
                   "share_embeddings": self.share_embeddings, "tie_weights": self.tie_weights,
                   "init_scale": self.init_scale}
         # Absent when the defaults, as in the transformer's config.
-        optional = {"attention_blocks": (self.decoder.layers[0].attention_blocks, 1),
+        optional = {"attention_blocks": (self.decoder.layers[0].attention_blocks, "auto"),
                     "activation": (layer.activation, "gelu"), "embedding_norm": (self.embedding_norm, False),
                     "scale_embedding": (self.scale_embedding, False)}
         config.update({key: value for key, (value, default) in optional.items() if value != default})

@@ -214,7 +214,7 @@ class TransformerCrossDecoder(Module):
     def __init__(self, *, num_layers: int, dim: int, num_heads: int, ffn_dim: int = 0, dropout: float = 0.0,
                  attention_dropout: Optional[float] = None, pre_layer_norm: bool = True, max_positions: int = 512,
                  activation: str = "gelu", init_scale: float = 0.1, layer_norm_epsilon: float = 1e-5,
-                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
+                 attention_blocks: Union[int, str] = "auto", name: Optional[str] = None) -> None:
         """Creates the layers (``ffn_dim`` 0 means ``4 * dim``; ``max_positions`` bounds the target cache;
         ``attention_blocks`` as :class:`~lmkit.modules.TransformerDecoder`'s)."""
         super().__init__(name=name)

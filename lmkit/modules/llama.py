@@ -21,8 +21,8 @@ import tensorflow as tf
 from lmkit.errors import UsageError
 from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
                                 check_rate, dropout, ones_initializer)
-from lmkit.modules.transformer import (AttentionCache, TransformerState, causal_attend, causal_mask, empty_state,
-                                       grouped_attend, run_layers, write_cache)
+from lmkit.modules.transformer import (AttentionCache, TransformerState, causal_attend, causal_mask,
+                                       check_attention_blocks, empty_state, grouped_attend, run_layers, write_cache)
 from lmkit.precision import cast_like
 
 __all__ = ["GatedFeedForward", "GroupedQueryAttention", "LlamaDecoder", "LlamaLayer", "RMSNorm",
@@ -224,7 +224,8 @@ class GroupedQueryAttention(Module):
                  head_dim: Optional[int] = None, rope_theta: float = 10000.0,
                  rope_scaling: Optional[Mapping[str, Any]] = None, sliding_window: Optional[int] = None,
                  qkv_bias: bool = False, output_bias: bool = False, dropout: float = 0.0,
-                 init_scale: float = 0.02, attention_blocks: int = 1, name: Optional[str] = None) -> None:
+                 init_scale: float = 0.02, attention_blocks: Union[int, str] = "auto",
+                 name: Optional[str] = None) -> None:
         """Creates the projections.
 
         Args:
@@ -239,13 +240,14 @@ class GroupedQueryAttention(Module):
           init_scale: kernels from uniform(-init_scale, init_scale).
           attention_blocks: a window without a cache attends in this many query
             blocks that skip the masked keys (:func:`lmkit.modules.transformer.causal_attend`;
-            the same results, fewer scores); 1 = the whole window at once.
+            the same results, fewer scores); 1 = the whole window at once; ``"auto"``
+            (default): 4 blocks for windows of at least 1024 positions, else 1.
           name: module name.
         """
         super().__init__(name=name)
         self.dim = check_positive_int("dim", dim)
         self.num_heads = check_positive_int("num_heads", num_heads)
-        self.attention_blocks = check_positive_int("attention_blocks", attention_blocks)
+        self.attention_blocks = check_attention_blocks(attention_blocks)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads or num_heads)
         if num_heads % self.num_kv_heads:
             raise UsageError(f"num_heads {num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
@@ -334,7 +336,7 @@ class LlamaLayer(Module):
                  rope_scaling: Optional[Mapping[str, Any]] = None, sliding_window: Optional[int] = None,
                  qkv_bias: bool = False, output_bias: bool = False, norm_epsilon: float = 1e-6,
                  activation: str = "silu", dropout: float = 0.0, init_scale: float = 0.02,
-                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
+                 attention_blocks: Union[int, str] = "auto", name: Optional[str] = None) -> None:
         super().__init__(name=name)
         self.dropout = check_rate("dropout", dropout)
         self._config = {"dim": dim, "num_heads": num_heads, "ffn_dim": ffn_dim, "num_kv_heads": num_kv_heads,
@@ -378,7 +380,7 @@ class LlamaDecoder(Module):
                  sliding_windows: Optional[Sequence[Optional[int]]] = None, qkv_bias: bool = False,
                  output_bias: bool = False, norm_epsilon: float = 1e-6, activation: str = "silu",
                  max_positions: int = 2048, dropout: float = 0.0, init_scale: float = 0.02,
-                 attention_blocks: int = 1, name: Optional[str] = None) -> None:
+                 attention_blocks: Union[int, str] = "auto", name: Optional[str] = None) -> None:
         super().__init__(name=name)
         self.num_layers = check_positive_int("num_layers", num_layers)
         self.max_positions = check_positive_int("max_positions", max_positions)

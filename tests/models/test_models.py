@@ -51,7 +51,12 @@ def test_attention_blocks_from_a_config_train_the_same_model():
     assert blocked.get_config()["attention_blocks"] == 4
     assert build_model(blocked.get_config()).decoder.layers[1].attention.attention_blocks == 4
     plain = build_model(_config("transformer").model_config())
-    assert "attention_blocks" not in plain.get_config()
+    assert "attention_blocks" not in plain.get_config()  # "auto", the default
+    assert plain.decoder.layers[0].attention.attention_blocks == "auto"
+    # A run that opted out of the automatic blocks keeps its choice when it is loaded again.
+    one = build_model(_config("transformer", model_params={"attention_blocks": 1}).model_config())
+    assert one.get_config()["attention_blocks"] == 1
+    assert build_model(one.get_config()).decoder.layers[0].attention.attention_blocks == 1
     for a, b in zip(plain.variables, blocked.variables):
         a.assign(b)
     ids = _ids(3, 6)

@@ -384,6 +384,22 @@ def test_attention_blocks_skip_the_masked_keys():
     assert counts[4] == counts[1] * 5 // 8
 
 
+def test_auto_attention_blocks_split_windows_from_1024_positions():
+    # The default "auto": 4 blocks from windows of 1024 positions (measured faster there on an H100 and a
+    # CPU), one below (the CPU configs' windows of 64-128 keep their program), one for unknown lengths.
+    assert MultiHeadAttention(dim=8, num_heads=2).attention_blocks == "auto"
+    for_ = transformer_module.attention_blocks_for
+    assert [for_("auto", n) for n in (None, 1, 64, 1023, 1024, 4096)] == [1, 1, 1, 1, 4, 4]
+    assert [for_(3, n) for n in (None, 2, 3, 1024)] == [1, 2, 3, 3]
+    spec = [tf.TensorSpec([1, 1, length, 4], tf.float32) for length in (1023, 1024)]
+    counts = [_score_elements(lambda q, k, v: transformer_module.causal_attend(q, k, v, "auto", 0.0, False),
+                              *[s] * 3) for s in spec]
+    assert counts == [1023 * 1023, 1024 * 1024 * 5 // 8]
+    for bad in (0, -1, 2.0, "4", True, None):
+        with pytest.raises(ValueError, match="attention_blocks .* must be a positive integer or \"auto\""):
+            MultiHeadAttention(dim=8, num_heads=2, attention_blocks=bad)
+
+
 def test_attention_blocks_skip_the_keys_before_a_sliding_window():
     # Blocks of 4 queries of 16 with a window of 5 read 4, 8, 8, 8 keys: 7/16 of the window's scores.
     spec = [tf.TensorSpec([2, 2, 16, 4], tf.float32)] * 3
