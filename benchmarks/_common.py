@@ -163,6 +163,16 @@ def intervals_union(intervals: Iterable[Tuple[float, float]]) -> float:
     return total
 
 
+def idle_gaps(intervals: Iterable[Tuple[float, float]]) -> List[float]:
+    """The idle stretches between ``(start, end)`` intervals (overlaps merged), in order."""
+    gaps, end = [], None
+    for start, stop in sorted(intervals):
+        if end is not None and start > end:
+            gaps.append(start - end)
+        end = stop if end is None else max(end, stop)
+    return gaps
+
+
 def median_ratio(numerators: Iterable[float], denominators: Iterable[float]) -> float:
     """Median of the per-round ratios (each round measured back to back)."""
     ratios = [a / b for a, b in zip(numerators, denominators) if b > 0]

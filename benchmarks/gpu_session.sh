@@ -3,27 +3,35 @@
 # TensorFlow came from ../shared/gpu (source /tmp/gpu-env.sh first; with a normal GPU install,
 # PYTHON=.venv/bin/python). Each stage writes its own file, after every config, so that a short
 # lease keeps what it finished:
-#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|all [OUTDIR]
-# Results: OUTDIR/train_throughput_gpu_<stage>.json (+ .png); "all" also writes OUTDIR/gpu_log.txt
-# (the GPU, the versions and every stage's output). Default OUTDIR: benchmarks/results.
-# As run on the lent H200 (2026-11-26; results in benchmarks/results/train_throughput_gpu_*.json):
+#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|xla_flags|profile|attention|all [OUTDIR]
+# Results: OUTDIR/train_throughput_gpu_<stage>.json (+ .png); "all" (transformer, rnn, gpt2) also
+# writes OUTDIR/gpu_log.txt (the GPU, the versions and every stage's output). Default OUTDIR:
+# benchmarks/results.
+# As run on the lent H200 and H100 (2026-11-26; benchmarks/results/train_throughput_gpu_*.json, the
+# H100's *_h100.json, with its log gpu_log_h100.txt):
 #   export LMKIT_BENCH_TORCH_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"   # PyTorch keeps its own CUDA
 #   source /tmp/gpu-env.sh                                             # TensorFlow's CUDA 12 libraries
-#   for s in gpt2 transformer rnn; do bash benchmarks/gpu_session.sh $s $OUT/b; done
-# Where the GPT-2 bf16 step's time goes (for the MFU target; not yet run on a GPU):
+#   for s in gpt2 profile attention transformer; do bash benchmarks/gpu_session.sh $s $OUT/b; done
+# Stages:
+#   gpt2      the GPT-2 124M shape: lmkit (float32 and mixed_bfloat16) against PyTorch eager, and
+#             lmkit_bf16_blocks1, attention in one block (the default is "auto": 4 blocks at 1024)
+#   xla_flags the bf16 GPT-2 step with XLA's command buffers off and on (LMKIT_ENV of
+#             train_throughput.py): whether launching kernels one by one is what idles the GPU
 #   profile   benchmarks/profile_step.py's trace of the mixed_bfloat16 GPT-2-shaped trainer step: the
-#             GPU's kernels by kind, the biggest ones, the busy share; OUTDIR/xla_dump.tgz holds XLA's
-#             optimized HLO of the step. Kernels need CUPTI: download its wheel here first
+#             GPU's kernels by kind, the biggest ones, the busy share, the idle gaps by length; traced
+#             twice, the second time with the step's batches and flags placed on the GPU beforehand (is
+#             the per-step copy from host memory a wait?); OUTDIR/xla_dump.tgz holds XLA's optimized HLO.
+#             Kernels need CUPTI: download its wheel here first
 #               python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #                 --platform manylinux2014_x86_64 -d .gpu/cupti nvidia-cuda-cupti-cu12
 #             and carry [".gpu/cupti"]; the stage installs it into /tmp/site.
 #   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
 #             causal_blocks with 2, 4 and 8 blocks).
-# gpt2 has had the column lmkit_bf16_f32probs since the H200 run: the bf16 step with attention's softmax
-# as it was then, the same-run baseline of masked_softmax; and lmkit_bf16_blocks4 (attention_blocks = 4).
-# In a 15-minute lease (TensorFlow's set-up takes 4-7): gpt2, then profile, then attention.
+# On the H100 the set-up took 2 minutes (20 parts in 80 s, device-setup.sh 30 s). In a 15-minute
+# lease: profile, xla_flags, gpt2 (about 2, 2.5 and 3.5 minutes). Each lmkit worker of a GPT-2-shaped
+# stage holds up to ~20 GB: 4 of them beside PyTorch's ran out of memory on the 80 GB H100.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|profile|attention|all [OUTDIR]}
+stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|xla_flags|profile|attention|all [OUTDIR]}
 out=${2:-benchmarks/results}
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -37,7 +45,9 @@ case $stage in
                  --frameworks lmkit,lmkit_bf16,torch,torch_bf16 ;;
   rnn) exec "${bench[@]}" --repeats 3 --configs config_small,config_medium --frameworks lmkit,torch ;;
   gpt2) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-          --frameworks lmkit,lmkit_bf16,lmkit_bf16_f32probs,lmkit_bf16_blocks4,torch,torch_bf16 ;;
+          --frameworks lmkit,lmkit_bf16,lmkit_bf16_blocks1,torch,torch_bf16 ;;
+  xla_flags) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
+               --frameworks lmkit_bf16,lmkit_bf16_nocmdbuf,lmkit_bf16_cmdbuf ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then
       "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/cupti/*.whl
@@ -45,7 +55,7 @@ case $stage in
     [ -d /tmp/site/nvidia/cuda_cupti/lib ] && export LD_LIBRARY_PATH=/tmp/site/nvidia/cuda_cupti/lib:${LD_LIBRARY_PATH:-}
     XLA_FLAGS="--xla_dump_to=$out/xla --xla_dump_hlo_as_text ${XLA_FLAGS:-}" \
       "$py" benchmarks/profile_step.py --config config_gpt2_124m_shape --set precision='"mixed_bfloat16"' \
-        --trace_only --steps 10 --top 40 --output "$out/profile_gpt2_bf16_gpu.json"
+        --trace_only --device_inputs --steps 10 --top 40 --output "$out/profile_gpt2_bf16_gpu.json"
     rc=$?
     if [ -d "$out/xla" ]; then  # the optimized programs and their buffers only, packed
       find "$out/xla" -type f ! -name '*after_optimizations.txt' ! -name '*buffer-assignment.txt' -delete
@@ -72,5 +82,6 @@ case $stage in
     done
     echo "=== done ($(date -u +%T)) rc=$rc" | tee -a "$log"
     exit $rc ;;
-  *) echo "gpu_session.sh: unknown stage '$stage' (transformer, rnn, gpt2, profile, attention or all)" >&2; exit 2 ;;
+  *) echo "gpu_session.sh: unknown stage '$stage' (transformer, rnn, gpt2, xla_flags, profile, attention or all)" >&2
+     exit 2 ;;
 esac

@@ -18,7 +18,8 @@ kind (matmuls, reductions such as the softmaxes, scatters and gathers,
 copies, other fusions), the biggest kernels, and how much of the wall time
 the GPU was busy at all (the union of the kernels' intervals): a busy share
 well under 1 means the GPU waits for the host (launches, the step's loop),
-not for its kernels. ``--trace_only`` skips the timed pieces, which each
+not for its kernels. The idle gaps between kernels, by length, tell which:
+many short ones are launches, about one long one per step is a wait. ``--trace_only`` skips the timed pieces, which each
 compile once more (minutes for a GPT-2-sized step).
 
 Usage::
@@ -45,8 +46,8 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (RESULTS_DIR, command_line, intervals_union, load_average, machine_info,  # noqa: E402
-                                parse_overrides, write_json)
+from benchmarks._common import (RESULTS_DIR, command_line, idle_gaps, intervals_union, load_average,  # noqa: E402
+                                machine_info, parse_overrides, write_json)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -60,6 +61,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--top", type=int, default=25, help="ops (and GPU kernels) listed by name")
     parser.add_argument("--trace_only", action="store_true",
                         help="only the profiler's trace of the trainer step, not the timed pieces")
+    parser.add_argument("--device_inputs", action="store_true",
+                        help="trace the step a second time with its batches already on the device (a GPU's): "
+                             "the first trace's inputs come from host memory, as in training")
     parser.add_argument("--output", default="", help="default benchmarks/results/profile_<config>.json")
     return parser.parse_args(argv)
 
@@ -117,7 +121,8 @@ def host_ops(space: Any, steps: int, wall: float) -> Dict[str, Any]:
 
 
 KERNEL_KINDS = (  # (kind, substrings of a kernel's lower-cased name); the first match wins
-    ("matmul", ("gemm", "cutlass", "xmma", "cublas", "matmul", "dot")),
+    # cuBLAS names its Hopper kernels nvjet_* (XLA calls cuBLAS for most of its matmuls)
+    ("matmul", ("gemm", "cutlass", "xmma", "cublas", "matmul", "dot", "nvjet", "gemv")),
     ("scatter/gather", ("scatter", "gather", "dynamic_update_slice", "dynamic_slice")),
     ("reduction (softmax, norms, sums)", ("reduce", "softmax")),
     ("copy/transpose", ("copy", "transpose", "memcpy", "memset", "concatenate")),
@@ -131,6 +136,28 @@ def kernel_kind(name: str) -> str:
         if any(key in lower for key in keys):
             return kind
     return "other (elementwise fusions)"
+
+
+IDLE_BUCKETS_US = (10, 100, 1000)  # upper bounds of the idle-gap classes; the last class is open
+
+
+def idle_summary(gaps_ps: Sequence[float], steps: int, top: int = 5) -> Dict[str, Any]:
+    """Where the GPU idles between its first and last kernel, per step.
+
+    Many short gaps mean the host launches kernels more slowly than the GPU runs
+    them; about one long gap per step means the host waits for the GPU once a
+    step (a copy or a read back) and then spends that long starting the next.
+    """
+    us = [g / 1e6 for g in gaps_ps]
+    bounds = (0,) + IDLE_BUCKETS_US + (float("inf"),)
+    buckets = []
+    for low, high in zip(bounds[:-1], bounds[1:]):
+        inside = [g for g in us if low <= g < high]
+        label = f">= {low} us" if high == float("inf") else f"{low}-{high} us"
+        buckets.append({"gaps": label, "per_step": round(len(inside) / steps, 1),
+                        "ms_per_step": round(sum(inside) / 1000 / steps, 3)})
+    return {"ms_per_step": round(sum(us) / 1000 / steps, 3), "by_length": buckets,
+            "longest_us": [round(g, 1) for g in sorted(us, reverse=True)[:top]]}
 
 
 def gpu_kernels(space: Any, steps: int, wall: float, top: int = 25) -> Optional[Dict[str, Any]]:
@@ -166,6 +193,7 @@ def gpu_kernels(space: Any, steps: int, wall: float, top: int = 25) -> Optional[
         "busy_ms_per_step": round(busy_ms, 3),
         "busy_share": round(busy_ms / (wall * 1000), 3) if wall > 0 else None,
         "kernels_per_step": round(sum(calls.values()) / steps, 1),
+        "idle": idle_summary(idle_gaps(intervals), steps),
         "by_kind": [{"kind": k, "ms": round(v, 3), "share": round(v / kernel_ms, 3) if kernel_ms else 0.0}
                     for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])],
         "by_name": [{"kernel": k, "ms": round(v, 3), "calls": round(calls[k] / steps, 1), "kind": kernel_kind(k)}
@@ -274,6 +302,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"derived: {result['derived_cpu_ms']}")
     trace = trace_ops(trainer.train_step, batch, args.steps)
     result["trace"] = {**{k: v for k, v in trace.items() if k != "by_name"}, "by_name": trace["by_name"][:args.top]}
+    if args.device_inputs:
+        # Does copying each step's inputs from host memory make the host wait (a copy to a GPU waits
+        # for the work queued before it)? The same compiled step with every input placed on the device
+        # beforehand (the first device: a GPU where there is one): the batches and the stop and save
+        # flags that Trainer.train_step sends with each step.
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        with tf.device(devices[0].name):
+            placed = [tuple(tf.identity(t) for t in batch()[:2]) for _ in range(args.steps)]
+            flags = (tf.identity(tf.constant(0.0)), tf.identity(tf.constant(0.0)))
+        cursor = iter(placed)
+        device_trace = trace_ops(trainer._compiled_train_step, lambda: (*next(cursor), state0, *flags), args.steps)
+        result["trace_device_inputs"] = {"device": devices[0].name,
+                                         **{k: v for k, v in device_trace.items() if k != "by_name"}}
     result["load_average_at_end"] = load_average()
     out_path = args.output or os.path.join(RESULTS_DIR, f"profile_{args.config}.json")
     write_json(out_path, result)
@@ -287,11 +328,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if gpu:
         print(f"GPU: kernels {gpu['kernel_ms_per_step']} ms/step, busy {gpu['busy_ms_per_step']} ms/step "
               f"({100 * (gpu['busy_share'] or 0):.0f}% of the wall time), {gpu['kernels_per_step']} kernels/step")
+        idle = gpu["idle"]
+        print(f"  idle between kernels {idle['ms_per_step']} ms/step; longest gaps (us) {idle['longest_us']}")
+        for row in idle["by_length"]:
+            print(f"    gaps {row['gaps']:>12s}: {row['per_step']:7.1f} per step, {row['ms_per_step']:7.3f} ms/step")
         for row in gpu["by_kind"]:
             print(f"  {row['kind']:36s} {row['ms']:9.3f} ms  {100 * row['share']:5.1f}%")
         print("biggest kernels:")
         for row in gpu["by_name"][:15]:
             print(f"  {row['kernel'][:80]:80s} {row['ms']:9.3f} ms  {row['calls']:6.1f} calls")
+        if args.device_inputs and result["trace_device_inputs"]["gpu"]:
+            other = result["trace_device_inputs"]
+            print(f"with the batches on {other['device']} beforehand: wall {other['wall_ms_per_step']} ms/step, "
+                  f"GPU busy {100 * (other['gpu']['busy_share'] or 0):.0f}%, "
+                  f"idle between kernels {other['gpu']['idle']['ms_per_step']} ms/step")
     elif tf.config.list_physical_devices("GPU"):
         print("GPU: no kernels in the trace (is libcupti.so.12 on LD_LIBRARY_PATH?)")
     print(f"wrote {out_path}")

@@ -28,7 +28,12 @@ for the backward pass; swapped in its own worker), the baseline of
 ``lmkit_bf16`` measured in the same run; ``lmkit_blocks4`` and
 ``lmkit_bf16_blocks4``: attention in 4 query blocks that skip the masked keys
 (``model_params = {"attention_blocks": 4}``), against ``lmkit`` and
-``lmkit_bf16``::
+``lmkit_bf16``; ``lmkit_blocks1`` and ``lmkit_bf16_blocks1``: attention in one
+block, the baselines of ``lmkit`` and ``lmkit_bf16`` now that ``"auto"``
+blocks are the default; ``lmkit_bf16_nocmdbuf`` and ``lmkit_bf16_cmdbuf``:
+the ``mixed_bfloat16`` step with XLA's command buffers (CUDA graphs) off, and
+on for fusions and cuBLAS calls (``XLA_FLAGS`` of their worker, ``LMKIT_ENV``),
+against ``lmkit_bf16``::
 
     .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
         --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
@@ -89,7 +94,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
@@ -112,9 +117,24 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     # attention in 4 query blocks that skip the masked keys (transformers; the other models ignore it)
     "lmkit_blocks4": {"model_params": {"attention_blocks": 4}},
     "lmkit_bf16_blocks4": {"precision": "mixed_bfloat16", "model_params": {"attention_blocks": 4}},
+    # one block, as before "auto" (4 blocks from windows of 1024 positions) became the default
+    "lmkit_blocks1": {"model_params": {"attention_blocks": 1}},
+    "lmkit_bf16_blocks1": {"precision": "mixed_bfloat16", "model_params": {"attention_blocks": 1}},
+    # XLA's command buffers (CUDA graphs: a sequence of kernels launched at once) off, and on for the
+    # kinds of kernels an lmkit step has (the flags in LMKIT_ENV)
+    "lmkit_bf16_nocmdbuf": {"precision": "mixed_bfloat16"},
+    "lmkit_bf16_cmdbuf": {"precision": "mixed_bfloat16"},
+}
+# Environment of a variant's worker: variable -> words added to it (XLA_FLAGS is read when TF starts).
+LMKIT_ENV: Dict[str, Dict[str, str]] = {
+    "lmkit_bf16_nocmdbuf": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
+    "lmkit_bf16_cmdbuf": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL "
+                                       "--xla_gpu_graph_min_graph_size=1"},
 }
 # Same-run A/B pairs reported beside the ratios to lmkit: (variant, its baseline other than lmkit).
-PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "lmkit_bf16"))
+PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "lmkit_bf16"),
+                 ("lmkit_bf16", "lmkit_bf16_blocks1"), ("lmkit", "lmkit_blocks1"),
+                 ("lmkit_bf16_nocmdbuf", "lmkit_bf16"), ("lmkit_bf16_cmdbuf", "lmkit_bf16"))
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
@@ -629,6 +649,14 @@ def worker_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def worker_env(framework: str, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment of ``framework``'s worker: ``environ`` plus the variant's words (LMKIT_ENV)."""
+    env = dict(environ)
+    for name, words in LMKIT_ENV.get(framework, {}).items():
+        env[name] = f"{env[name]} {words}" if env.get(name) else words
+    return env
+
+
 class Worker:
     """The parent's handle on one framework's worker process."""
 
@@ -645,7 +673,7 @@ class Worker:
             cmd.append("--quick")
         for item in args.set:
             cmd += ["--set", item]
-        env = dict(os.environ)
+        env = worker_env(framework, os.environ)
         if framework in TORCH_VARIANTS and "LMKIT_BENCH_TORCH_LD_LIBRARY_PATH" in env:
             # A machine whose TensorFlow brings its own CUDA libraries (../shared/gpu) on the library
             # path: PyTorch gets the path it had before them.
@@ -763,6 +791,7 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
         "steps_per_run": steps,
         "words_per_step": words_per_step,
         "lmkit_overrides": {fw: LMKIT_VARIANTS[fw] for fw in frameworks if fw in LMKIT_VARIANTS},
+        "lmkit_env": {fw: LMKIT_ENV[fw] for fw in frameworks if fw in LMKIT_ENV},
         "config_overrides": args.overrides,  # --set, for every framework
         "frameworks": {},
         "ratios": {},

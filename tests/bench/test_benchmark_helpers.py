@@ -311,14 +311,49 @@ def test_gpu_kernels_summarises_a_gpu_trace():
     kinds = {row["kind"]: row["ms"] for row in out["by_kind"]}
     assert kinds == {"matmul": 2.0, "reduction (softmax, norms, sums)": 1.0, "other (elementwise fusions)": 1.0}
     assert out["by_name"][0] == {"kernel": "gemm_fusion_dot_3", "ms": 2.0, "calls": 1.0, "kind": "matmul"}
+    # Between the two steps' kernels the GPU idles 6.5 ms (3.5 busy of each 10): one long gap.
+    idle = out["idle"]
+    assert idle["ms_per_step"] == 3.25 and idle["longest_us"] == [6500.0]
+    assert [row["per_step"] for row in idle["by_length"]] == [0, 0, 0, 0.5]
+
+
+def test_idle_gaps_sort_by_length():
+    from benchmarks import profile_step
+    from benchmarks._common import idle_gaps
+    us = 10 ** 6  # picoseconds
+    # kernels [0, 5), [3, 8) (overlapping), [13, 20), [20, 25), then [2025, 2030): gaps of 5 and 2000 us
+    intervals = [(20 * us, 25 * us), (0, 5 * us), (3 * us, 8 * us), (13 * us, 20 * us), (2025 * us, 2030 * us)]
+    assert idle_gaps(intervals) == [5 * us, 2000 * us]
+    assert idle_gaps([]) == [] and idle_gaps([(0, us), (0, 2 * us)]) == []
+    summary = profile_step.idle_summary([5 * us, 50 * us, 500 * us, 2000 * us, 7 * us], steps=2, top=2)
+    assert summary["longest_us"] == [2000.0, 500.0]
+    assert summary["ms_per_step"] == round(2562 / 1000 / 2, 3)
+    assert [(row["gaps"], row["per_step"]) for row in summary["by_length"]] == [
+        ("0-10 us", 1.0), ("10-100 us", 0.5), ("100-1000 us", 0.5), (">= 1000 us", 0.5)]
 
 
 def test_kernel_kinds():
     from benchmarks import profile_step
     assert profile_step.kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    # cuBLAS's Hopper kernels, as XLA's cuBLAS calls showed on an H100 (2026-11-26)
+    assert profile_step.kernel_kind("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "matmul"
     assert profile_step.kernel_kind("scatter_add_fusion") == "scatter/gather"
     assert profile_step.kernel_kind("transpose_copy_fusion_2") == "copy/transpose"
     assert profile_step.kernel_kind("loop_add_fusion") == "other (elementwise fusions)"
+
+
+def test_variant_workers_get_their_xla_flags():
+    from benchmarks import train_throughput
+    env = train_throughput.worker_env("lmkit_bf16_nocmdbuf", {"XLA_FLAGS": "--xla_dump_to=/x", "HOME": "/h"})
+    assert env == {"XLA_FLAGS": "--xla_dump_to=/x --xla_gpu_enable_command_buffer=", "HOME": "/h"}
+    env = train_throughput.worker_env("lmkit_bf16_cmdbuf", {})
+    assert env["XLA_FLAGS"].startswith("--xla_gpu_enable_command_buffer=FUSION,CUBLAS")
+    assert train_throughput.worker_env("lmkit_bf16", {"XLA_FLAGS": "--a"}) == {"XLA_FLAGS": "--a"}
+    assert set(train_throughput.LMKIT_ENV) <= set(train_throughput.LMKIT_VARIANTS)
+    # every same-run pair names known variants; the one-block baselines are one block
+    for variant, baseline in train_throughput.PAIRED_RATIOS:
+        assert {variant, baseline} <= set(train_throughput.LMKIT_VARIANTS)
+    assert train_throughput.LMKIT_VARIANTS["lmkit_bf16_blocks1"]["model_params"] == {"attention_blocks": 1}
 
 
 def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
@@ -405,7 +440,7 @@ def test_the_profile_and_scaling_workers_run_with_overrides(tmp_path):
     profile, scaling = str(tmp_path / "profile.json"), str(tmp_path / "scaling.json")
     commands = [
         [sys.executable, "benchmarks/profile_step.py", "--config", "config_tiny_transformer", "--trace_only",
-         "--steps", "1", "--set", "batch_size=4", "--set", "num_steps=16", "--output", profile],
+         "--device_inputs", "--steps", "2", "--set", "batch_size=4", "--set", "num_steps=16", "--output", profile],
         [sys.executable, "benchmarks/_scaling_worker.py", "--config", "config_small", "--set", "batch_size=4",
          "--set", "num_steps=5", "--steps", "2", "--repeats", "1", "--collective_calls", "0", "--output", scaling],
     ]
@@ -413,4 +448,8 @@ def test_the_profile_and_scaling_workers_run_with_overrides(tmp_path):
         res = run(cmd, timeout=300, cwd=ROOT)
         assert res.returncode == 0, res.stderr[-3000:]
         with open(path, encoding="utf-8") as f:
-            assert json.load(f)["overrides"]["batch_size"] == 4
+            result = json.load(f)
+        assert result["overrides"]["batch_size"] == 4
+        if path == profile:  # the second trace, on batches placed beforehand (here on the CPU)
+            assert result["trace_device_inputs"]["device"].endswith("CPU:0")
+            assert result["trace_device_inputs"]["wall_ms_per_step"] > 0
