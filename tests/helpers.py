@@ -232,3 +232,36 @@ def prefill_then_steps(model, rows, prefill: int, state):
         step, state = model.step(tf.constant([row[t] for row in rows]), state)
         logits.append(step.numpy()[:, np.newaxis])
     return np.concatenate(logits, axis=1)
+
+
+def decidable_greedy(torch_model, atol: float = 1e-4, rtol: float = 1e-4, stop_id: Optional[int] = None,
+                     **generate_kwargs) -> List[List[int]]:
+    """transformers' greedy ``generate`` (``generate_kwargs``: its inputs and options), each row's ids, checked
+    to be decidable across frameworks and CPUs.
+
+    lmkit's logits match transformers' within ``atol + rtol x`` the largest logit (what the logits tests
+    assert); where at some step the best (processed) score led the second by less than twice that, rounding
+    could pick the other token on another CPU, and the comparison would test the CPU, not lmkit. So this
+    fails with its own message there. Rows end after ``stop_id`` when it comes after the first position
+    (transformers pads a finished row).
+    """
+    import numpy as np
+    import torch
+    with torch.no_grad():
+        out = torch_model.generate(do_sample=False, num_beams=1, output_scores=True, return_dict_in_generate=True,
+                                   **generate_kwargs)
+    scores = torch.stack(out.scores, 1).float().numpy()  # [rows, new tokens, vocab]
+    start = out.sequences.shape[1] - scores.shape[1]  # where the generated tokens begin
+    rows = []
+    for r, row in enumerate(out.sequences.tolist()):
+        if stop_id is not None and stop_id in row[1:]:
+            row = row[:row.index(stop_id, 1) + 1]
+        steps = scores[r, :len(row) - start]
+        finite = np.where(np.isfinite(steps), steps, np.nan)
+        top = np.sort(np.nan_to_num(finite, nan=-np.inf), axis=-1)
+        bound = 2 * (atol + rtol * np.nanmax(np.abs(finite)))
+        margins = top[:, -1] - top[:, -2]
+        assert margins.min() > bound, (f"row {r}: a near tie at new token {int(margins.argmin())} (margin "
+                                       f"{margins.min():.2e} <= {bound:.2e}): this comparison would depend on rounding")
+        rows.append(row)
+    return rows

@@ -13,6 +13,7 @@ from transformers import BartConfig, BartForConditionalGeneration  # noqa: E402
 from lmkit import decoding, distributed as dist, hf_bart  # noqa: E402
 from lmkit.errors import UsageError  # noqa: E402
 from lmkit.models import build_model  # noqa: E402
+from tests.helpers import decidable_greedy  # noqa: E402
 
 pytestmark = pytest.mark.transformers
 
@@ -74,23 +75,11 @@ def test_logits_equal_transformers_teacher_forced_and_step_by_step(variant):
 
 
 def reference_greedy(torch_model, sources, mask, max_new_tokens):
-    """transformers' greedy outputs (each up to its </s>), checked to be decidable across frameworks: at every
-    step the best logit leads the second by more than twice the logits' tolerance above (1e-4 + 1e-4 x the
-    largest logit each), so lmkit, within that tolerance, picks the same token on any CPU."""
-    with torch.no_grad():
-        out = torch_model.generate(input_ids=torch.tensor(sources), attention_mask=torch.tensor(mask),
-                                   max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                                   forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
-                                   min_length=0, output_scores=True, return_dict_in_generate=True)
-    scores = torch.stack(out.scores, 1).numpy()  # [rows, steps, vocab]
-    rows = []
-    for r, row in enumerate(out.sequences.tolist()):  # transformers pads a finished row with pad ids
-        row = row[:row.index(2, 1) + 1] if 2 in row[1:] else row
-        top = np.sort(scores[r, :len(row) - 1], axis=-1)
-        bound = 2 * (1e-4 + 1e-4 * np.abs(scores[r, :len(row) - 1]).max())
-        assert (top[:, -1] - top[:, -2]).min() > bound, "a near tie: this comparison would depend on rounding"
-        rows.append(row)
-    return rows
+    """transformers' greedy outputs (each up to its </s>), decidable within the logits' tolerance above
+    (tests.helpers.decidable_greedy), so lmkit picks the same tokens on any CPU."""
+    return decidable_greedy(torch_model, stop_id=2, input_ids=torch.tensor(sources),
+                            attention_mask=torch.tensor(mask), max_new_tokens=max_new_tokens,
+                            forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0, min_length=0)
 
 
 def test_greedy_decoding_equals_transformers(variant):

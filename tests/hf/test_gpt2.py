@@ -26,7 +26,7 @@ from lmkit import decoding, dist, hf  # noqa: E402
 from lmkit.data.hf_tokenizer import HFTokenizer  # noqa: E402
 from lmkit.errors import UsageError  # noqa: E402
 from tests.cli.test_cli_bad_input import check_one_error  # noqa: E402
-from tests.helpers import assert_relatively_close, mpirun_cmd, run, subprocess_env  # noqa: E402
+from tests.helpers import assert_relatively_close, decidable_greedy, mpirun_cmd, run, subprocess_env  # noqa: E402
 
 pytestmark = pytest.mark.transformers
 LMKIT = [sys.executable, "-m", "lmkit"]
@@ -113,10 +113,9 @@ def test_greedy_generation_equals_transformers(folder, loaded):
     reference_tokenizer = AutoTokenizer.from_pretrained(folder)
     for text in PROMPTS:
         ids = tokenizer.encode(text)
-        with torch.no_grad():
-            expected = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                          max_new_tokens=30, do_sample=False, eos_token_id=None,
-                                          pad_token_id=0)[0].tolist()
+        expected = decidable_greedy(reference, input_ids=torch.tensor([ids]),
+                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    max_new_tokens=30, eos_token_id=None, pad_token_id=0)[0]
         assert len(expected) == len(ids) + 30
         got = decoding.decode(model, len(ids) + 30, prompts=[ids]).sequences(include_prompt=True)[0]
         assert got == expected
@@ -132,28 +131,26 @@ def test_generate_reads_the_prompt_as_given_like_transformers(folder):
     samples = lmkit.generate(folder, PROMPTS, strategy="greedy", max_new_tokens=25, return_samples=True)
     for text, sample in zip(PROMPTS, samples):
         ids = reference_tokenizer(text)["input_ids"]
-        with torch.no_grad():
-            expected = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                          max_new_tokens=25, do_sample=False, eos_token_id=None,
-                                          pad_token_id=0)[0].tolist()
+        expected = decidable_greedy(reference, input_ids=torch.tensor([ids]),
+                                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    max_new_tokens=25, eos_token_id=None, pad_token_id=0)[0]
         assert sample.ids == expected and sample.text == reference_tokenizer.decode(expected)
     # The repetition penalty as transformers applies it (greedy: token for token).
     penalized = lmkit.generate(folder, PROMPTS[1], strategy="greedy", max_new_tokens=25,
                                repetition_penalty=1.5, return_samples=True)[0]
     ids = reference_tokenizer(PROMPTS[1])["input_ids"]
-    with torch.no_grad():
-        expected = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                      max_new_tokens=25, do_sample=False, eos_token_id=None, pad_token_id=0,
-                                      repetition_penalty=1.5)[0].tolist()
+    expected = decidable_greedy(reference, input_ids=torch.tensor([ids]),
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=25, eos_token_id=None, pad_token_id=0, repetition_penalty=1.5)[0]
     assert penalized.ids == expected and penalized.ids != samples[1].ids
     # --start_token puts <|endoftext|> first, as a user of transformers would by hand.
     started = lmkit.generate(folder, PROMPTS[0], strategy="greedy", max_new_tokens=10, start_token=True,
                              return_samples=True)[0]
     ids = [reference_tokenizer.eos_token_id] + reference_tokenizer(PROMPTS[0])["input_ids"]
-    with torch.no_grad():
-        expected = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                      max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
-    assert started.ids == expected.tolist()[1:]
+    expected = decidable_greedy(reference, input_ids=torch.tensor([ids]),
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=10, eos_token_id=None, pad_token_id=0)[0]
+    assert started.ids == expected[1:]
 
 
 def test_export_loads_in_transformers_with_the_same_logits(folder, loaded, tmp_path):

@@ -13,6 +13,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 from lmkit import decoding, distributed as dist, hf_llama  # noqa: E402
 from lmkit.errors import UsageError  # noqa: E402
 from lmkit.models import build_model  # noqa: E402
+from tests.helpers import decidable_greedy  # noqa: E402
 
 pytestmark = pytest.mark.transformers
 
@@ -108,11 +109,9 @@ def test_greedy_continuation_equals_transformers(family):
     name, folder, model = family
     torch_model, _ = reference(name, folder)
     for prompt in ([5, 17, 3], IDS[1][:7]):
-        with torch.no_grad():
-            expected = torch_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                                                                               dtype=torch.long),
-                                            max_new_tokens=20, do_sample=False, eos_token_id=None,
-                                            pad_token_id=0)[0].tolist()
+        expected = decidable_greedy(torch_model, input_ids=torch.tensor([prompt]),
+                                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                    max_new_tokens=20, eos_token_id=None, pad_token_id=0)[0]
         got = decoding.decode(model, len(prompt) + 20, prompts=[prompt]).sequences(include_prompt=True)[0]
         assert got == expected
 
@@ -206,11 +205,9 @@ def test_generate_and_fine_tune_a_llama_folder_from_the_command_line(tmp_path):
     reference_model = LlamaForCausalLM.from_pretrained(folder).eval()
     prompt = "the cat sat"
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        expected = reference_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
-                                                                                           dtype=torch.long),
-                                            max_new_tokens=12, do_sample=False, eos_token_id=None,
-                                            pad_token_id=0)[0].tolist()
+    expected = decidable_greedy(reference_model, input_ids=torch.tensor([ids]),
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=12, eos_token_id=None, pad_token_id=0)[0]
     res = _lmkit("generate", "--model_dir", folder, "--prompt", prompt, "--strategy", "greedy",
                  "--max_new_tokens", "12", "--one_line")
     assert res.returncode == 0, res.stderr[-3000:]
