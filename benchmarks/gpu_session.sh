@@ -3,7 +3,7 @@
 # TensorFlow came from ../shared/gpu (source /tmp/gpu-env.sh first; with a normal GPU install,
 # PYTHON=.venv/bin/python). Each stage writes its own file, after every config, so that a short
 # lease keeps what it finished:
-#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|xla_flags|profile|attention|all [OUTDIR]
+#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|idle|profile|attention|all [OUTDIR]
 # Results: OUTDIR/train_throughput_gpu_<stage>.json (+ .png); "all" (transformer, rnn, gpt2) also
 # writes OUTDIR/gpu_log.txt (the GPU, the versions and every stage's output). Default OUTDIR:
 # benchmarks/results.
@@ -15,8 +15,9 @@
 # Stages:
 #   gpt2      the GPT-2 124M shape: lmkit (float32 and mixed_bfloat16) against PyTorch eager, and
 #             lmkit_bf16_blocks1, attention in one block (the default is "auto": 4 blocks at 1024)
-#   xla_flags the bf16 GPT-2 step with XLA's command buffers off and on (LMKIT_ENV of
-#             train_throughput.py): whether launching kernels one by one is what idles the GPU
+#   idle      what keeps the GPU idle 18 % of the bf16 GPT-2 step (the H100's profile): the step fed
+#             with inputs already on the GPU (lmkit_bf16_devin: no copy from host memory per step), and
+#             XLA's command buffers off and on (LMKIT_ENV of train_throughput.py), against lmkit_bf16
 #   profile   benchmarks/profile_step.py's trace of the mixed_bfloat16 GPT-2-shaped trainer step: the
 #             GPU's kernels by kind, the biggest ones, the busy share, the idle gaps by length; traced
 #             twice, the second time with the step's batches and flags placed on the GPU beforehand (is
@@ -28,10 +29,10 @@
 #   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
 #             causal_blocks with 2, 4 and 8 blocks).
 # On the H100 the set-up took 2 minutes (20 parts in 80 s, device-setup.sh 30 s). In a 15-minute
-# lease: profile, xla_flags, gpt2 (about 2, 2.5 and 3.5 minutes). Each lmkit worker of a GPT-2-shaped
+# lease: profile, idle, gpt2 (about 2, 3 and 3.5 minutes). Each lmkit worker of a GPT-2-shaped
 # stage holds up to ~20 GB: 4 of them beside PyTorch's ran out of memory on the 80 GB H100.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|xla_flags|profile|attention|all [OUTDIR]}
+stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|idle|profile|attention|all [OUTDIR]}
 out=${2:-benchmarks/results}
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -46,8 +47,8 @@ case $stage in
   rnn) exec "${bench[@]}" --repeats 3 --configs config_small,config_medium --frameworks lmkit,torch ;;
   gpt2) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
           --frameworks lmkit,lmkit_bf16,lmkit_bf16_blocks1,torch,torch_bf16 ;;
-  xla_flags) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-               --frameworks lmkit_bf16,lmkit_bf16_nocmdbuf,lmkit_bf16_cmdbuf ;;
+  idle) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
+          --frameworks lmkit_bf16,lmkit_bf16_devin,lmkit_bf16_nocmdbuf,lmkit_bf16_cmdbuf ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then
       "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/cupti/*.whl
@@ -82,6 +83,6 @@ case $stage in
     done
     echo "=== done ($(date -u +%T)) rc=$rc" | tee -a "$log"
     exit $rc ;;
-  *) echo "gpu_session.sh: unknown stage '$stage' (transformer, rnn, gpt2, xla_flags, profile, attention or all)" >&2
+  *) echo "gpu_session.sh: unknown stage '$stage' (transformer, rnn, gpt2, idle, profile, attention or all)" >&2
      exit 2 ;;
 esac

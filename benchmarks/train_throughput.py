@@ -33,7 +33,9 @@ block, the baselines of ``lmkit`` and ``lmkit_bf16`` now that ``"auto"``
 blocks are the default; ``lmkit_bf16_nocmdbuf`` and ``lmkit_bf16_cmdbuf``:
 the ``mixed_bfloat16`` step with XLA's command buffers (CUDA graphs) off, and
 on for fusions and cuBLAS calls (``XLA_FLAGS`` of their worker, ``LMKIT_ENV``),
-against ``lmkit_bf16``::
+and ``lmkit_bf16_devin``: the compiled step on windows and flags placed on the
+device beforehand (no copy from host memory per step), against
+``lmkit_bf16``::
 
     .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
         --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
@@ -124,7 +126,13 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     # kinds of kernels an lmkit step has (the flags in LMKIT_ENV)
     "lmkit_bf16_nocmdbuf": {"precision": "mixed_bfloat16"},
     "lmkit_bf16_cmdbuf": {"precision": "mixed_bfloat16"},
+    # the compiled step fed with inputs already on the device (DEVICE_INPUTS)
+    "lmkit_bf16_devin": {"precision": "mixed_bfloat16"},
 }
+# Variants whose worker places every window and the step's stop/save flags on the device before
+# timing and calls the compiled step with them: no copy from host memory at any step (a copy to a GPU
+# waits for the work queued before it, so the host could not start a step before the last one ended).
+DEVICE_INPUTS = ("lmkit_bf16_devin",)
 # Environment of a variant's worker: variable -> words added to it (XLA_FLAGS is read when TF starts).
 LMKIT_ENV: Dict[str, Dict[str, str]] = {
     "lmkit_bf16_nocmdbuf": {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="},
@@ -134,7 +142,8 @@ LMKIT_ENV: Dict[str, Dict[str, str]] = {
 # Same-run A/B pairs reported beside the ratios to lmkit: (variant, its baseline other than lmkit).
 PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "lmkit_bf16"),
                  ("lmkit_bf16", "lmkit_bf16_blocks1"), ("lmkit", "lmkit_blocks1"),
-                 ("lmkit_bf16_nocmdbuf", "lmkit_bf16"), ("lmkit_bf16_cmdbuf", "lmkit_bf16"))
+                 ("lmkit_bf16_nocmdbuf", "lmkit_bf16"), ("lmkit_bf16_cmdbuf", "lmkit_bf16"),
+                 ("lmkit_bf16_devin", "lmkit_bf16"))
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
@@ -275,6 +284,14 @@ class LmkitRunner(Runner):
         self.flops_per_token = self.trainer.flops_per_token  # lmkit.train.flops, what the trainer logs
         self.inputs, self.targets = inputs, targets
         self.state = self.trainer.initial_state()
+        self.device_inputs = variant in DEVICE_INPUTS
+        if self.device_inputs:
+            device = (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))[0].name
+            with tf.device(device):
+                self.inputs = [tf.identity(tf.constant(x)) for x in inputs]
+                self.targets = [tf.identity(tf.constant(y)) for y in targets]
+                self.flags = (tf.identity(tf.constant(0.0)), tf.identity(tf.constant(0.0)))
+            self.step = self.trainer._compiled_train_step  # what Trainer.train_step calls, minus the flags' copies
 
     def run(self, steps: int) -> float:
         tf = self.tf
@@ -283,7 +300,10 @@ class LmkitRunner(Runner):
         for _ in range(steps):
             i = self.position % len(self.inputs)
             self.position += 1
-            out = self.step(tf.constant(self.inputs[i]), tf.constant(self.targets[i]), self.state)
+            if self.device_inputs:
+                out = self.step(self.inputs[i], self.targets[i], self.state, *self.flags)
+            else:
+                out = self.step(tf.constant(self.inputs[i]), tf.constant(self.targets[i]), self.state)
             self.state = out.state
             pending.append(out.loss)
         values = [float(v) for v in pending]  # the host sync Trainer.fit does every few steps

@@ -354,6 +354,24 @@ def test_variant_workers_get_their_xla_flags():
     for variant, baseline in train_throughput.PAIRED_RATIOS:
         assert {variant, baseline} <= set(train_throughput.LMKIT_VARIANTS)
     assert train_throughput.LMKIT_VARIANTS["lmkit_bf16_blocks1"]["model_params"] == {"attention_blocks": 1}
+    assert set(train_throughput.DEVICE_INPUTS) <= set(train_throughput.LMKIT_VARIANTS)
+
+
+def test_the_device_inputs_variant_trains_as_the_host_inputs_one():
+    # lmkit_bf16_devin calls the compiled step on windows and flags placed beforehand (here on the CPU):
+    # the same losses as the plain bf16 worker, window for window.
+    from benchmarks import train_throughput
+    from lmkit.config import load_config
+    cfg = load_config("config_tiny_transformer", {"batch_size": 2, "num_steps": 8, "num_layers": 1})
+    ids, inputs, targets = train_throughput.synthetic_batches(cfg, 4)
+    losses = {}
+    for variant in ("lmkit_bf16", "lmkit_bf16_devin"):
+        runner = train_throughput.LmkitRunner(cfg, ids, inputs, targets, variant)
+        assert runner.device_inputs == (variant == "lmkit_bf16_devin")
+        runner.run(3)
+        losses[variant] = runner.losses
+    assert len(losses["lmkit_bf16"]) == 3
+    np.testing.assert_allclose(losses["lmkit_bf16_devin"], losses["lmkit_bf16"], rtol=1e-6)
 
 
 def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
