@@ -158,7 +158,8 @@ class TrainConfig:
     lora_rank: int = 0  # with init_from: train rank-r adapters only, the base frozen (0 = full fine-tuning)
     lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.0  # on the adapters' inputs while training
-    lora_targets: str = ""  # comma-separated Linear layer names ("" = the model's: llama query,value; gpt2 qkv)
+    lora_targets: str = ""  # comma-separated Linear layer names ("" = the model's: llama query,value; gpt2 qkv;
+                           # transformer_seq2seq query,key_value,qkv)
     # --- distributed -------------------------------------------------------
     backend: str = "auto"  # auto | horovod | native | local (lmkit.distributed.BACKENDS)
     num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)

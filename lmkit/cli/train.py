@@ -63,8 +63,9 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                       help="dropout on the adapters' inputs; default: the config's lora_dropout (0)")
     lora.add_argument("--lora_targets", default=None,
                       help="comma-separated linear layers to adapt (llama: query, key, value, output, gate, "
-                           "up, down; gpt2: qkv, output, ffn_inner, ffn_outer); default: the model's "
-                           "(llama query,value; gpt2 qkv)")
+                           "up, down; gpt2: qkv, output, ffn_inner, ffn_outer; BART: query, key_value, qkv, "
+                           "output, ffn_inner, ffn_outer); default: the model's (llama query,value; gpt2 qkv; "
+                           "BART query,key_value,qkv)")
     p.add_argument("--model", default=None,
                    help="the model: a registered name (lstm, gru, transformer) or your own class "
                         "as package.module:Class; default: the config's model")

@@ -47,6 +47,9 @@ class TransformerSeq2Seq(LanguageModel):
 
     stateful = False
     conditional = True
+    # Every attention's input projections: the encoder's and the cross-attention's query and fused key/value,
+    # the decoder's fused qkv (PEFT adapts BART's q_proj and v_proj; fused layers adapt k too, as GPT-2's qkv).
+    lora_targets = ("query", "key_value", "qkv")
 
     def __init__(self, *, source_vocab_size: int, vocab_size: int, hidden_size: int, num_layers: int = 2,
                  decoder_layers: int = 0, num_heads: int = 4, ffn_dim: int = 0, max_source_positions: int = 256,

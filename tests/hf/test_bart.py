@@ -268,3 +268,49 @@ def test_generate_and_evaluate_a_bart_folder_on_the_command_line(tmp_path):
                                                                  tf.constant(np.array(SOURCE_MASK, bool))))
     np.testing.assert_allclose(mine.numpy(), theirs, atol=1e-4, rtol=1e-4)
     assert os.path.isfile(os.path.join(exported, "tokenizer.json"))
+
+
+def test_lora_fine_tunes_a_bart_folder_and_exports_merged(tmp_path):
+    """lmkit train --init_from <BART> --lora_rank 2: adapters on every attention's input projections only,
+    the base frozen; the run generates, and `lmkit export --format hf` merges the adapters into a folder
+    transformers loads with the run's logits, which the training moved off the base's."""
+    folder = str(tmp_path / "bart")
+    tokenizer, torch_model = make_bart_folder(folder)
+    sources, targets = ["the cat sat on a mat", "blue sky !", "über 42"], ["the dog ran fast", "a blue mat", "sky 42"]
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("\n".join(sources * 8) + "\n", encoding="utf-8")
+    tgt.write_text("\n".join(targets * 8) + "\n", encoding="utf-8")
+    run = str(tmp_path / "lora")
+    res = _lmkit("train", "--init_from", folder, "--source_file", str(src), "--target_file", str(tgt),
+                 "--model_dir", run, "--max_steps", "6", "--lora_rank", "2", "--set", "batch_size=8",
+                 "--set", "warmup_epochs=0.0", "--set", "keep_prob=1.0", "--set", "learning_rate=1e-2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    from lmkit.modules.lora import lora_of
+    from lmkit.train.checkpoint import load_model
+    model, _, _ = load_model(run)  # the base from the folder, the adapters from the run, merged
+    assert lora_of(model) is None
+    with open(os.path.join(run, "config.json"), encoding="utf-8") as f:
+        assert json.load(f)["lora_rank"] == 2
+    # Which layers were adapted: the run unmerged, as `lmkit train` built it.
+    built, _, _ = load_model(run, merge_adapters=False)
+    paths = sorted(lora_of(built).adapters)
+    assert paths == sorted([f"decoder/layers/{i}/{p}" for i in range(2)
+                            for p in ("attention/qkv", "cross_attention/query", "cross_attention/key_value")]
+                           + [f"encoder/layers/{i}/attention/{p}" for i in range(2) for p in ("query", "key_value")])
+    assert {v.ref() for v in built.trainable_variables} == {v.ref() for v in lora_of(built).variables}
+    res = _lmkit("generate", "--model_dir", run, "--source_file", str(src), "--max_new_tokens", "6")
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 24, res.stderr[-3000:]
+    exported = str(tmp_path / "merged")
+    res = _lmkit("export", "--model_dir", run, "--format", "hf", "--output", exported)
+    assert res.returncode == 0, res.stderr[-3000:]
+    with torch.no_grad():
+        batch = dict(input_ids=torch.tensor(SOURCES), attention_mask=torch.tensor(SOURCE_MASK),
+                     decoder_input_ids=torch.tensor(TARGETS))
+        theirs = BartForConditionalGeneration.from_pretrained(exported).eval()(**batch).logits.numpy()
+        base = torch_model(**batch).logits.numpy()
+    mine, _ = model(tf.constant(TARGETS), condition=model.encode(tf.constant(SOURCES),
+                                                                 tf.constant(np.array(SOURCE_MASK, bool))))
+    np.testing.assert_allclose(mine.numpy(), theirs, atol=1e-4, rtol=1e-4)
+    assert np.abs(theirs - base).max() > 1e-2  # the adapters trained: the merged model is not the base
+    res = _lmkit("export", "--model_dir", run, "--format", "peft", "--output", str(tmp_path / "peft"))
+    assert res.returncode == 2 and "export --format peft writes the LoRA adapters of a Llama" in res.stderr
