@@ -16,8 +16,9 @@
 #   gpt2      the GPT-2 124M shape: lmkit (float32 and mixed_bfloat16) against PyTorch eager, and
 #             lmkit_bf16_blocks1, attention in one block (the default is "auto": 4 blocks at 1024)
 #   idle      what keeps the GPU idle 18 % of the bf16 GPT-2 step (the H100's profile): the step fed
-#             with inputs already on the GPU (lmkit_bf16_devin: no copy from host memory per step), and
-#             XLA's command buffers off and on (LMKIT_ENV of train_throughput.py), against lmkit_bf16
+#             with inputs already on the GPU (lmkit_bf16_devin: no copy from host memory per step), the
+#             trainer's device_prefetch = 2 (lmkit_bf16_prefetch: the fix, if devin gains), and XLA's
+#             command buffers on (LMKIT_ENV of train_throughput.py), each against lmkit_bf16
 #   profile   benchmarks/profile_step.py's trace of the mixed_bfloat16 GPT-2-shaped trainer step: the
 #             GPU's kernels by kind, the biggest ones, the busy share, the idle gaps by length; traced
 #             twice, the second time with the step's batches and flags placed on the GPU beforehand (is
@@ -48,7 +49,7 @@ case $stage in
   gpt2) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
           --frameworks lmkit,lmkit_bf16,lmkit_bf16_blocks1,torch,torch_bf16 ;;
   idle) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-          --frameworks lmkit_bf16,lmkit_bf16_devin,lmkit_bf16_nocmdbuf,lmkit_bf16_cmdbuf ;;
+          --frameworks lmkit_bf16,lmkit_bf16_devin,lmkit_bf16_prefetch,lmkit_bf16_cmdbuf ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then
       "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/cupti/*.whl

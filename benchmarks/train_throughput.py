@@ -33,9 +33,10 @@ block, the baselines of ``lmkit`` and ``lmkit_bf16`` now that ``"auto"``
 blocks are the default; ``lmkit_bf16_nocmdbuf`` and ``lmkit_bf16_cmdbuf``:
 the ``mixed_bfloat16`` step with XLA's command buffers (CUDA graphs) off, and
 on for fusions and cuBLAS calls (``XLA_FLAGS`` of their worker, ``LMKIT_ENV``),
-and ``lmkit_bf16_devin``: the compiled step on windows and flags placed on the
-device beforehand (no copy from host memory per step), against
-``lmkit_bf16``::
+``lmkit_bf16_devin``: the compiled step on windows and flags placed on the
+device beforehand (no copy from host memory per step), and
+``lmkit_bf16_prefetch``: the trainer's ``device_prefetch = 2`` (windows copied
+two steps ahead on a thread of their own), against ``lmkit_bf16``::
 
     .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
         --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
@@ -128,6 +129,8 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_bf16_cmdbuf": {"precision": "mixed_bfloat16"},
     # the compiled step fed with inputs already on the device (DEVICE_INPUTS)
     "lmkit_bf16_devin": {"precision": "mixed_bfloat16"},
+    # the trainer's own feed: windows copied two steps ahead on a thread, flags kept on the device
+    "lmkit_bf16_prefetch": {"precision": "mixed_bfloat16", "device_prefetch": 2},
 }
 # Variants whose worker places every window and the step's stop/save flags on the device before
 # timing and calls the compiled step with them: no copy from host memory at any step (a copy to a GPU
@@ -143,7 +146,7 @@ LMKIT_ENV: Dict[str, Dict[str, str]] = {
 PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "lmkit_bf16"),
                  ("lmkit_bf16", "lmkit_bf16_blocks1"), ("lmkit", "lmkit_blocks1"),
                  ("lmkit_bf16_nocmdbuf", "lmkit_bf16"), ("lmkit_bf16_cmdbuf", "lmkit_bf16"),
-                 ("lmkit_bf16_devin", "lmkit_bf16"))
+                 ("lmkit_bf16_devin", "lmkit_bf16"), ("lmkit_bf16_prefetch", "lmkit_bf16"))
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
@@ -297,15 +300,23 @@ class LmkitRunner(Runner):
         tf = self.tf
         pending = []
         start = time.perf_counter()
-        for _ in range(steps):
+        from lmkit.train.feed import window_feed  # with device_prefetch, as Trainer.fit() feeds its steps
+        order = [(self.inputs[(self.position + k) % len(self.inputs)],
+                  self.targets[(self.position + k) % len(self.inputs)]) for k in range(steps)]
+        feed = None if self.device_inputs else window_feed(order, self.trainer.config.device_prefetch)
+        for k in range(steps):
             i = self.position % len(self.inputs)
             self.position += 1
             if self.device_inputs:
                 out = self.step(self.inputs[i], self.targets[i], self.state, *self.flags)
+            elif feed is not None:
+                out = self.step(*feed.get(k), self.state)
             else:
                 out = self.step(tf.constant(self.inputs[i]), tf.constant(self.targets[i]), self.state)
             self.state = out.state
             pending.append(out.loss)
+        if feed is not None:
+            feed.close()
         values = [float(v) for v in pending]  # the host sync Trainer.fit does every few steps
         elapsed = time.perf_counter() - start
         self.losses.extend(values)

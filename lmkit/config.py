@@ -175,6 +175,9 @@ class TrainConfig:
     preemption_grace_seconds: float = 60.0  # signal to exit, checkpoint or not (0 = no limit)
     log_every_steps: int = 0  # 0 = about 10 lines per epoch
     jit_compile: Union[bool, str] = "auto"  # "auto": XLA on GPUs, plain on CPUs (lmkit.xla); True | False
+    # Windows copied to the device this many steps ahead, on a thread of their own, and the stop/save
+    # flags kept there (lmkit.train.feed); 0: each step's window is sent as the step starts
+    device_prefetch: int = 0
 
     # --------------------------------------------------------------------------
     @classmethod
@@ -235,6 +238,8 @@ class TrainConfig:
             bad("jit_compile", "is not one of True, False, 'auto' ('auto': XLA on GPUs, the plain step on CPUs)")
         if self.grad_accum_steps < 1:
             bad("grad_accum_steps", "must be >= 1 (1 = no accumulation)")
+        if self.device_prefetch < 0:  # (the type is checked with every key's)
+            bad("device_prefetch", "must be an integer >= 0 (steps ahead; 0 = off, 2 = the usual)")
         if self.batch_size >= 1 and self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps:
             bad("grad_accum_steps", f"does not divide batch_size = {self.batch_size}; each micro-batch "
                 f"has batch_size / (workers * grad_accum_steps) rows")

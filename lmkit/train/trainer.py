@@ -53,6 +53,7 @@ from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.loss_scale import DynamicLossScale
 from lmkit.train.evaluation import Evaluator
+from lmkit.train.feed import feed_device, flag_tensors, window_feed
 from lmkit.train.flops import device_peak_tflops, flops_per_token
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
 from lmkit.preemption import PreemptionWatcher
@@ -257,6 +258,7 @@ class Trainer:
                               dist.first(applied))
 
         self._compiled = False
+        self._flags = flag_tensors(feed_device()) if cfg.device_prefetch else None  # on the device (feed.py)
         self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split,
                                                 reduce_retracing=True, autograph=autograph)
         self._evaluator = task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla)
@@ -286,8 +288,8 @@ class Trainer:
         """
         if self._compiled_train_step is None:
             raise RuntimeError("call fit() or build() before train_step()")
-        return self._compiled_train_step(inputs, targets, state, tf.constant(stop, tf.float32),
-                                         tf.constant(save, tf.float32))
+        flags = self._flags or (lambda *values: [tf.constant(v, tf.float32) for v in values])
+        return self._compiled_train_step(inputs, targets, state, *flags(stop, save))
 
     def initial_state(self, batch: Optional[int] = None) -> Any:
         """The state an epoch starts from, one per local replica (None for stateless models).
@@ -542,49 +544,54 @@ class Trainer:
                 self._boundaries.saved()
 
         t0 = time.perf_counter()
-        for i in range(start, steps_per_epoch):
-            if max_steps is not None and step_count >= max_steps:
-                run.stopped = True
-                self.progress.steps_in_epoch.assign(i)
-                if pending:
-                    drain(i - 1)
-                result.checkpoint = self._checkpoints.save(state, {"stopped_by": "max_steps"}) or result.checkpoint
-                break
-            if i == start and not self.chief:  # waits for rank 0's evaluation and save (watched there)
-                self._watchdog.pause()
-            inputs, targets = tf.nest.map_structure(tf.constant, batches[i])
-            out = self.train_step(inputs, targets, state,
-                                  *self._boundaries.flags())
-            state = out.state
-            self._watchdog.beat(step_count + 1)
-            pending.append((out.loss, out.finite, out.applied))
-            run.steps += 1
-            step_count += 1
-            if not self._compiled:  # the first call traces and compiles: not training speed
-                drain(i)
-                self.compile_time = time.perf_counter() - t0
-                self._compiled = True
-                self.log(f"compiled the training step{' with XLA' if self.xla else ''} in "
-                         f"{self.compile_time:.1f} s")
-                t0 = time.perf_counter()
-                run.timed_from = run.steps
-            # Reading values back costs a host sync: only every few steps.
-            if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
-                drain(i)
-                elapsed = time.perf_counter() - t0
-                bar.update(i + 1, f"ppl {perplexity(run.token_loss(self.task.loss_tokens)):.2f} "
-                           f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
-                           "tokens/s")
-            actions = self._boundaries.after_step(out.agreed, step_count)
-            if actions:
-                if pending:
-                    drain(i)
-                act(actions, i + 1)
-                if run.preempted:
+        feed = window_feed(batches, self.config.device_prefetch)  # None without device_prefetch
+        try:
+            for i in range(start, steps_per_epoch):
+                if max_steps is not None and step_count >= max_steps:
                     run.stopped = True
+                    self.progress.steps_in_epoch.assign(i)
+                    if pending:
+                        drain(i - 1)
+                    saved = self._checkpoints.save(state, {"stopped_by": "max_steps"})
+                    result.checkpoint = saved or result.checkpoint
                     break
-        else:
-            act(self._boundaries.flush(), steps_per_epoch)  # the last step's flags: no step follows
+                if i == start and not self.chief:  # waits for rank 0's evaluation and save (watched there)
+                    self._watchdog.pause()
+                inputs, targets = feed.get(i) if feed else tf.nest.map_structure(tf.constant, batches[i])
+                out = self.train_step(inputs, targets, state, *self._boundaries.flags())
+                state = out.state
+                self._watchdog.beat(step_count + 1)
+                pending.append((out.loss, out.finite, out.applied))
+                run.steps += 1
+                step_count += 1
+                if not self._compiled:  # the first call traces and compiles: not training speed
+                    drain(i)
+                    self.compile_time = time.perf_counter() - t0
+                    self._compiled = True
+                    self.log(f"compiled the training step{' with XLA' if self.xla else ''} in "
+                             f"{self.compile_time:.1f} s")
+                    t0 = time.perf_counter()
+                    run.timed_from = run.steps
+                # Reading values back costs a host sync: only every few steps.
+                if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
+                    drain(i)
+                    elapsed = time.perf_counter() - t0
+                    bar.update(i + 1, f"ppl {perplexity(run.token_loss(self.task.loss_tokens)):.2f} "
+                               f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
+                               "tokens/s")
+                actions = self._boundaries.after_step(out.agreed, step_count)
+                if actions:
+                    if pending:
+                        drain(i)
+                    act(actions, i + 1)
+                    if run.preempted:
+                        run.stopped = True
+                        break
+            else:
+                act(self._boundaries.flush(), steps_per_epoch)  # the last step's flags: no step follows
+        finally:
+            if feed:
+                feed.close()
         if pending:
             drain(run.steps - 1)
         bar.close()

@@ -357,21 +357,26 @@ def test_variant_workers_get_their_xla_flags():
     assert set(train_throughput.DEVICE_INPUTS) <= set(train_throughput.LMKIT_VARIANTS)
 
 
-def test_the_device_inputs_variant_trains_as_the_host_inputs_one():
-    # lmkit_bf16_devin calls the compiled step on windows and flags placed beforehand (here on the CPU):
-    # the same losses as the plain bf16 worker, window for window.
+def test_the_device_inputs_variants_train_as_the_host_inputs_one():
+    # lmkit_bf16_devin calls the compiled step on windows and flags placed beforehand, lmkit_bf16_prefetch
+    # feeds it through the trainer's WindowFeed (here on the CPU): the same losses as the plain bf16 worker,
+    # window for window.
     from benchmarks import train_throughput
     from lmkit.config import load_config
     cfg = load_config("config_tiny_transformer", {"batch_size": 2, "num_steps": 8, "num_layers": 1})
     ids, inputs, targets = train_throughput.synthetic_batches(cfg, 4)
     losses = {}
-    for variant in ("lmkit_bf16", "lmkit_bf16_devin"):
+    for variant in ("lmkit_bf16", "lmkit_bf16_devin", "lmkit_bf16_prefetch"):
         runner = train_throughput.LmkitRunner(cfg, ids, inputs, targets, variant)
         assert runner.device_inputs == (variant == "lmkit_bf16_devin")
+        assert runner.trainer.config.device_prefetch == (2 if variant == "lmkit_bf16_prefetch" else 0)
         runner.run(3)
+        runner.run(2)  # a second timed run goes on from the next window
         losses[variant] = runner.losses
-    assert len(losses["lmkit_bf16"]) == 3
+    assert len(losses["lmkit_bf16"]) == 5
+    # the same windows in the same order, whichever way they reach the step (the trainer's feed included)
     np.testing.assert_allclose(losses["lmkit_bf16_devin"], losses["lmkit_bf16"], rtol=1e-6)
+    np.testing.assert_allclose(losses["lmkit_bf16_prefetch"], losses["lmkit_bf16"], rtol=1e-6)
 
 
 def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
