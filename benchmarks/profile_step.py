@@ -307,13 +307,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # for the work queued before it)? The same compiled step with every input placed on the device
         # beforehand (the first device: a GPU where there is one): the batches and the stop and save
         # flags that Trainer.train_step sends with each step.
-        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-        with tf.device(devices[0].name):
+        from lmkit.train.feed import feed_device, flag_tensors
+        device = feed_device()
+        with tf.device(device):
             placed = [tuple(tf.identity(t) for t in batch()[:2]) for _ in range(args.steps)]
-            flags = (tf.identity(tf.constant(0.0)), tf.identity(tf.constant(0.0)))
+        flags = flag_tensors(device)(0.0, 0.0)
         cursor = iter(placed)
         device_trace = trace_ops(trainer._compiled_train_step, lambda: (*next(cursor), state0, *flags), args.steps)
-        result["trace_device_inputs"] = {"device": devices[0].name,
+        result["trace_device_inputs"] = {"device": device,
                                          **{k: v for k, v in device_trace.items() if k != "by_name"}}
     result["load_average_at_end"] = load_average()
     out_path = args.output or os.path.join(RESULTS_DIR, f"profile_{args.config}.json")

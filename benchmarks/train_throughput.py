@@ -289,21 +289,25 @@ class LmkitRunner(Runner):
         self.state = self.trainer.initial_state()
         self.device_inputs = variant in DEVICE_INPUTS
         if self.device_inputs:
-            device = (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))[0].name
+            from lmkit.train.feed import feed_device, flag_tensors
+            device = feed_device()
             with tf.device(device):
                 self.inputs = [tf.identity(tf.constant(x)) for x in inputs]
                 self.targets = [tf.identity(tf.constant(y)) for y in targets]
-                self.flags = (tf.identity(tf.constant(0.0)), tf.identity(tf.constant(0.0)))
+            self.flags = flag_tensors(device)(0.0, 0.0)
             self.step = self.trainer._compiled_train_step  # what Trainer.train_step calls, minus the flags' copies
 
     def run(self, steps: int) -> float:
         tf = self.tf
         pending = []
         start = time.perf_counter()
-        from lmkit.train.feed import window_feed  # with device_prefetch, as Trainer.fit() feeds its steps
-        order = [(self.inputs[(self.position + k) % len(self.inputs)],
-                  self.targets[(self.position + k) % len(self.inputs)]) for k in range(steps)]
-        feed = None if self.device_inputs else window_feed(order, self.trainer.config.device_prefetch)
+        feed = None
+        if self.trainer.config.device_prefetch:  # the windows of this run through the trainer's feed, as in fit()
+            from lmkit.train.feed import window_feed
+            n = len(self.inputs)
+            order = [(self.inputs[(self.position + k) % n], self.targets[(self.position + k) % n])
+                     for k in range(steps)]
+            feed = window_feed(order, self.trainer.config.device_prefetch)
         for k in range(steps):
             i = self.position % len(self.inputs)
             self.position += 1

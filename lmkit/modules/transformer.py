@@ -14,6 +14,7 @@ a gather), and rows may sit at different positions.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
@@ -87,10 +88,10 @@ def check_attention_blocks(value: Any) -> Union[int, str]:
     """Returns ``value`` when it is ``"auto"`` or a positive int (the ``attention_blocks`` option)."""
     if value == "auto":
         return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise UsageError(f"attention_blocks {value!r} must be a positive integer or \"auto\" (query blocks of a "
                          f"window's causal attention); pass e.g. attention_blocks=1")
-    return value
+    return int(value)
 
 
 def attention_blocks_for(blocks: Union[int, str], length: Optional[int]) -> int:

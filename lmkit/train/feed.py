@@ -1,9 +1,11 @@
 """Sending a training step's inputs to its device ahead of the step (``device_prefetch``).
 
 A copy from host memory to a GPU is queued behind the work already queued on
-the GPU, and TensorFlow's eager runtime waits for it to finish. So when each
-step's window is copied as the step starts, the host cannot start step i + 1
-before step i has ended, and the GPU idles while the host starts it.
+the GPU, and, as we read TensorFlow's eager runtime, the host waits for it to
+finish. If so, when each step's window is copied as the step starts, the host
+cannot start step i + 1 before step i has ended, and the GPU idles while the
+host starts it (a hypothesis: benchmarks/gpu_session.sh's ``idle`` stage
+measures it; the option stays off until it has).
 :class:`WindowFeed` makes the copies on a thread of its own, ``ahead`` steps
 early: the host then starts a step on inputs that are already there.
 :func:`flag_tensors` keeps the step's stop/save flags on the device for the
@@ -14,13 +16,13 @@ there but the thread that makes the tensors (which the tests use).
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from lmkit import distributed as dist
 
-__all__ = ["WindowFeed", "feed_device", "flag_tensors", "window_feed"]
+__all__ = ["WindowFeed", "feed_device", "flag_tensors", "host_flags", "window_feed"]
 
 
 def feed_device() -> str:
@@ -90,10 +92,15 @@ def window_feed(batches: Sequence[Any], ahead: int) -> Optional[WindowFeed]:
     return WindowFeed(batches, feed_device(), ahead) if ahead else None
 
 
-def flag_tensors(device: str, cache: Optional[Dict[float, tf.Tensor]] = None) -> Any:
+def host_flags(stop: float, save: float) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The step's stop/save flags as float32 scalars in host memory, made at every step (no device_prefetch)."""
+    return tf.constant(stop, tf.float32), tf.constant(save, tf.float32)
+
+
+def flag_tensors(device: str) -> Callable[[float, float], Tuple[tf.Tensor, tf.Tensor]]:
     """A function ``(stop, save) -> (tensor, tensor)`` whose float32 scalars live on ``device``, made once per
     value (the flags are 0 or 1): no copy from host memory at each step."""
-    cache = {} if cache is None else cache
+    cache: Dict[float, tf.Tensor] = {}
 
     def flags(stop: float, save: float) -> Tuple[tf.Tensor, tf.Tensor]:
         out = []

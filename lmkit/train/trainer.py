@@ -53,7 +53,7 @@ from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.loss_scale import DynamicLossScale
 from lmkit.train.evaluation import Evaluator
-from lmkit.train.feed import feed_device, flag_tensors, window_feed
+from lmkit.train.feed import feed_device, flag_tensors, host_flags, window_feed
 from lmkit.train.flops import device_peak_tflops, flops_per_token
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
 from lmkit.preemption import PreemptionWatcher
@@ -258,7 +258,7 @@ class Trainer:
                               dist.first(applied))
 
         self._compiled = False
-        self._flags = flag_tensors(feed_device()) if cfg.device_prefetch else None  # on the device (feed.py)
+        self._flags = flag_tensors(feed_device()) if cfg.device_prefetch else host_flags  # see lmkit.train.feed
         self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split,
                                                 reduce_retracing=True, autograph=autograph)
         self._evaluator = task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla)
@@ -288,8 +288,7 @@ class Trainer:
         """
         if self._compiled_train_step is None:
             raise RuntimeError("call fit() or build() before train_step()")
-        flags = self._flags or (lambda *values: [tf.constant(v, tf.float32) for v in values])
-        return self._compiled_train_step(inputs, targets, state, *flags(stop, save))
+        return self._compiled_train_step(inputs, targets, state, *self._flags(stop, save))
 
     def initial_state(self, batch: Optional[int] = None) -> Any:
         """The state an epoch starts from, one per local replica (None for stateless models).

@@ -395,6 +395,7 @@ def test_auto_attention_blocks_split_windows_from_1024_positions():
     counts = [_score_elements(lambda q, k, v: transformer_module.causal_attend(q, k, v, "auto", 0.0, False),
                               *[s] * 3) for s in spec]
     assert counts == [1023 * 1023, 1024 * 1024 * 5 // 8]
+    assert MultiHeadAttention(dim=8, num_heads=2, attention_blocks=np.int64(2)).attention_blocks == 2  # as before
     for bad in (0, -1, 2.0, "4", True, None):
         with pytest.raises(ValueError, match="attention_blocks .* must be a positive integer or \"auto\""):
             MultiHeadAttention(dim=8, num_heads=2, attention_blocks=bad)
