@@ -19,7 +19,10 @@ for each variant:
   block i attending to the keys of blocks 0..i only, so the matmuls and
   softmax skip about half of the masked upper triangle (with 2 blocks a
   quarter of the work, with 4 three eighths) at the cost of more, smaller
-  kernels.
+  kernels;
+* ``cudnn``: cuDNN's fused (flash) attention through XLA
+  (:mod:`lmkit.modules.cudnn_attention`, ``attention_kernel = "cudnn"``):
+  no score array at all. A GPU with cuDNN 9 only; not in the default list.
 
 The variants alternate, one timed run each per round (``--steps`` calls,
 dispatched back to back, then one result read back), so load from other
@@ -51,7 +54,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import (RESULTS_DIR, command_line, machine_info, package_version, ratio_spread,  # noqa: E402
                                 summarize, write_json)
 
-VARIANTS = ("float32_probs", "lmkit", "causal_blocks")
+VARIANTS = ("float32_probs", "lmkit", "causal_blocks", "cudnn")
+DEFAULT_VARIANTS = ("float32_probs", "lmkit", "causal_blocks")  # cudnn needs a GPU
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -59,7 +63,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="2,12,512,64", help="batch,heads,time,head_dim (default %(default)s)")
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype (default %(default)s)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help=f"comma-separated subset of {VARIANTS} (default %(default)s)")
     parser.add_argument("--blocks", type=int, default=2, help="query blocks of causal_blocks (default 2)")
     parser.add_argument("--no_xla", action="store_true",
                         help="TensorFlow's kernels (tf.function without jit_compile, as lmkit trains on CPUs)")
@@ -132,11 +137,18 @@ def causal_blocks_attend(blocks: int) -> Callable[..., Any]:
     return run
 
 
+def cudnn_attend(queries, keys, values, mask):
+    """cuDNN's fused causal attention (lmkit.modules.cudnn_attention): its own mask."""
+    from lmkit.modules.cudnn_attention import KERNEL
+    del mask
+    return KERNEL(queries, keys, values)
+
+
 def build(variant: str, blocks: int, xla: bool = True) -> Callable[..., Any]:
     """The compiled forward + backward of one variant: (q, k, v, w) -> (dq, dk, dv)."""
     import tensorflow as tf
     attend_fn = {"float32_probs": float32_probs_attend, "lmkit": lmkit_attend,
-                 "causal_blocks": causal_blocks_attend(blocks)}[variant]
+                 "causal_blocks": causal_blocks_attend(blocks), "cudnn": cudnn_attend}[variant]
 
     @tf.function(jit_compile=xla)
     def step(queries, keys, values, weights):

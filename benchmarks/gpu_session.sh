@@ -3,7 +3,7 @@
 # TensorFlow came from ../shared/gpu (source /tmp/gpu-env.sh first; with a normal GPU install,
 # PYTHON=.venv/bin/python). Each stage writes its own file, after every config, so that a short
 # lease keeps what it finished:
-#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|idle|profile|attention|all [OUTDIR]
+#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|idle|cudnn|profile|attention|all [OUTDIR]
 # Results: OUTDIR/train_throughput_gpu_<stage>.json (+ .png); "all" (transformer, rnn, gpt2) also
 # writes OUTDIR/gpu_log.txt (the GPU, the versions and every stage's output). Default OUTDIR:
 # benchmarks/results.
@@ -19,6 +19,10 @@
 #             with inputs already on the GPU (lmkit_bf16_devin: no copy from host memory per step), the
 #             trainer's device_prefetch = 2 (lmkit_bf16_prefetch: the fix, if devin gains), and XLA's
 #             command buffers on (LMKIT_ENV of train_throughput.py), each against lmkit_bf16
+#   cudnn     cuDNN's fused attention (attention_kernel = "cudnn"; run benchmarks/gpu_cudnn.sh install
+#             first): benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, 4 causal
+#             blocks, cudnn; its gradients' differences recorded), then the GPT-2 shape's bf16 step with
+#             it (lmkit_bf16_cudnn) and with device_prefetch = 2 as well (lmkit_bf16_cudnn_prefetch)
 #   profile   benchmarks/profile_step.py's trace of the mixed_bfloat16 GPT-2-shaped trainer step: the
 #             GPU's kernels by kind, the biggest ones, the busy share, the idle gaps by length; traced
 #             twice, the second time with the step's batches and flags placed on the GPU beforehand (is
@@ -30,10 +34,14 @@
 #   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
 #             causal_blocks with 2, 4 and 8 blocks).
 # On the H100 the set-up took 2 minutes (20 parts in 80 s, device-setup.sh 30 s). In a 15-minute
-# lease: profile, idle, gpt2 (about 2, 3 and 3.5 minutes). Each lmkit worker of a GPT-2-shaped
+# lease (planned 2026-11-26, sixth session): the TF parts, the cuDNN parts of gpu_cudnn.sh (about
+# 16, unless the machine has a CUDA 12 cuDNN: check first), then in one call
+#   bash .gpu/device-setup.sh && source /tmp/gpu-env.sh && bash benchmarks/gpu_cudnn.sh install
+#   for s in cudnn idle; do bash benchmarks/gpu_session.sh $s $OUT/b; done
+# (about 4.5 and 3.5 minutes); profile after them if time is left. Each lmkit worker of a GPT-2-shaped
 # stage holds up to ~20 GB: 4 of them beside PyTorch's ran out of memory on the 80 GB H100.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|idle|profile|attention|all [OUTDIR]}
+stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|idle|cudnn|profile|attention|all [OUTDIR]}
 out=${2:-benchmarks/results}
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -50,6 +58,14 @@ case $stage in
           --frameworks lmkit,lmkit_bf16,lmkit_bf16_blocks1,torch,torch_bf16 ;;
   idle) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
           --frameworks lmkit_bf16,lmkit_bf16_devin,lmkit_bf16_prefetch,lmkit_bf16_cmdbuf ;;
+  cudnn)  # needs benchmarks/gpu_cudnn.sh install first (its /tmp/cudnn-env.sh puts cuDNN on the path)
+    [ -f /tmp/cudnn-env.sh ] && . /tmp/cudnn-env.sh
+    rc=0
+    "$py" benchmarks/attention.py --shape 8,12,1024,64 --steps 50 --repeats 5 --blocks 4 \
+      --variants float32_probs,causal_blocks,cudnn --output "$out/attention_gpu_cudnn.json" || rc=1
+    "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
+      --frameworks lmkit_bf16,lmkit_bf16_cudnn,lmkit_bf16_cudnn_prefetch || rc=1
+    exit $rc ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then
       "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/cupti/*.whl

@@ -36,7 +36,10 @@ on for fusions and cuBLAS calls (``XLA_FLAGS`` of their worker, ``LMKIT_ENV``),
 ``lmkit_bf16_devin``: the compiled step on windows and flags placed on the
 device beforehand (no copy from host memory per step), and
 ``lmkit_bf16_prefetch``: the trainer's ``device_prefetch = 2`` (windows copied
-two steps ahead on a thread of their own), against ``lmkit_bf16``::
+two steps ahead on a thread of their own), and ``lmkit_bf16_cudnn``: causal
+attention through cuDNN's fused kernel (``attention_kernel = "cudnn"``, a GPU
+with cuDNN 9 only) and ``lmkit_bf16_cudnn_prefetch`` (that and
+``device_prefetch = 2``), against ``lmkit_bf16``::
 
     .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
         --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
@@ -131,6 +134,9 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_bf16_devin": {"precision": "mixed_bfloat16"},
     # the trainer's own feed: windows copied two steps ahead on a thread, flags kept on the device
     "lmkit_bf16_prefetch": {"precision": "mixed_bfloat16", "device_prefetch": 2},
+    # cuDNN's fused (flash) attention instead of the scores through matmuls (lmkit.attention_kernels)
+    "lmkit_bf16_cudnn": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn"},
+    "lmkit_bf16_cudnn_prefetch": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn", "device_prefetch": 2},
 }
 # Variants whose worker places every window and the step's stop/save flags on the device before
 # timing and calls the compiled step with them: no copy from host memory at any step (a copy to a GPU
@@ -146,7 +152,8 @@ LMKIT_ENV: Dict[str, Dict[str, str]] = {
 PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "lmkit_bf16"),
                  ("lmkit_bf16", "lmkit_bf16_blocks1"), ("lmkit", "lmkit_blocks1"),
                  ("lmkit_bf16_nocmdbuf", "lmkit_bf16"), ("lmkit_bf16_cmdbuf", "lmkit_bf16"),
-                 ("lmkit_bf16_devin", "lmkit_bf16"), ("lmkit_bf16_prefetch", "lmkit_bf16"))
+                 ("lmkit_bf16_devin", "lmkit_bf16"), ("lmkit_bf16_prefetch", "lmkit_bf16"),
+                 ("lmkit_bf16_cudnn", "lmkit_bf16"), ("lmkit_bf16_cudnn_prefetch", "lmkit_bf16"))
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a

@@ -33,6 +33,7 @@ from lmkit.data.sentencepiece import MODEL_TYPES as SPM_MODEL_TYPES
 from lmkit.data.tokenizers import TOKENIZERS
 from lmkit.data.windows import SAMPLINGS
 from lmkit.models import MODELS, is_import_path
+from lmkit.attention_kernels import check_setting as check_attention_kernel
 from lmkit.precision import PRECISIONS
 from lmkit.xla import use_xla
 
@@ -178,6 +179,9 @@ class TrainConfig:
     # Windows copied to the device this many steps ahead, on a thread of their own, and the stop/save
     # flags kept there (lmkit.train.feed); 0: each step's window is sent as the step starts
     device_prefetch: int = 0
+    # Which kernel computes a window's causal attention (lmkit.attention_kernels): matmul (scores
+    # through two matmuls, everywhere) | cudnn (cuDNN's fused attention: GPU, XLA, mixed precision) | auto
+    attention_kernel: str = "matmul"
 
     # --------------------------------------------------------------------------
     @classmethod
@@ -238,6 +242,10 @@ class TrainConfig:
             bad("jit_compile", "is not one of True, False, 'auto' ('auto': XLA on GPUs, the plain step on CPUs)")
         if self.grad_accum_steps < 1:
             bad("grad_accum_steps", "must be >= 1 (1 = no accumulation)")
+        try:
+            check_attention_kernel(self.attention_kernel)
+        except UsageError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         if self.device_prefetch < 0:  # (the type is checked with every key's)
             bad("device_prefetch", "must be an integer >= 0 (steps ahead; 0 = off, 2 = the usual)")
         if self.batch_size >= 1 and self.grad_accum_steps >= 1 and self.batch_size % self.grad_accum_steps:

@@ -250,13 +250,14 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     config = config_from_args(args, distributed)  # plain Python: no TensorFlow op yet
     user_modules_importable()
 
-    from lmkit import distributed as dist
+    from lmkit import attention_kernels, distributed as dist
     from lmkit.checks import check_divisible
     from lmkit.cli.data import load_run_data
     from lmkit.lora import build_run_model, describe_lora
     from lmkit.models import model_class
     from lmkit.train import Trainer
     from lmkit.train.accumulation import micro_batch_rows
+    from lmkit.xla import use_xla
 
     check_model_data(model_class(config.model)[0], config)  # before anything is written
 
@@ -266,6 +267,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
     check_divisible("batch_size", config.batch_size, replicas, "workers")
     micro_batch_rows(config.batch_size, replicas, config.grad_accum_steps)  # before anything is written
+    device = dist.device_type()  # a fused attention kernel that cannot run here stops the run now
+    attention_kernels.resolve(config.attention_kernel, device_type=device, xla=use_xla(config.jit_compile, device),
+                              precision=config.precision)
     model_dir = _model_dir(args)
 
     def log(text: str) -> None:

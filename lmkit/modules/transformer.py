@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import tensorflow as tf
 
 from lmkit.checks import check_heads
+from lmkit import attention_kernels
 from lmkit.errors import UsageError
 from lmkit.modules.base import (Linear, Module, Training, check_positive_float, check_positive_int,
                                 check_rate, dropout, ones_initializer, zeros_initializer)
@@ -131,8 +132,12 @@ def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks
       window: None, or how many positions (the query's own included) a query sees.
 
     Returns:
-      [batch, heads, time, head_dim].
+      [batch, heads, time, head_dim]; a fused kernel in :func:`lmkit.attention_kernels.scope`
+      (``attention_kernel = "cudnn"``) computes the calls it applies to.
     """
+    kernel = attention_kernels.active()
+    if kernel is not None and kernel.applies(queries, keys, values, rate, training, window):
+        return kernel(queries, keys, values)
     length = queries.shape[2]
     blocks = attention_blocks_for(blocks, length)
     if blocks <= 1:  # the whole window, unsliced

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from lmkit import attention_kernels
 from lmkit.data.batching import BpttBatches
 from lmkit.losses import sequence_softmax_cross_entropy, window_loss
 from lmkit.precision import scope as precision_scope
@@ -53,16 +54,18 @@ class Evaluator:
       batch_size: rows read side by side.
       precision: the compute precision (:mod:`lmkit.precision`; training's, by default float32).
       jit_compile: compile the step with XLA (the trainer passes its own decision, :mod:`lmkit.xla`).
+      attention_kernel: the kernel of causal attention, as resolved by the trainer
+        (:func:`lmkit.attention_kernels.resolve`; ``"matmul"`` by default).
     """
 
     def __init__(self, model: Any, num_steps: int, batch_size: int, precision: str = "float32",
-                 jit_compile: bool = False) -> None:
+                 jit_compile: bool = False, attention_kernel: str = "matmul") -> None:
         self.model = model
         self.num_steps = num_steps
         self.batch_size = batch_size
 
         def eval_step(x, y, state):
-            with precision_scope(precision):
+            with precision_scope(precision), attention_kernels.scope(attention_kernel):
                 logits, new_state = model(x, state, training=False)
                 return window_loss(y, logits), new_state
 
@@ -102,15 +105,15 @@ class PairEvaluator:
       model: a conditional model (``encode`` and ``condition=``).
       batch_size: pairs read side by side.
       special: the target side's :class:`~lmkit.data.paired.SpecialIds`.
-      precision, jit_compile: as :class:`Evaluator`.
+      precision, jit_compile, attention_kernel: as :class:`Evaluator`.
     """
 
     def __init__(self, model: Any, batch_size: int, special: Any, precision: str = "float32",
-                 jit_compile: bool = False) -> None:
+                 jit_compile: bool = False, attention_kernel: str = "matmul") -> None:
         self.model, self.batch_size, self.special = model, batch_size, special
 
         def eval_step(source, source_mask, target_inputs, target_outputs, mask):
-            with precision_scope(precision):
+            with precision_scope(precision), attention_kernels.scope(attention_kernel):
                 condition = model.encode(source, source_mask, training=False)
                 logits, _ = model(target_inputs, condition=condition, training=False)
                 return sequence_softmax_cross_entropy(target_outputs, logits, mask=mask, average_across_batch=False,

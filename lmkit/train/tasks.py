@@ -81,10 +81,10 @@ class LanguageModeling:
         logits, new_state = self.model(inputs, state, training=training)  # [b, t, vocab], float32 logits
         return window_loss(targets, logits), new_state  # float32 under every precision
 
-    def evaluator(self, batch_size: int, precision: str, jit_compile: bool) -> Any:
+    def evaluator(self, batch_size: int, precision: str, jit_compile: bool, attention_kernel: str = "matmul") -> Any:
         from lmkit.train.evaluation import Evaluator
         return Evaluator(self.model, self.config.num_steps, batch_size, precision=precision,
-                         jit_compile=jit_compile)
+                         jit_compile=jit_compile, attention_kernel=attention_kernel)
 
     def check_eval_data(self, batch_size: int, **streams: Optional[np.ndarray]) -> None:
         """Evaluation data too small for one batch fails before training, on every rank."""
@@ -146,9 +146,10 @@ class Transduction:
                                               sum_over_timesteps=True)
         return loss, None
 
-    def evaluator(self, batch_size: int, precision: str, jit_compile: bool) -> Any:
+    def evaluator(self, batch_size: int, precision: str, jit_compile: bool, attention_kernel: str = "matmul") -> Any:
         from lmkit.train.evaluation import PairEvaluator
-        return PairEvaluator(self.model, batch_size, self.special, precision=precision, jit_compile=jit_compile)
+        return PairEvaluator(self.model, batch_size, self.special, precision=precision, jit_compile=jit_compile,
+                             attention_kernel=attention_kernel)
 
     def check_eval_data(self, batch_size: int, **pairs: Any) -> None:
         """The evaluation data are pairs (any number of them: the last batch is filled up)."""

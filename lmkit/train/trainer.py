@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit import distributed as dist, precision
+from lmkit import attention_kernels, distributed as dist, precision
 from lmkit.checks import check_divisible
 from lmkit.config import TrainConfig
 from lmkit.data.batching import Batches
@@ -132,6 +132,7 @@ class Trainer:
         self._evaluator: Optional[Evaluator] = None
         self._compiled = False
         self.xla = False  # whether the steps are XLA-compiled (config.jit_compile, decided by build())
+        self.attention_kernel = "matmul"  # config.attention_kernel as resolved by build() (lmkit.attention_kernels)
         self.branch_free = False  # whether a non-finite step is skipped without a tf.cond (build())
         self.compile_time = 0.0
         self.policy: Optional[LearningRatePolicy] = None
@@ -188,6 +189,9 @@ class Trainer:
         # With more than one replica the collectives stay outside XLA (Horovod's cannot be
         # compiled): the replica's gradients and the update are compiled apart.
         split = self.xla and self.world > 1
+        # The kernel of causal attention (TrainConfig.attention_kernel): chosen while tracing.
+        self.attention_kernel = kernel = attention_kernels.resolve(
+            cfg.attention_kernel, device_type=device, xla=self.xla, precision=cfg.precision, log=self.log)
 
         task = self.task
 
@@ -202,7 +206,7 @@ class Trainer:
 
         def local_gradients(x, y, state):
             """This replica's loss, gradients (not yet averaged) and new state: k micro-batches."""
-            with precision.scope(cfg.precision):  # the compute dtype of this trace
+            with precision.scope(cfg.precision), attention_kernels.scope(kernel):  # this trace's dtype and kernel
                 return accumulate_gradients(micro_step, x, y, state, cfg.grad_accum_steps, cfg.sparse_as_dense)
 
         def update(grads, mean_loss, state, new_state):
@@ -261,7 +265,7 @@ class Trainer:
         self._flags = flag_tensors(feed_device()) if cfg.device_prefetch else host_flags  # see lmkit.train.feed
         self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split,
                                                 reduce_retracing=True, autograph=autograph)
-        self._evaluator = task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla)
+        self._evaluator = task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla, kernel)
 
     def train_step(self, inputs: Any, targets: Any, state: Any, stop: float = 0.0,
                    save: float = 0.0) -> "StepResult":
@@ -567,7 +571,8 @@ class Trainer:
                     drain(i)
                     self.compile_time = time.perf_counter() - t0
                     self._compiled = True
-                    self.log(f"compiled the training step{' with XLA' if self.xla else ''} in "
+                    kernel = "" if self.attention_kernel == "matmul" else f" ({self.attention_kernel} attention)"
+                    self.log(f"compiled the training step{' with XLA' if self.xla else ''}{kernel} in "
                              f"{self.compile_time:.1f} s")
                     t0 = time.perf_counter()
                     run.timed_from = run.steps

@@ -259,6 +259,8 @@ def test_attention_benchmark_arguments():
         attention.parse_args(["--shape", "1,2,6,4", "--blocks", "4"])  # 4 does not divide 6
     with pytest.raises(SystemExit):
         attention.parse_args(["--variants", "lmkit,flash"])
+    assert attention.parse_args(["--variants", "causal_blocks,cudnn"]).variants == ["causal_blocks", "cudnn"]
+    assert "cudnn" not in attention.parse_args([]).variants  # a GPU's variant: asked for by name
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -270,7 +272,7 @@ def test_attention_benchmark_variants_compute_the_same_gradients(tmp_path, dtype
     result = json.loads(out.read_text())
     assert result["dtype"] == dtype and result["shape"] == [1, 2, 8, 4] and result["command"]
     diffs = {name: v["max_abs_grad_difference_from_float32_probs"] for name, v in result["variants"].items()}
-    assert set(diffs) == set(attention.VARIANTS)
+    assert set(diffs) == set(attention.DEFAULT_VARIANTS)  # cudnn needs a GPU
     assert diffs["float32_probs"] == 0.0
     if dtype == "float32":
         assert diffs["lmkit"] == 0.0  # the same program
@@ -377,6 +379,20 @@ def test_the_device_inputs_variants_train_as_the_host_inputs_one():
     # the same windows in the same order, whichever way they reach the step (the trainer's feed included)
     np.testing.assert_allclose(losses["lmkit_bf16_devin"], losses["lmkit_bf16"], rtol=1e-6)
     np.testing.assert_allclose(losses["lmkit_bf16_prefetch"], losses["lmkit_bf16"], rtol=1e-6)
+
+
+def test_the_cudnn_variants_ask_for_cudnn_and_a_cpu_worker_says_it_cannot(monkeypatch):
+    from benchmarks import train_throughput
+    from lmkit.config import load_config
+    from lmkit.errors import UsageError
+    variants = train_throughput.LMKIT_VARIANTS
+    assert variants["lmkit_bf16_cudnn"] == {"precision": "mixed_bfloat16", "attention_kernel": "cudnn"}
+    assert variants["lmkit_bf16_cudnn_prefetch"] == {**variants["lmkit_bf16_cudnn"], "device_prefetch": 2}
+    assert ("lmkit_bf16_cudnn", "lmkit_bf16") in train_throughput.PAIRED_RATIOS
+    cfg = load_config("config_tiny_transformer", {"batch_size": 2, "num_steps": 8, "num_layers": 1})
+    ids, inputs, targets = train_throughput.synthetic_batches(cfg, 4)
+    with pytest.raises(UsageError, match="attention_kernel = 'cudnn' cannot run here: it needs a GPU"):
+        train_throughput.LmkitRunner(cfg, ids, inputs, targets, "lmkit_bf16_cudnn")
 
 
 def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):

@@ -67,6 +67,11 @@ CASES = [
     Case("micro-batches that do not divide the batch",
          lambda t, f: _train(f, str(t / "m"), "--grad_accum_steps", "3"),
          r"grad_accum_steps = 3 does not divide batch_size = 8"),
+    Case("unknown attention kernel", lambda t, f: _train(f, str(t / "m"), "--set", "attention_kernel=flash"),
+         r"attention_kernel = 'flash' is not one of matmul, cudnn, auto"),
+    Case("cuDNN's attention on a CPU", lambda t, f: _train(f, str(t / "m"), "--set", "attention_kernel=cudnn"),
+         r"attention_kernel = 'cudnn' cannot run here: it needs a GPU \(this run computes on CPU\); use "
+         r"attention_kernel = 'matmul'"),
 ]
 
 

@@ -1,0 +1,228 @@
+"""cuDNN's fused (flash) causal attention inside an XLA-compiled step: ``attention_kernel = "cudnn"``.
+
+Without it, a window's attention writes its ``[batch, heads, time, time]``
+scores and probabilities to GPU memory and reads them back several times
+(forward and backward); on an H100 the GPT-2 124M-shaped bf16 step spent
+about a quarter of its time there (``docs/performance.md``). cuDNN's fused
+attention keeps those tiles on chip. TensorFlow has no op for it, but XLA's
+GPU compiler turns a custom call named ``__cudnn$fmhaSoftmax`` (and its
+``...Backward``) into cuDNN's flash-attention graphs, compiled when the step
+is: the protocol JAX's ``dot_product_attention(implementation="cudnn")``
+speaks. This module emits those calls with ``XlaCustomCallV2`` and ties them
+together with ``tf.custom_gradient``:
+
+* forward: ``(Q, K, V) -> (O, stats, workspace)``; ``stats`` [batch, heads,
+  time] float32 are the softmax's row statistics the backward call uses;
+* backward: ``(Q, K, V, stats, dO, O) -> (dQ, dK, dV, workspace)``;
+* every array in the ``[batch, heads, time, head_dim]`` order ("BNTH") and
+  the default layout (what ``XlaCustomCallV2`` emits), the queries already
+  scaled (``fmha_scale`` 1), the mask causal, no dropout.
+
+It only runs under XLA on a GPU with cuDNN 9 (TensorFlow loads
+``libcudnn.so.9``), so :meth:`CudnnAttention.probe` compiles a small case on
+the GPU and checks it against the matmuls before a run relies on it. CPU
+tests check the program the calls make (tests/modules/test_attention_kernels.py);
+``benchmarks/gpu_session.sh cudnn`` measures it on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["BACKWARD_TARGET", "FORWARD_TARGET", "KERNEL", "CudnnAttention", "backend_config",
+           "check_against_matmul"]
+
+FORWARD_TARGET = "__cudnn$fmhaSoftmax"
+BACKWARD_TARGET = "__cudnn$fmhaSoftmaxBackward"
+MAX_HEAD_DIM = 128  # cuDNN's flash attention: head_dim a multiple of 8, at most 128
+_DTYPE_NAMES = {tf.bfloat16: "BF16", tf.float16: "F16"}
+
+# (lhs contracting, rhs contracting, lhs batch, rhs batch) of each matmul of attention over
+# BNTH arrays: Q K^T -> P [B, N, T, S]; P V -> O; and the four of the backward pass.
+_FORWARD_DOTS = {
+    "bmm1_dot_dimension_numbers": (3, 3),  # Q [B,N,T,H] . K [B,N,S,H] over H -> P [B,N,T,S]
+    "bmm2_dot_dimension_numbers": (3, 2),  # P [B,N,T,S] . V [B,N,S,H] over S -> O [B,N,T,H]
+}
+_BACKWARD_DOTS = {
+    "bmm1_grad_gemm1_dot_dimension_numbers": (2, 2),  # dP [B,N,T,S] . Q over T -> dK [B,N,S,H]
+    "bmm1_grad_gemm2_dot_dimension_numbers": (3, 2),  # dP . K [B,N,S,H] over S -> dQ [B,N,T,H]
+    "bmm2_grad_gemm1_dot_dimension_numbers": (2, 2),  # P [B,N,T,S] . dO over T -> dV [B,N,S,H]
+    "bmm2_grad_gemm2_dot_dimension_numbers": (3, 3),  # dO [B,N,T,H] . V over H -> dP [B,N,T,S]
+}
+
+
+def backend_config(batch: int, heads: int, time: int, dtype: tf.DType, backward: bool) -> str:
+    """The ``GpuBackendConfig`` (JSON) of one call: XLA reads its ``cudnn_fmha_backend_config``."""
+    dots = _BACKWARD_DOTS if backward else _FORWARD_DOTS
+    config: Dict[str, Any] = {
+        "algorithm": {"algo_id": "0", "math_type": "TENSOR_OP_MATH", "tuning_knobs": {"17": "1", "24": "0"},
+                      "is_cudnn_frontend": True, "workspace_size": "0"},
+        "fmha_scale": 1.0,  # the queries come scaled by 1/sqrt(head_dim)
+        "dropout_rate": 0.0,
+        "seed": 42,  # unused without dropout
+        "intermediate_tensor_shape": {  # P: [batch, heads, time, time], row-major
+            "element_type": _DTYPE_NAMES[dtype],
+            "dimensions": [str(d) for d in (batch, heads, time, time)],
+            "tuple_shapes": [],
+            "layout": {"minor_to_major": ["3", "2", "1", "0"]},
+            "is_dynamic_dimension": [False] * 4,
+        },
+        "is_flash_attention": True,
+        "mask_type": "CAUSAL",
+        "sliding_window_length": 0,
+    }
+    for key, (lhs, rhs) in dots.items():
+        config[key] = {"lhs_contracting_dimensions": [str(lhs)], "rhs_contracting_dimensions": [str(rhs)],
+                       "lhs_batch_dimensions": ["0", "1"], "rhs_batch_dimensions": ["0", "1"]}
+    return json.dumps({"operation_queue_id": "0", "wait_on_operation_queues": [],
+                       "cudnn_fmha_backend_config": config})
+
+
+def _custom_call(operands: Sequence[tf.Tensor], target: str, config: str, dtypes: List[tf.DType],
+                 shapes: List[List[int]]) -> List[tf.Tensor]:
+    from tensorflow.compiler.tf2xla.ops import gen_xla_ops  # XLA's own ops (compiled functions only)
+
+    return gen_xla_ops.xla_custom_call_v2(operands=list(operands), call_target_name=target, backend_config=config,
+                                          has_side_effect=False, result_dtypes=dtypes, result_shapes=shapes)
+
+
+def _forward(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    """``(O, stats)`` of the forward call (the workspace output dropped)."""
+    batch, heads, time, head_dim = queries.shape.as_list()
+    out, stats, _ = _custom_call(
+        [queries, keys, values], FORWARD_TARGET, backend_config(batch, heads, time, queries.dtype, backward=False),
+        [queries.dtype, tf.float32, tf.uint8], [[batch, heads, time, head_dim], [batch, heads, time], [0]])
+    return out, stats
+
+
+def _backward(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, stats: tf.Tensor, d_out: tf.Tensor,
+              out: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``(dQ, dK, dV)`` of the backward call (the operand order XLA's cuDNN compiler reads)."""
+    batch, heads, time, head_dim = queries.shape.as_list()
+    shape = [batch, heads, time, head_dim]
+    dq, dk, dv, _ = _custom_call(
+        [queries, keys, values, stats, d_out, out], BACKWARD_TARGET,
+        backend_config(batch, heads, time, queries.dtype, backward=True),
+        [queries.dtype] * 3 + [tf.uint8], [shape, shape, shape, [0]])
+    return dq, dk, dv
+
+
+class CudnnAttention:
+    """The ``"cudnn"`` attention kernel (:mod:`lmkit.attention_kernels`)."""
+
+    name = "cudnn"
+
+    def applies(self, queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, rate: float, training: Any,
+                window: Optional[int]) -> bool:
+        """Whether this call can go to cuDNN; decided from static facts while tracing.
+
+        It needs bf16 or f16 arrays of static shape, as many key/value heads
+        as query heads (grouped-query attention keeps the matmuls), a head
+        size that is a multiple of 8 up to 128, no sliding window and no
+        dropout on the probabilities while training.
+        """
+        shapes = [t.shape for t in (queries, keys, values)]
+        if any(s.rank != 4 or not s.is_fully_defined() for s in shapes):
+            return False
+        if queries.dtype not in _DTYPE_NAMES or keys.dtype != queries.dtype or values.dtype != queries.dtype:
+            return False
+        if not (shapes[0] == shapes[1] == shapes[2]):
+            return False
+        head_dim = shapes[0][3]
+        if head_dim % 8 or head_dim > MAX_HEAD_DIM or window:
+            return False
+        return not (rate > 0 and _maybe_training(training))
+
+    def __call__(self, queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+        """Causal attention ``[batch, heads, time, head_dim]`` of already scaled queries."""
+
+        @tf.custom_gradient
+        def attention(q, k, v):
+            out, stats = _forward(q, k, v)
+
+            def grad(d_out):
+                return _backward(q, k, v, stats, tf.cast(d_out, q.dtype), out)
+
+            return out, grad
+
+        return attention(queries, keys, values)
+
+    def probe(self) -> Optional[str]:
+        """None when the kernel compiles and agrees with the matmuls on this machine's GPU, else why not.
+
+        The answer is kept: a process probes once (``lmkit train`` asks before
+        it writes anything, the trainer again when it builds its steps).
+        """
+        if not hasattr(self, "_probed"):
+            self._probed = self._probe()
+        return self._probed
+
+    def _probe(self) -> Optional[str]:
+        if not tf.config.list_logical_devices("GPU"):
+            return "no GPU is visible to TensorFlow"
+        try:
+            with tf.device("/GPU:0"):
+                return check_against_matmul(self)
+        except Exception as exc:  # a missing cuDNN, an XLA that rejects the call: all mean "not here"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return f"compiling it failed ({type(exc).__name__}: {first[:300]})"
+
+
+def _maybe_training(training: Any) -> bool:
+    """Whether ``training`` may be true (a tensor counts as maybe)."""
+    return training if isinstance(training, bool) else True
+
+
+def check_against_matmul(kernel: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor],
+                         shape: Tuple[int, int, int, int] = (2, 2, 128, 64),
+                         dtype: tf.DType = tf.bfloat16, tolerance: float = 0.05) -> Optional[str]:
+    """Compiles ``kernel``'s attention, forward and backward, and compares it with float32 matmuls.
+
+    Returns None when the output and the three gradients each stay within
+    ``tolerance`` of the largest reference value (bf16 rounds at about
+    0.008), else what differed. Runs on the current device.
+    """
+    rng = np.random.default_rng(0)
+    q, k, v, w = (tf.constant(rng.standard_normal(shape).astype(np.float32)) for _ in range(4))
+    scale = 1.0 / np.sqrt(shape[3])
+
+    @tf.function(jit_compile=True)
+    def fused(q, k, v):
+        q16, k16, v16 = (tf.cast(t, dtype) for t in (q, k, v))
+        with tf.GradientTape() as tape:
+            tape.watch([q16, k16, v16])
+            out = kernel(q16 * tf.cast(scale, dtype), k16, v16)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32) * w)
+        return [out] + tape.gradient(loss, [q16, k16, v16])
+
+    @tf.function(jit_compile=True)
+    def reference(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            scores = tf.matmul(q * scale, k, transpose_b=True)
+            time = shape[2]
+            visible = tf.range(time)[:, None] >= tf.range(time)[None, :]
+            probs = tf.nn.softmax(tf.where(visible, scores, -1e9), axis=-1)
+            out = tf.matmul(probs, v)
+            loss = tf.reduce_sum(out * w)
+        return [out] + tape.gradient(loss, [q, k, v])
+
+    rounded = [tf.cast(tf.cast(t, dtype), tf.float32) for t in (q, k, v)]  # the inputs the kernel sees
+    got = [None if t is None else tf.cast(t, tf.float32).numpy() for t in fused(q, k, v)]
+    want = [t.numpy() for t in reference(*rounded)]
+    for name, a, b in zip(("output", "dQ", "dK", "dV"), got, want):
+        if a is None:
+            return f"it gives no {name}"
+        if a.shape != b.shape:
+            return f"its {name} has shape {a.shape}, not {b.shape}"
+        error = float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-6)
+        if not np.isfinite(error) or error > tolerance:
+            return f"its {name} differs from the matmuls' by {error:.3g} of the largest value (bound {tolerance})"
+    return None
+
+
+KERNEL = CudnnAttention()
