@@ -3,7 +3,7 @@
 # TensorFlow came from ../shared/gpu (source /tmp/gpu-env.sh first; with a normal GPU install,
 # PYTHON=.venv/bin/python). Each stage writes its own file, after every config, so that a short
 # lease keeps what it finished:
-#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|idle|cudnn|profile|attention|all [OUTDIR]
+#   bash benchmarks/gpu_session.sh transformer|rnn|gpt2|idle|cmdbuf|cudnn|profile|attention|all [OUTDIR]
 # Results: OUTDIR/train_throughput_gpu_<stage>.json (+ .png); "all" (transformer, rnn, gpt2) also
 # writes OUTDIR/gpu_log.txt (the GPU, the versions and every stage's output). Default OUTDIR:
 # benchmarks/results.
@@ -15,14 +15,17 @@
 # Stages:
 #   gpt2      the GPT-2 124M shape: lmkit (float32 and mixed_bfloat16) against PyTorch eager, and
 #             lmkit_bf16_blocks1, attention in one block (the default is "auto": 4 blocks at 1024)
-#   idle      what keeps the GPU idle 18 % of the bf16 GPT-2 step (the H100's profile): the step fed
-#             with inputs already on the GPU (lmkit_bf16_devin: no copy from host memory per step), the
-#             trainer's device_prefetch = 2 (lmkit_bf16_prefetch: the fix, if devin gains), and XLA's
-#             command buffers on (LMKIT_ENV of train_throughput.py), each against lmkit_bf16
+#   idle      what keeps the GPU idle 18 % of the bf16 GPT-2 step (the H100's profile), against the bare
+#             step lmkit_bf16: the step fed with inputs already on the GPU (lmkit_bf16_devin: no copy from
+#             host memory per step, the bound), Trainer.fit's own epoch loop (lmkit_bf16_loop) and that
+#             loop with device_prefetch = 2 (lmkit_bf16_loop_prefetch: the fix, windows copied ahead on a
+#             thread, a one-process run's stop/save flags never read back from the GPU)
+#   cmdbuf    the bare step with device_prefetch = 2 (lmkit_bf16_prefetch), and with XLA's command
+#             buffers on and off (LMKIT_ENV of train_throughput.py)
 #   cudnn     cuDNN's fused attention (attention_kernel = "cudnn"; run benchmarks/gpu_cudnn.sh install
 #             first): benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, 4 causal
 #             blocks, cudnn; its gradients' differences recorded), then the GPT-2 shape's bf16 step with
-#             it (lmkit_bf16_cudnn) and with device_prefetch = 2 as well (lmkit_bf16_cudnn_prefetch)
+#             it (lmkit_bf16_cudnn) and in fit's loop with device_prefetch = 2 (lmkit_bf16_cudnn_loop_prefetch)
 #   profile   benchmarks/profile_step.py's trace of the mixed_bfloat16 GPT-2-shaped trainer step: the
 #             GPU's kernels by kind, the biggest ones, the busy share, the idle gaps by length; traced
 #             twice, the second time with the step's batches and flags placed on the GPU beforehand (is
@@ -41,7 +44,7 @@
 # (about 4.5 and 3.5 minutes); profile after them if time is left. Each lmkit worker of a GPT-2-shaped
 # stage holds up to ~20 GB: 4 of them beside PyTorch's ran out of memory on the 80 GB H100.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|idle|cudnn|profile|attention|all [OUTDIR]}
+stage=${1:?usage: gpu_session.sh transformer|rnn|gpt2|idle|cmdbuf|cudnn|profile|attention|all [OUTDIR]}
 out=${2:-benchmarks/results}
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -57,14 +60,16 @@ case $stage in
   gpt2) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
           --frameworks lmkit,lmkit_bf16,lmkit_bf16_blocks1,torch,torch_bf16 ;;
   idle) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-          --frameworks lmkit_bf16,lmkit_bf16_devin,lmkit_bf16_prefetch,lmkit_bf16_cmdbuf ;;
+          --frameworks lmkit_bf16,lmkit_bf16_devin,lmkit_bf16_loop,lmkit_bf16_loop_prefetch ;;
+  cmdbuf) exec "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
+          --frameworks lmkit_bf16,lmkit_bf16_prefetch,lmkit_bf16_cmdbuf,lmkit_bf16_nocmdbuf ;;
   cudnn)  # needs benchmarks/gpu_cudnn.sh install first (its /tmp/cudnn-env.sh puts cuDNN on the path)
     [ -f /tmp/cudnn-env.sh ] && . /tmp/cudnn-env.sh
     rc=0
     "$py" benchmarks/attention.py --shape 8,12,1024,64 --steps 50 --repeats 5 --blocks 4 \
       --variants float32_probs,causal_blocks,cudnn --output "$out/attention_gpu_cudnn.json" || rc=1
     "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-      --frameworks lmkit_bf16,lmkit_bf16_cudnn,lmkit_bf16_cudnn_prefetch || rc=1
+      --frameworks lmkit_bf16,lmkit_bf16_cudnn,lmkit_bf16_cudnn_loop_prefetch || rc=1
     exit $rc ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then

@@ -39,7 +39,10 @@ device beforehand (no copy from host memory per step), and
 two steps ahead on a thread of their own), and ``lmkit_bf16_cudnn``: causal
 attention through cuDNN's fused kernel (``attention_kernel = "cudnn"``, a GPU
 with cuDNN 9 only) and ``lmkit_bf16_cudnn_prefetch`` (that and
-``device_prefetch = 2``), against ``lmkit_bf16``::
+``device_prefetch = 2``), against ``lmkit_bf16``; ``lmkit_bf16_loop``,
+``lmkit_bf16_loop_prefetch`` and ``lmkit_bf16_cudnn_loop_prefetch``: the same
+through ``Trainer.fit``'s own epoch loop (its flags, bookkeeping and feed),
+not the bare step::
 
     .venv/bin/python benchmarks/train_throughput.py --configs config_small,config_transformer \
         --frameworks lmkit,lmkit_bf16,lmkit_fp16,lmkit_k2,lmkit_k4 \
@@ -137,7 +140,15 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     # cuDNN's fused (flash) attention instead of the scores through matmuls (lmkit.attention_kernels)
     "lmkit_bf16_cudnn": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn"},
     "lmkit_bf16_cudnn_prefetch": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn", "device_prefetch": 2},
+    # Trainer.fit's own epoch loop (LOOP_VARIANTS) instead of the bare step: its per-step bookkeeping and
+    # flags, its feed; one loss read per run, as a long epoch reads them once per progress line
+    "lmkit_bf16_loop": {"precision": "mixed_bfloat16", "log_every_steps": 1000000},
+    "lmkit_bf16_loop_prefetch": {"precision": "mixed_bfloat16", "device_prefetch": 2, "log_every_steps": 1000000},
+    "lmkit_bf16_cudnn_loop_prefetch": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn",
+                                       "device_prefetch": 2, "log_every_steps": 1000000},
 }
+# Variants timed through the trainer's epoch loop (Trainer._run_epoch, what fit() runs) over the run's windows.
+LOOP_VARIANTS = ("lmkit_bf16_loop", "lmkit_bf16_loop_prefetch", "lmkit_bf16_cudnn_loop_prefetch")
 # Variants whose worker places every window and the step's stop/save flags on the device before
 # timing and calls the compiled step with them: no copy from host memory at any step (a copy to a GPU
 # waits for the work queued before it, so the host could not start a step before the last one ended).
@@ -153,7 +164,9 @@ PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "
                  ("lmkit_bf16", "lmkit_bf16_blocks1"), ("lmkit", "lmkit_blocks1"),
                  ("lmkit_bf16_nocmdbuf", "lmkit_bf16"), ("lmkit_bf16_cmdbuf", "lmkit_bf16"),
                  ("lmkit_bf16_devin", "lmkit_bf16"), ("lmkit_bf16_prefetch", "lmkit_bf16"),
-                 ("lmkit_bf16_cudnn", "lmkit_bf16"), ("lmkit_bf16_cudnn_prefetch", "lmkit_bf16"))
+                 ("lmkit_bf16_cudnn", "lmkit_bf16"), ("lmkit_bf16_cudnn_prefetch", "lmkit_bf16"),
+                 ("lmkit_bf16_loop", "lmkit_bf16"), ("lmkit_bf16_loop_prefetch", "lmkit_bf16_loop"),
+                 ("lmkit_bf16_cudnn_loop_prefetch", "lmkit_bf16_loop"))
 
 
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
@@ -305,6 +318,8 @@ class LmkitRunner(Runner):
             self.step = self.trainer._compiled_train_step  # what Trainer.train_step calls, minus the flags' copies
 
     def run(self, steps: int) -> float:
+        if self.name in LOOP_VARIANTS:
+            return self._run_loop(steps)
         tf = self.tf
         pending = []
         start = time.perf_counter()
@@ -331,6 +346,19 @@ class LmkitRunner(Runner):
         values = [float(v) for v in pending]  # the host sync Trainer.fit does every few steps
         elapsed = time.perf_counter() - start
         self.losses.extend(values)
+        return elapsed
+
+    def _run_loop(self, steps: int) -> float:
+        """``steps`` steps of ``Trainer.fit``'s epoch loop on this run's windows (an "epoch" of them)."""
+        from lmkit.train.records import TrainResult
+        n = len(self.inputs)
+        windows = [(self.inputs[(self.position + k) % n], self.targets[(self.position + k) % n])
+                   for k in range(steps)]
+        self.position += steps
+        start = time.perf_counter()
+        run = self.trainer._run_epoch(0, 1, windows, None, TrainResult())
+        elapsed = time.perf_counter() - start
+        self.losses.append(run.loss_sum / max(run.steps, 1))  # the run's mean (per-step losses would sync)
         return elapsed
 
 

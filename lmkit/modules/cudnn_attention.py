@@ -16,7 +16,8 @@ together with ``tf.custom_gradient``:
 * backward: ``(Q, K, V, stats, dO, O) -> (dQ, dK, dV, workspace)``;
 * every array in the ``[batch, heads, time, head_dim]`` order ("BNTH") and
   the default layout (what ``XlaCustomCallV2`` emits), the queries already
-  scaled (``fmha_scale`` 1), the mask causal, no dropout.
+  scaled (``fmha_scale`` 1), the mask causal, no dropout: the form XLA's own
+  GPU tests compile (``xla/service/gpu/tests/gpu_fused_mha_test.cc``).
 
 It only runs under XLA on a GPU with cuDNN 9 (TensorFlow loads
 ``libcudnn.so.9``), so :meth:`CudnnAttention.probe` compiles a small case on

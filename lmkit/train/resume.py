@@ -133,12 +133,14 @@ class Boundaries:
             self._last_save = time.monotonic()  # one request per period: a pulse, not a level
         return (1.0 if self.watcher.requested else 0.0), save
 
-    def after_step(self, agreed: tf.Tensor, global_step: int) -> List[str]:
+    def after_step(self, agreed: Any, global_step: int) -> List[str]:
         """What to do now that a step started: ``"stop"`` and/or ``"save"`` (or nothing).
 
-        ``agreed`` are that step's flags averaged over the ranks; the flags of
-        the step before are read (one step of lag), so every rank decides on
-        the same values at the same step.
+        ``agreed`` are that step's flags averaged over the ranks (the step's
+        output), or, in a job of one process, its own ``(stop, save)``: the
+        same values, known without waiting for the device. The flags of the
+        step before are read (one step of lag), so every rank decides on the
+        same values at the same step.
         """
         previous, self._pending = self._pending, agreed
         actions = []

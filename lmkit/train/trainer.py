@@ -561,7 +561,8 @@ class Trainer:
                 if i == start and not self.chief:  # waits for rank 0's evaluation and save (watched there)
                     self._watchdog.pause()
                 inputs, targets = feed.get(i) if feed else tf.nest.map_structure(tf.constant, batches[i])
-                out = self.train_step(inputs, targets, state, *self._boundaries.flags())
+                flags = self._boundaries.flags()
+                out = self.train_step(inputs, targets, state, *flags)
                 state = out.state
                 self._watchdog.beat(step_count + 1)
                 pending.append((out.loss, out.finite, out.applied))
@@ -583,7 +584,10 @@ class Trainer:
                     bar.update(i + 1, f"ppl {perplexity(run.token_loss(self.task.loss_tokens)):.2f} "
                                f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
                                "tokens/s")
-                actions = self._boundaries.after_step(out.agreed, step_count)
+                # One process agrees with itself: its own flags, read without waiting for the device. (Reading
+                # out.agreed waits for every step queued, this one included: the GPU would idle each step while
+                # the host starts the next.) Several processes read the flags they averaged in the step.
+                actions = self._boundaries.after_step(out.agreed if dist.size() > 1 else flags, step_count)
                 if actions:
                     if pending:
                         drain(i)

@@ -1,6 +1,7 @@
 """The arithmetic of the benchmarks (no timing is asserted: speed lives in benchmarks/)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -381,6 +382,28 @@ def test_the_device_inputs_variants_train_as_the_host_inputs_one():
     np.testing.assert_allclose(losses["lmkit_bf16_prefetch"], losses["lmkit_bf16"], rtol=1e-6)
 
 
+def test_the_loop_variants_train_through_the_trainers_epoch_loop_as_the_bare_step_does():
+    """lmkit_bf16_loop(_prefetch) run Trainer.fit's epoch loop over the same windows: the same losses (one mean
+    per run), and the loop's flags and feed in between."""
+    from benchmarks import train_throughput
+    from lmkit.config import load_config
+    cfg = load_config("config_tiny_transformer", {"batch_size": 2, "num_steps": 8, "num_layers": 1})
+    ids, inputs, targets = train_throughput.synthetic_batches(cfg, 4)
+    assert set(train_throughput.LOOP_VARIANTS) <= set(train_throughput.LMKIT_VARIANTS)
+    losses, calls = {}, []
+    for variant in ("lmkit_bf16", "lmkit_bf16_loop", "lmkit_bf16_loop_prefetch"):
+        runner = train_throughput.LmkitRunner(cfg, ids, inputs, targets, variant)
+        epoch_loop = runner.trainer._run_epoch
+        runner.trainer._run_epoch = lambda *a, **k: calls.append(variant) or epoch_loop(*a, **k)
+        assert runner.run(3) > 0 and runner.run(2) > 0
+        losses[variant] = runner.losses
+    assert calls == ["lmkit_bf16_loop"] * 2 + ["lmkit_bf16_loop_prefetch"] * 2
+    bare = losses["lmkit_bf16"]
+    assert len(bare) == 5
+    for variant in ("lmkit_bf16_loop", "lmkit_bf16_loop_prefetch"):
+        np.testing.assert_allclose(losses[variant], [np.mean(bare[:3]), np.mean(bare[3:])], rtol=1e-5)
+
+
 def test_the_cudnn_variants_ask_for_cudnn_and_a_cpu_worker_says_it_cannot(monkeypatch):
     from benchmarks import train_throughput
     from lmkit.config import load_config
@@ -492,3 +515,23 @@ def test_the_profile_and_scaling_workers_run_with_overrides(tmp_path):
         if path == profile:  # the second trace, on batches placed beforehand (here on the CPU)
             assert result["trace_device_inputs"]["device"].endswith("CPU:0")
             assert result["trace_device_inputs"]["wall_ms_per_step"] > 0
+
+
+def test_the_gpu_session_script_names_only_known_frameworks_configs_and_variants():
+    """A typo in gpu_session.sh would cost a lent GPU's minutes: every name it passes exists, and bash parses it."""
+    import re
+    import subprocess
+
+    from benchmarks import attention, train_throughput
+    from lmkit.config import load_config
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "benchmarks", "gpu_session.sh")
+    text = open(path).read()
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    frameworks = [name for group in re.findall(r"--frameworks (\S+)", text) for name in group.split(",")]
+    assert "lmkit_bf16_cudnn_loop_prefetch" in frameworks and "lmkit_bf16_loop_prefetch" in frameworks
+    assert set(frameworks) <= set(train_throughput.FRAMEWORKS), set(frameworks) - set(train_throughput.FRAMEWORKS)
+    variants = [name for group in re.findall(r"--variants (\S+)", text) for name in group.split(",")]
+    assert "cudnn" in variants and set(variants) <= set(attention.VARIANTS)
+    for config in {name for group in re.findall(r"--configs (\S+)", text) for name in group.split(",")}:
+        load_config(config)

@@ -1,5 +1,6 @@
 """device_prefetch (lmkit.train.feed): windows made ahead on a thread of their own, flags kept on the device; the
 same training, window for window, as without it (on a CPU, where the copies are no copies)."""
+import os
 import threading
 
 import numpy as np
@@ -101,3 +102,36 @@ def test_training_with_device_prefetch_is_the_same_training(tmp_path):
 def test_a_bad_device_prefetch_is_named(value):
     with pytest.raises(ConfigError, match=r"device_prefetch = .* must be an integer"):
         _lm_config(device_prefetch=value)
+
+
+class _Unreadable:
+    """Stands for a step's agreed flags on a GPU: reading it would wait for every step queued."""
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError("a one-process run read the step's agreed flags back from the device")
+
+
+@pytest.mark.parametrize("device_prefetch", [0, 2])
+def test_one_process_decides_on_its_own_flags_without_reading_the_device(tmp_path, monkeypatch, device_prefetch):
+    """A save asked for at a step (rank 0's clock) is taken one step later, as with the averaged flags, and the
+    run never reads a step's flags back: on a GPU that read is a sync per step."""
+    from lmkit.train import resume
+
+    cfg = _lm_config(num_epochs=1, device_prefetch=device_prefetch)
+    trainer = Trainer(build_model(cfg.model_config()), cfg, model_dir=str(tmp_path / "run"), log=lambda s: None)
+    step = trainer.train_step
+    monkeypatch.setattr(trainer, "train_step", lambda *a, **k: step(*a, **k)._replace(agreed=_Unreadable()))
+    asked = []
+    flags = resume.Boundaries.flags
+
+    def save_at_step_3(self):
+        stop, save = flags(self)
+        asked.append(len(asked) + 1)
+        return stop, (1.0 if len(asked) == 3 else save)
+
+    monkeypatch.setattr(resume.Boundaries, "flags", save_at_step_3)
+    ids = np.random.default_rng(0).integers(0, 40, 400).astype(np.int32)
+    result = trainer.fit(ids, max_steps=6)
+    assert result.global_step == 6 and len(asked) == 6
+    saved = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
+    assert any(name.endswith("000000004") for name in saved), saved  # asked at step 3, taken after step 4
