@@ -326,10 +326,7 @@ class LmkitRunner(Runner):
         feed = None
         if self.trainer.config.device_prefetch:  # the windows of this run through the trainer's feed, as in fit()
             from lmkit.train.feed import window_feed
-            n = len(self.inputs)
-            order = [(self.inputs[(self.position + k) % n], self.targets[(self.position + k) % n])
-                     for k in range(steps)]
-            feed = window_feed(order, self.trainer.config.device_prefetch)
+            feed = window_feed(self._windows(steps), self.trainer.config.device_prefetch)
         for k in range(steps):
             i = self.position % len(self.inputs)
             self.position += 1
@@ -348,12 +345,15 @@ class LmkitRunner(Runner):
         self.losses.extend(values)
         return elapsed
 
+    def _windows(self, steps: int) -> List[Tuple[Any, Any]]:
+        """The next ``steps`` ``(inputs, targets)`` from the current position, cycling (the position stays)."""
+        n = len(self.inputs)
+        return [(self.inputs[(self.position + k) % n], self.targets[(self.position + k) % n]) for k in range(steps)]
+
     def _run_loop(self, steps: int) -> float:
         """``steps`` steps of ``Trainer.fit``'s epoch loop on this run's windows (an "epoch" of them)."""
         from lmkit.train.records import TrainResult
-        n = len(self.inputs)
-        windows = [(self.inputs[(self.position + k) % n], self.targets[(self.position + k) % n])
-                   for k in range(steps)]
+        windows = self._windows(steps)
         self.position += steps
         start = time.perf_counter()
         run = self.trainer._run_epoch(0, 1, windows, None, TrainResult())

@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable, Iterator, Optional
 
 from lmkit.errors import UsageError
+from lmkit.precision import PRECISIONS, get as precision_policy
 from lmkit.registry import lookup
 
 __all__ = ["AUTO", "KERNELS", "MATMUL", "SETTINGS", "active", "check_setting", "get", "resolve", "scope"]
@@ -73,17 +74,17 @@ def resolve(setting: str, *, device_type: str, xla: bool, precision: str,
     if setting == MATMUL:
         return MATMUL
     names = list(KERNELS) if setting == AUTO else [setting]
-    reasons = []
+    reasons = {}
     for name in names:
         reason = _unmet(device_type, xla, precision) or get(name).probe()
         if reason is None:
             return name
-        reasons.append(f"{name}: {reason}")
+        reasons[name] = reason
     if setting != AUTO:
-        raise UsageError(f"attention_kernel = {setting!r} cannot run here: {reasons[0].split(': ', 1)[1]}; "
+        raise UsageError(f"attention_kernel = {setting!r} cannot run here: {reasons[setting]}; "
                          f"use attention_kernel = {MATMUL!r} (or 'auto': {setting} where it runs)")
     if log is not None and device_type == "GPU":
-        log(f"attention_kernel = 'auto': the matmuls ({'; '.join(reasons)})")
+        log(f"attention_kernel = 'auto': the matmuls ({'; '.join(f'{n}: {r}' for n, r in reasons.items())})")
     return MATMUL
 
 
@@ -93,8 +94,9 @@ def _unmet(device_type: str, xla: bool, precision: str) -> Optional[str]:
         return f"it needs a GPU (this run computes on {device_type})"
     if not xla:
         return "it needs the XLA-compiled step (jit_compile = 'auto' or True)"
-    if precision not in ("mixed_bfloat16", "mixed_float16"):
-        return f"it needs precision 'mixed_bfloat16' or 'mixed_float16' (this run: {precision!r})"
+    if precision_policy(precision).compute_dtype == "float32":
+        sixteen_bit = " or ".join(repr(p.name) for p in PRECISIONS.values() if p.compute_dtype != "float32")
+        return f"it needs precision {sixteen_bit} (this run: {precision!r})"
     return None
 
 
