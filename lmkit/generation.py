@@ -10,16 +10,19 @@ module does what text needs:
 * **line breaks are text**: a tokenizer's line-break id (lmkit's ``eos_id``)
   is written like any other token; a sample ends at ``max_length`` /
   ``max_new_tokens``, at a stop string, or at an end-of-document token where
-  the tokenizer has one (GPT-2's ``<|endoftext|>``). ``stop_at_eos=True``
-  ends a sample at its first line break instead (one line per sample);
+  the model has one (a Hugging Face folder's ``eos_token_id``, every id of
+  its ``generation_config.json``: GPT-2's ``<|endoftext|>``, Llama 3's
+  ``<|end_of_text|>`` and ``<|eot_id|>``). ``stop_at_eos=True`` also ends a
+  sample at its first line break (one line per sample);
 * **longer than the context**: a transformer that has filled its
   ``max_positions`` goes on from the last half of them (the key/value cache
   rebuilt from that window, one compiled loop reused for every window);
   LSTMs carry their state and need no window;
-* **the prompt as given**: a Hugging Face model reads the prompt's tokens
-  and nothing before them (as ``transformers`` does); lmkit's own models
-  start after a line break, as every line of their training text does
-  (``start_token`` changes either);
+* **the prompt as encoded for the model**: a Hugging Face model reads the
+  prompt's tokens as ``transformers``' ``tokenizer(prompt)`` gives them
+  (Llama's start token first; nothing before them for GPT-2 and Qwen2);
+  lmkit's own models start after a line break, as every line of their
+  training text does (``start_token`` changes either);
 * **stop strings**: ``stop=["\\n\\n"]`` ends a sample where the string first
   appears in the generated text (the string not included).
 """
@@ -35,7 +38,7 @@ from lmkit.errors import UsageError
 
 __all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "trained_context",
            "default_context", "check_hf_checkpoint", "readable",
-           "end_of_document_id", "check_stop_strings"]
+           "end_of_document_id", "end_of_document_ids", "check_stop_strings"]
 
 # How much of a full window a transformer keeps when it slides: the last half.
 SLIDE_KEEP = 0.5
@@ -70,13 +73,20 @@ class Generation:
         return self.text[len(self.prompt_text):] if self.text.startswith(self.prompt_text) else self.text
 
 
-def end_of_document_id(tokenizer: Any) -> Optional[int]:
-    """The token that ends a document, or None: a Hugging Face tokenizer's ``<|endoftext|>``.
+def end_of_document_ids(tokenizer: Any) -> List[int]:
+    """The tokens that end a document: a Hugging Face model's end ids (its folder's ``eos_token_id``,
+    one or several, else ``<|endoftext|>``: :attr:`HFTokenizer.end_ids`), or none.
 
     lmkit's own tokenizers mark line ends only (their ``eos_id``), so text
     generation runs to the length asked for.
     """
-    return tokenizer.bos_id if getattr(tokenizer, "name", None) == "hf" else None
+    return list(getattr(tokenizer, "end_ids", None) or [])
+
+
+def end_of_document_id(tokenizer: Any) -> Optional[int]:
+    """The first of :func:`end_of_document_ids`, or None."""
+    ids = end_of_document_ids(tokenizer)
+    return ids[0] if ids else None
 
 
 def check_stop_strings(stop: Sequence[str], tokenizer: Any) -> List[str]:
@@ -170,12 +180,19 @@ def _start_id(tokenizer: Any, start_token: Optional[bool]) -> Optional[int]:
     """The token put before every prompt.
 
     lmkit's own models start after a line break (``eos_id``), where every
-    line of their training text starts; Hugging Face models read the prompt
-    as given, unless ``start_token`` is True (then ``<|endoftext|>``, GPT-2's
-    document start). An empty prompt always needs one.
+    line of their training text starts. A Hugging Face model reads the prompt
+    as ``transformers`` encodes it (``tokenizer(prompt)``): after the start
+    token its tokenizer puts first (Llama's ``<s>`` / ``<|begin_of_text|>``),
+    or as given where it puts none (GPT-2, Qwen2); ``start_token`` True puts
+    ``<|endoftext|>`` (GPT-2's document start) there instead, False nothing.
+    An empty prompt always needs one.
     """
     if getattr(tokenizer, "name", None) == "hf":
-        return tokenizer.bos_id if start_token else None
+        if start_token is False:
+            return None
+        own = getattr(tokenizer, "start_ids", [])
+        own = own[0] if len(own) == 1 else None
+        return (own if own is not None else tokenizer.bos_id) if start_token else own
     if start_token is False:
         return None
     return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.bos_id
@@ -189,9 +206,9 @@ class _TextStreamer:
     model's character whose UTF-8 bytes have not all come).
     """
 
-    def __init__(self, tokenizer: Any, prompt: List[int], budget: int, end_id: Optional[int],
+    def __init__(self, tokenizer: Any, prompt: List[int], budget: int, end_ids: Sequence[int],
                  stop: Sequence[str], write: Any) -> None:
-        self.tokenizer, self.prompt, self.budget, self.end_id = tokenizer, prompt, budget, end_id
+        self.tokenizer, self.prompt, self.budget, self.end_ids = tokenizer, prompt, budget, set(end_ids)
         self.stop, self.write = list(stop), write
         self.prompt_text = tokenizer.decode(prompt)
         self.generated: List[int] = []
@@ -209,7 +226,7 @@ class _TextStreamer:
         if self.done or not bool(generated[0]):
             return
         token = int(tokens[0])
-        if self.end_id is not None and token == self.end_id:
+        if token in self.end_ids:
             self.done = True
             return
         self.generated.append(token)
@@ -274,8 +291,8 @@ def generate_samples(model: Any,
       sampler: a :class:`lmkit.decoding.Sampler`.
       num_samples: samples per prompt (beam search: the best hypotheses of one search).
       repetition_penalty, min_new_tokens: as in :func:`lmkit.decoding.decode`
-        (``min_new_tokens`` holds back the end token: ``stop_at_eos``'s line
-        break, or the end of a document).
+        (``min_new_tokens`` holds back the end tokens: the end of a document,
+        and ``stop_at_eos``'s line break).
       stream: a function that takes text (e.g. ``sys.stdout.write``): the
         one sample is written to it while it is generated, the prompt first
         (the loop then runs without XLA and waits for each token).
@@ -299,7 +316,11 @@ def generate_samples(model: Any,
     start_id = _start_id(tokenizer, start_token)
     if start_id is None and any(not p for p in prompts):
         raise UsageError("an empty prompt needs a start token, and this tokenizer has none; give a prompt")
-    eos_id = tokenizer.eos_id if stop_at_eos else end_of_document_id(tokenizer)
+    # What ends a sample (the decode loop stops at any of them): the end of a document, and with
+    # stop_at_eos the end of a line.
+    ends = list(dict.fromkeys(([tokenizer.eos_id] if stop_at_eos and tokenizer.eos_id is not None else [])
+                              + end_of_document_ids(tokenizer)))
+    eos_id = ends or None
     window = getattr(model, "max_positions", None)  # None: an RNN, no limit
     if context is not None:
         if isinstance(context, bool) or not isinstance(context, int) or context < 2:
@@ -328,7 +349,7 @@ def generate_samples(model: Any,
 
     def done(n: int, g: List[int]) -> bool:
         i = owner[n][0]
-        return bool((eos_id is not None and g and g[-1] == eos_id)
+        return bool((g and g[-1] in ends)
                     or lead + len(prompts[i]) + len(g) >= targets[n]
                     or (stop and _cut_at_stop(tokenizer, list(prompts[i]), g, prompt_texts[i], stop)[2]))
 
@@ -340,7 +361,7 @@ def generate_samples(model: Any,
         if beam or len(rows) != 1:
             raise UsageError("streaming writes one sample as it comes; give one prompt and one sample "
                              "(not beam search), or turn streaming off")
-        streamer = _TextStreamer(tokenizer, list(prompts[0]), targets[0] - lead - len(prompts[0]), eos_id,
+        streamer = _TextStreamer(tokenizer, list(prompts[0]), targets[0] - lead - len(prompts[0]), ends,
                                  stop, stream)
         rules["on_token"] = streamer
     if min_new_tokens:
@@ -353,8 +374,7 @@ def generate_samples(model: Any,
             for j in range(num_samples):
                 if result.beam_scores[i, j] > -float("inf"):  # -inf marks an unused slot
                     ids = result.beam_ids[i, j, :result.beam_lengths[i, j]].tolist()[len(rows[i]):]
-                    samples.append((i, j, ids, "eos" if eos_id is not None and ids and ids[-1] == eos_id
-                                    else "length"))
+                    samples.append((i, j, ids, "eos" if ids and ids[-1] in ends else "length"))
     else:
         generated = [seq[len(r):] for seq, r in zip(result.sequences(include_prompt=True), rows)]
         chunk = 0
@@ -377,7 +397,7 @@ def generate_samples(model: Any,
         for n, g in enumerate(generated):
             i, j = owner[n]
             g = g[:max(0, targets[n] - lead - len(prompts[i]))]
-            why = "eos" if eos_id is not None and g and g[-1] == eos_id else "length"
+            why = "eos" if g and g[-1] in ends else "length"
             samples.append((i, j, g, why))
     out = []
     for i, j, g, why in samples:
@@ -444,9 +464,11 @@ def generate(model: Any,
       num_samples: samples per prompt.
       seed: the same seed gives the same samples; None draws one.
       stop: strings that end a sample (not included in it).
-      stop_at_eos: end each sample at its first line break.
+      stop_at_eos: end each sample at its first line break (as well as at the
+        end of a document).
       start_token: put the start token before each prompt (default: yes for
-        lmkit's models, no for Hugging Face ones).
+        lmkit's models; for a Hugging Face one, the token its tokenizer puts
+        first, if any: Llama's ``<s>``).
       repetition_penalty: > 1 makes tokens already in the sample less likely
         (CTRL's penalty, as in ``transformers``); 1 = off.
       min_new_tokens: new tokens before the end token may be chosen.

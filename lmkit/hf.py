@@ -31,7 +31,7 @@ from lmkit.errors import UsageError
 
 __all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "export_gpt2", "family_of",
            "gpt2_model_config", "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained",
-           "load_pretrained_weights", "pair_framing", "parameter_map", "pretrained_training_config",
+           "load_pretrained_weights", "end_token_ids", "pair_framing", "parameter_map", "pretrained_training_config",
            "read_config_json", "read_gpt2_config", "read_tokenizer", "read_weights", "resolve_source",
            "training_config", "write_folder"]
 
@@ -145,6 +145,30 @@ def pair_framing(folder: str) -> Optional[Dict[str, Any]]:
         return None
     framing = getattr(family, "framing", None)
     return None if framing is None else framing(family.read_config(folder))
+
+
+def end_token_ids(folder: str) -> Optional[List[int]]:
+    """The ids that end a text of the folder's model, as ``transformers``' ``generate`` stops at them.
+
+    ``generation_config.json``'s ``eos_token_id`` (one id, or a list: Llama 3's instruct models end a
+    text with ``<|end_of_text|>`` and a turn with ``<|eot_id|>``), else ``config.json``'s; None when
+    neither names one.
+
+    Raises:
+      UsageError: an ``eos_token_id`` that is not a token id or a list of them (naming the file).
+    """
+    for name in ("generation_config.json", HF_CONFIG):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        value = _read_json(path).get("eos_token_id")
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise UsageError(f"{path}: eos_token_id = {value!r} must be a token id or a list of them")
+        return list(dict.fromkeys(ids))
+    return None
 
 
 def pretrained_training_config(config: Any, folder: str) -> Any:

@@ -24,13 +24,17 @@ compiles the decode loop with XLA, once per batch size, length and
 strategy) and the tokens/sec of a second call of the compiled loop.
 
 Line breaks are text: a sample runs to --max_length tokens (prompt
-included) or --max_new_tokens new ones, to a --stop string, or to the
-end-of-document token where the tokenizer has one (GPT-2's
-``<|endoftext|>``); --stop_at_eos ends it at its first line break instead.
+included) or --max_new_tokens new ones, to a --stop string, or to an
+end-of-document token where the model has one (a Hugging Face folder's
+``eos_token_id``, every id its ``generation_config.json`` lists: GPT-2's
+``<|endoftext|>``, Llama 3's ``<|end_of_text|>`` and ``<|eot_id|>``);
+--stop_at_eos also ends it at its first line break.
 A transformer writes past its context by sliding its window (the last half
 of it kept). lmkit's own models start after a line break, as every line of
-their training text does; a Hugging Face folder reads the prompt as given
-(--start_token adds ``<|endoftext|>`` before it). With --strategy beam the
+their training text does; a Hugging Face folder reads the prompt as
+``transformers`` encodes it (after the start token its tokenizer puts
+first, Llama's ``<s>``; as given for GPT-2; --start_token puts
+``<|endoftext|>`` first where the tokenizer puts nothing). With --strategy beam the
 samples of a prompt are the best --num_samples hypotheses of one beam
 search (within the model's context).
 
@@ -93,18 +97,18 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                    help="end a sample where this text first appears, not included (repeatable; "
                         "backslash escapes such as '\\n\\n' are read)")
     p.add_argument("--stop_at_eos", action="store_true",
-                   help="end each sample at its first line break (one line per sample)")
+                   help="end each sample at its first line break too (one line per sample)")
     p.add_argument("--start_token", dest="start_token", action="store_const", const=True, default=None,
-                   help="put the start token before each prompt (default for lmkit's models; "
-                        "<|endoftext|> for a Hugging Face folder, which by default reads the prompt as given)")
+                   help="put the start token before each prompt (default for lmkit's models, and for a "
+                        "Hugging Face folder whose tokenizer puts one first, as Llama's <s>; else <|endoftext|>)")
     p.add_argument("--no_start_token", dest="start_token", action="store_const", const=False,
                    help="feed the prompt with nothing before it")
     p.add_argument("--repetition_penalty", type=float, default=1.0,
                    help="> 1 makes tokens already in a sample less likely (CTRL's penalty; 1 = off; "
                         "not with beam)")
     p.add_argument("--min_new_tokens", type=int, default=0,
-                   help="new tokens before a sample may end at its end token (with --stop_at_eos, "
-                        "or a Hugging Face model's <|endoftext|>)")
+                   help="new tokens before a sample may end at an end token (a Hugging Face model's "
+                        "eos_token_id, or with --stop_at_eos a line break)")
     p.add_argument("--stream", dest="stream", action="store_const", const=True, default=None,
                    help="write the sample while it is generated (the default on a terminal when there "
                         "is one sample; runs the decode loop without XLA)")
@@ -203,6 +207,8 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
             raise UsageError("--chat needs a --prompt (the user's message)")
         if chat.eos_token and chat.eos_token not in (args.stop or []):
             args.stop = [*(args.stop or []), chat.eos_token]  # the end of the assistant's turn
+        if args.start_token is None:
+            args.start_token = False  # the template writes the start token itself
     prompts, unknown = [], []
     for text in args.prompt or [None]:
         if text is None:

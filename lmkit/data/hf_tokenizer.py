@@ -14,6 +14,12 @@ Special ids in lmkit's sense: ``eos_id`` is the token of a line break
 GPT-2 text has it) and ``bos_id`` the model's ``<|endoftext|>`` (GPT-2's
 document separator); there is no unknown or padding token.
 
+The ids that end a generated text (``end_ids``) are the model's, read from
+the folder (:func:`lmkit.hf.end_token_ids`: ``generation_config.json``'s
+``eos_token_id``, one id or several, else ``config.json``'s) and kept with a
+run's tokenizer, so a run fine-tuned from the folder stops where the model
+does; a folder that names none ends at ``<|endoftext|>``.
+
 An encoder-decoder's tokenizer (BART) is *framed* instead (``framing``,
 from the folder's family, :func:`lmkit.hf.pair_framing`): its ``bos_id``,
 ``eos_id`` and ``pad_id`` are the target's start, end and padding ids, every
@@ -57,16 +63,19 @@ class HFTokenizer(Tokenizer):
     """
 
     name = "hf"
-    OPTIONS: Mapping[str, Any] = {"source": "", "framing": None}
+    OPTIONS: Mapping[str, Any] = {"source": "", "framing": None, "end_ids": None}
+    DERIVED = ("framing", "end_ids")  # read from the source folder
     READS_TEXT = False
     #: the keys of ``framing``: the target's start, end and padding ids, the ids around every text, and
     #: the source's suffix
     FRAMING_KEYS = ("bos", "eos", "pad", "prefix", "suffix", "source_suffix")
 
-    def __init__(self, tokenizer: Any, source: str = "", framing: Optional[Mapping[str, Any]] = None) -> None:
+    def __init__(self, tokenizer: Any, source: str = "", framing: Optional[Mapping[str, Any]] = None,
+                 end_ids: Optional[Sequence[int]] = None) -> None:
         self.hf = tokenizer
         self.source = source
         self.framing = None if framing is None else _check_framing(framing)
+        self._end_ids = None if end_ids is None else _check_end_ids(end_ids)
         newline = tokenizer.encode("\n", add_special_tokens=False).ids
         self._newline = newline[0] if len(newline) == 1 else None
         self._end_of_text = tokenizer.token_to_id(END_OF_TEXT)
@@ -82,8 +91,34 @@ class HFTokenizer(Tokenizer):
         return {"eos": self._newline, "bos": self._end_of_text}.get(role)
 
     @property
+    def end_ids(self) -> List[int]:
+        """The ids that end a generated text: the model folder's ``eos_token_id`` (one or several; ids
+        beyond this vocabulary name no text and are left out), else ``<|endoftext|>`` when the vocabulary
+        has it; empty for a framed (encoder-decoder) tokenizer, whose target ends at ``eos_id``."""
+        if self.framing is not None:
+            return []
+        ids = [i for i in self._end_ids or () if i < self.vocab_size]
+        if ids:
+            return ids
+        return [] if self._end_of_text is None else [self._end_of_text]
+
+    @property
+    def start_ids(self) -> List[int]:
+        """The ids the folder's tokenizer puts before a text when ``transformers`` encodes it with its
+        special tokens (``tokenizer(text)``): Llama's ``<s>`` / ``<|begin_of_text|>``; empty for GPT-2 and
+        Qwen2, whose tokenizers add none, and for a framed (encoder-decoder) tokenizer."""
+        if self.framing is not None:
+            return []
+        plain = list(self.hf.encode("a", add_special_tokens=False).ids)
+        full = list(self.hf.encode("a", add_special_tokens=True).ids)
+        for k in range(len(full) - len(plain) + 1):
+            if full[k:k + len(plain)] == plain:
+                return full[:k]
+        return []
+
+    @property
     def options(self) -> Dict[str, Any]:
-        return {"source": self.source, "framing": self.framing}
+        return {"source": self.source, "framing": self.framing, "end_ids": self._end_ids}
 
     def fingerprint(self) -> str:
         text = self.hf.to_str() + ("" if self.framing is None else json.dumps(self.framing, sort_keys=True))
@@ -133,9 +168,10 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> Dict[str, Any]:
-        framing = options.get("framing")
+        framing, end_ids = options.get("framing"), options.get("end_ids")
         return {"source": str(options.get("source") or ""),
-                "framing": None if framing is None else _check_framing(framing)}
+                "framing": None if framing is None else _check_framing(framing),
+                "end_ids": None if end_ids is None else _check_end_ids(end_ids)}
 
     @classmethod
     def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "HFTokenizer":
@@ -154,7 +190,8 @@ class HFTokenizer(Tokenizer):
             raise DataError(f"{path} is missing")
         options = cls.check_options(options)
         try:
-            return cls(_tokenizers().Tokenizer.from_file(path), options["source"], options["framing"])
+            return cls(_tokenizers().Tokenizer.from_file(path), options["source"], options["framing"],
+                       options["end_ids"])
         except Exception as exc:  # the tokenizers package raises its own exception types
             raise DataError(f"{path} is not a tokenizers file ({exc})") from None
 
@@ -171,11 +208,12 @@ class HFTokenizer(Tokenizer):
         """
         tk = _tokenizers()
         path = os.path.join(folder, "tokenizer.json")
-        from lmkit.hf import pair_framing
+        from lmkit.hf import end_token_ids, pair_framing
         framing = pair_framing(folder)  # an encoder-decoder's (BART) target start, end and padding ids
+        end_ids = None if framing is not None else end_token_ids(folder)
         if os.path.isfile(path):
             try:
-                return cls(tk.Tokenizer.from_file(path), os.path.abspath(folder), framing)
+                return cls(tk.Tokenizer.from_file(path), os.path.abspath(folder), framing, end_ids)
             except Exception as exc:
                 raise DataError(f"{path} is not a Hugging Face tokenizers file ({exc}); "
                                 "save the tokenizer again with save_pretrained") from None
@@ -194,7 +232,7 @@ class HFTokenizer(Tokenizer):
         tokenizer.decoder = tk.decoders.ByteLevel()
         if tokenizer.token_to_id(END_OF_TEXT) is not None:
             tokenizer.add_special_tokens([END_OF_TEXT])
-        return cls(tokenizer, os.path.abspath(folder))
+        return cls(tokenizer, os.path.abspath(folder), None, end_ids)
 
     def save_hf(self, folder: str, model_max_length: int) -> None:
         """Writes the tokenizer as ``transformers`` reads it: ``tokenizer.json``, ``vocab.json``,
@@ -209,6 +247,14 @@ class HFTokenizer(Tokenizer):
                   "add_prefix_space": False, **special}
         atomic_write_text(os.path.join(folder, "tokenizer_config.json"), json.dumps(config, indent=2) + "\n")
         atomic_write_text(os.path.join(folder, "special_tokens_map.json"), json.dumps(special, indent=2) + "\n")
+
+
+def _check_end_ids(end_ids: Any) -> List[int]:
+    """``end_ids`` (token ids that end a text), checked."""
+    if not isinstance(end_ids, (list, tuple)) or \
+            not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in end_ids):
+        raise DataError(f"the hf tokenizer's end_ids {end_ids!r} must be a list of token ids")
+    return [int(i) for i in end_ids]
 
 
 def _check_framing(framing: Mapping[str, Any]) -> Dict[str, Any]:

@@ -41,7 +41,7 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Type, Union
+from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 from lmkit.checks import check_choice, check_known_keys
 from lmkit.data.errors import DataError
@@ -88,6 +88,9 @@ class Tokenizer(abc.ABC):
     name: ClassVar[str] = ""
     #: The training options of this kind and their defaults.
     OPTIONS: ClassVar[Mapping[str, Any]] = {}
+    #: Options read from what the tokenizer is made from (a pretrained folder), never asked for: a
+    #: tokenizer saved in a run's folder is reused whatever they hold.
+    DERIVED: ClassVar[Tuple[str, ...]] = ()
     #: Whether :meth:`train` reads the training text (checked before training).
     READS_TEXT: ClassVar[bool] = True
 
@@ -505,7 +508,8 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
     folder = os.fspath(folder)
     if os.path.isfile(os.path.join(folder, TOKENIZER_FILE)):
         saved = load_tokenizer(folder)
-        if saved.name == kind.name and saved.options == options:
+        asked = {k: v for k, v in options.items() if k not in kind.DERIVED}
+        if saved.name == kind.name and {k: v for k, v in saved.options.items() if k not in kind.DERIVED} == asked:
             return saved
         raise DataError(f"{os.path.join(folder, TOKENIZER_FILE)} holds a {saved.name} tokenizer "
                         f"with options {saved.options}, but a {kind.name} tokenizer with options "

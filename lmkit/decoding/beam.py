@@ -32,8 +32,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit.decoding.prompts import NO_EOS, DecodeResult, prepare_prompts
-from lmkit.decoding.sampler import Sampler, pick_loop
+from lmkit.decoding.prompts import DecodeResult, EndIds, end_ids, prepare_prompts
+from lmkit.decoding.sampler import Sampler, is_end, pick_loop
 from lmkit.errors import UsageError
 
 __all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty"]
@@ -93,7 +93,7 @@ class BeamSampler(Sampler):
                                   "own loop in BeamSampler.generate")
 
     def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
-                 max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int] = None,
+                 max_length: int, eos_id: EndIds, pad_id: int, seed: Optional[int] = None,
                  use_cache: bool = True, compiled: bool = True,
                  jit_compile: Optional[bool] = None, repetition_penalty: float = 1.0,
                  min_new_tokens: Optional[np.ndarray] = None, on_token: Any = None,
@@ -120,7 +120,7 @@ class BeamSampler(Sampler):
         ids, lengths, scores, log_probs = search(
             model, tf.constant(prompt_ids), tf.constant(prompt_lengths), beam_width=self.beam_width,
             max_length=max_length, alpha=self.length_penalty,
-            eos_id=NO_EOS if eos_id is None else eos_id, condition=condition)
+            eos_id=end_ids(eos_id), condition=condition)
         ids, lengths, scores, log_probs = ids.numpy(), lengths.numpy(), scores.numpy(), log_probs.numpy()
         return BeamSearchResult(ids=ids[:, 0], lengths=lengths[:, 0], prompt_lengths=prompt_lengths,
                                 log_probs=log_probs[:, 0], seed=None, scores=scores[:, 0],
@@ -135,7 +135,7 @@ def beam_search(model: Any,
                 length_penalty: float = 0.0,
                 batch_size: Optional[int] = None,
                 prompts: Optional[Sequence[Sequence[int]]] = None,
-                eos_id: Optional[int] = None,
+                eos_id: EndIds = None,
                 start_id: Optional[int] = None,
                 pad_id: Optional[int] = None,
                 compiled: bool = True,
@@ -176,7 +176,7 @@ def _beam_search(model: Any,
                  beam_width: int,
                  max_length: int,
                  alpha: float,
-                 eos_id: int,
+                 eos_id: Tuple[int, ...],
                  condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """The search itself; returns the finished set ``(ids, lengths, scores, log_probs)``."""
     batch_size = prompt_ids.shape[0]
@@ -232,7 +232,7 @@ def _beam_search(model: Any,
 
         # Ended hypotheses: an <eos> outside the prompt, or anything at the last position.
         ends = tf.logical_or(
-            tf.logical_and(tf.equal(cand_tokens, eos_id), tf.logical_not(in_prompt)[:, tf.newaxis]),
+            tf.logical_and(is_end(cand_tokens, eos_id), tf.logical_not(in_prompt)[:, tf.newaxis]),
             tf.equal(pos, max_length - 1))  # [batch, cand]
         generated_length = tf.maximum(pos + 1 - prompt_lengths, 0)  # [batch]
         cand_scores = tf.where(ends, penalised(cand_log_probs, generated_length[:, tf.newaxis]), neg_inf)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from lmkit.decoding.prompts import DecodeResult, prepare_prompts
+from lmkit.decoding.prompts import DecodeResult, EndIds, prepare_prompts
 from lmkit.decoding.sampler import Sampler
 from lmkit.errors import UsageError
 
@@ -25,7 +25,7 @@ def decode(model: Any,
            *,
            batch_size: Optional[int] = None,
            prompts: Optional[Sequence[Sequence[int]]] = None,
-           eos_id: Optional[int] = None,
+           eos_id: EndIds = None,
            start_id: Optional[int] = None,
            pad_id: Optional[int] = None,
            seed: Optional[int] = None,
@@ -50,13 +50,14 @@ def decode(model: Any,
       prompts: one list of token ids per sequence, lengths may differ. Each is
         copied to the start of its output row and fed to the model before
         generation starts.
-      eos_id: the token that ends a sequence (e.g. PTB's ``<eos>``); None
-        generates exactly up to ``max_length``.
+      eos_id: the token that ends a sequence (e.g. PTB's ``<eos>``), or a
+        list of them (any one ends it: a Hugging Face model's end of text and
+        end of turn); None generates exactly up to ``max_length``.
       start_id: a token put in front of every prompt (for example ``<eos>`` as a
         sentence boundary). Without prompts it is the whole prompt and defaults
-        to ``eos_id``.
-      pad_id: the token after the end of a sequence; defaults to ``eos_id``,
-        or 0 when there is no ``eos_id``.
+        to (the first) ``eos_id``.
+      pad_id: the token after the end of a sequence; defaults to (the first)
+        ``eos_id``, or 0 when there is no ``eos_id``.
       seed: non-negative integer for the random samplers; the same seed gives
         the same output, compiled or not. None draws one (see
         :attr:`DecodeResult.seed`).

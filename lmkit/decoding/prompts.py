@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from lmkit.errors import UsageError
 
-__all__ = ["DecodeResult", "NO_EOS", "check_seed", "prepare_prompts"]
+__all__ = ["DecodeResult", "EndIds", "check_seed", "end_ids", "prepare_prompts"]
 
-NO_EOS = -1  # stands in for eos_id = None: no token id is negative
+#: What ends a sequence: None, one token id, or several (a Hugging Face ``generation_config.json``
+#: may list an end of text and an end of turn).
+EndIds = Union[None, int, Sequence[int]]
 
 
 # eq=False: the fields are arrays, which have no single truth value.
@@ -63,12 +65,32 @@ def check_seed(seed: Optional[int]) -> int:
     return int(seed)
 
 
+def end_ids(eos_id: EndIds) -> Tuple[int, ...]:
+    """``eos_id`` as a tuple of distinct ids, in the order given (None: the empty tuple).
+
+    Raises:
+      UsageError: not an id, or an empty list.
+    """
+    if eos_id is None:
+        return ()
+    if isinstance(eos_id, (list, tuple, np.ndarray)):
+        ids = list(eos_id)
+        if not ids:
+            raise UsageError("eos_id = [] names no token; pass None for no end token")
+    else:
+        ids = [eos_id]
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise UsageError(f"eos_id = {eos_id!r} must be a token id or a list of them")
+    return tuple(dict.fromkeys(int(i) for i in ids))
+
+
 def prepare_prompts(model: Any,
                     max_length: int,
                     *,
                     batch_size: Optional[int],
                     prompts: Optional[Sequence[Sequence[int]]],
-                    eos_id: Optional[int],
+                    eos_id: EndIds,
                     start_id: Optional[int],
                     pad_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray, int]:
     """Checks the decoding arguments and pads the prompts into one array.
@@ -90,21 +112,24 @@ def prepare_prompts(model: Any,
             raise UsageError(f"{name} = {value!r} is not a token id of the model "
                              f"(vocab_size {vocab_size}); use an id in [0, {vocab_size})")
 
-    check_id("eos_id", eos_id)
+    ends = end_ids(eos_id)
+    for end in ends:
+        check_id("eos_id", end)
     check_id("start_id", start_id)
     check_id("pad_id", pad_id)
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
         raise UsageError(f"max_length = {max_length!r} must be an integer >= 1")
+    first_end = ends[0] if ends else None
     if pad_id is None:
-        pad_id = 0 if eos_id is None else eos_id
+        pad_id = 0 if first_end is None else first_end
 
     if prompts is None:
         if batch_size is None:
             raise UsageError("give batch_size or prompts")
-        first = eos_id if start_id is None else start_id
+        first = first_end if start_id is None else start_id
         if first is None:
             raise UsageError("without prompts every sequence needs a first token; "
-                             "pass start_id (or eos_id, which is then used as the start)")
+                             "pass start_id (or eos_id, whose first id is then used as the start)")
         rows = [[first]] * int(batch_size)
     else:
         if isinstance(prompts, (str, bytes)) or any(isinstance(p, (int, np.integer)) for p in prompts):

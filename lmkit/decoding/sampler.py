@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit.decoding.prompts import NO_EOS, DecodeResult, check_seed
+from lmkit.decoding.prompts import DecodeResult, EndIds, check_seed, end_ids
 
 __all__ = ["Sampler"]
 
@@ -62,7 +62,7 @@ class Sampler:
         raise NotImplementedError(f"{type(self).__name__} must override get_next_token")
 
     def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
-                 max_length: int, eos_id: Optional[int], pad_id: int, seed: Optional[int],
+                 max_length: int, eos_id: EndIds, pad_id: int, seed: Optional[int],
                  use_cache: bool, compiled: bool, jit_compile: Optional[bool] = None,
                  repetition_penalty: float = 1.0, min_new_tokens: Optional[np.ndarray] = None,
                  on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
@@ -74,7 +74,8 @@ class Sampler:
           prompt_ids: int32 `[batch, max_length]`, prompts padded with ``pad_id``.
           prompt_lengths: int32 `[batch]`.
           max_length: length of every output row, prompt included.
-          eos_id: the token that ends a sequence, or None.
+          eos_id: the token that ends a sequence, several (any of them ends
+            it), or None.
           pad_id: the token after the end of a sequence.
           seed: for the random samplers; None draws one.
           use_cache: feed one token per step through ``model.step`` (True) or
@@ -86,7 +87,7 @@ class Sampler:
             one) of every token already in the row, prompt included, before
             the sampler sees it (CTRL's penalty, as ``transformers`` applies it); 1 = off.
           min_new_tokens: int32 `[batch]`, tokens each row generates before
-            ``eos_id`` may be chosen; None = 0.
+            an ``eos_id`` may be chosen; None = 0.
           on_token: called on the host after every step with the step's tokens
             and whether each row generated its token (NumPy ``[batch]`` int32
             and bool): streaming. It runs the loop without XLA (a host
@@ -102,12 +103,13 @@ class Sampler:
                 raise UsageError("on_token (streaming) runs the loop without XLA; leave jit_compile unset")
             jit_compile = False
         loop = pick_loop(_decode_loop, _decode_loop_compiled, _decode_loop_xla, compiled, use_cache, jit_compile)
-        hold_eos = min_new_tokens is not None and eos_id is not None and bool(np.any(np.asarray(min_new_tokens) > 0))
+        ends = end_ids(eos_id)
+        hold_eos = min_new_tokens is not None and bool(ends) and bool(np.any(np.asarray(min_new_tokens) > 0))
         min_new = np.zeros(len(prompt_lengths), np.int32) if min_new_tokens is None else min_new_tokens
         ids, lengths, log_probs = loop(
             model, self.canonical(), tf.constant(prompt_ids), tf.constant(prompt_lengths),
             tf.constant([seed, 0], tf.int64), tf.constant(np.asarray(min_new, np.int32)),
-            max_length=max_length, eos_id=NO_EOS if eos_id is None else eos_id, pad_id=pad_id,
+            max_length=max_length, eos_id=ends, pad_id=pad_id,
             use_cache=use_cache, repetition_penalty=float(repetition_penalty), hold_eos=hold_eos,
             on_token=on_token, condition=condition)
         return DecodeResult(ids=ids.numpy(), lengths=lengths.numpy(), prompt_lengths=prompt_lengths,
@@ -148,7 +150,7 @@ def _decode_loop(model: Any,
                  min_new_tokens: tf.Tensor,
                  *,
                  max_length: int,
-                 eos_id: int,
+                 eos_id: Tuple[int, ...],
                  pad_id: int,
                  use_cache: bool,
                  repetition_penalty: float = 1.0,
@@ -189,7 +191,7 @@ def _decode_loop(model: Any,
                                              choice * repetition_penalty), choice)
         if hold_eos:
             early = (pos - prompt_lengths) < min_new_tokens  # [batch]
-            is_eos = tf.equal(tf.range(vocab_size), eos_id)  # [vocab]
+            is_eos = is_end(tf.range(vocab_size), eos_id)  # [vocab]
             choice = tf.where(tf.logical_and(early[:, tf.newaxis], is_eos[tf.newaxis, :]), -1e30, choice)
         # The position in the seed's second word: plain integers, the same compiled or not
         # (stateless_fold_in is a random op, and under XLA it gives other seeds for seeds >= 2^32).
@@ -201,7 +203,7 @@ def _decode_loop(model: Any,
         token_log_prob = tf.gather(tf.nn.log_softmax(logits), token, batch_dims=1)  # [batch]
         log_probs += tf.where(generated, token_log_prob, 0.0)
         lengths = tf.where(generated, pos + 1, lengths)
-        finished = tf.logical_or(finished, tf.logical_and(generated, tf.equal(token, eos_id)))
+        finished = tf.logical_or(finished, tf.logical_and(generated, is_end(token, eos_id)))
         if on_token is not None:  # streaming: hand the step's tokens to the host before going on
             def call(token, generated):
                 on_token(token.numpy(), generated.numpy())
@@ -216,6 +218,13 @@ def _decode_loop(model: Any,
                  tf.zeros([batch_size], tf.bool), prompt_lengths, tf.zeros([batch_size], tf.float32), seen)
     _, ids, _, _, lengths, log_probs, _ = tf.while_loop(not_done, body, loop_vars)
     return ids, lengths, log_probs
+
+
+def is_end(tokens: tf.Tensor, ends: Tuple[int, ...]) -> tf.Tensor:
+    """Whether each of ``tokens`` (int32, any shape) is one of the end ids ``ends`` (all False for none)."""
+    if not ends:
+        return tf.zeros_like(tokens, tf.bool)
+    return tf.reduce_any(tf.equal(tokens[..., tf.newaxis], tf.constant(ends, tokens.dtype)), axis=-1)
 
 
 # The model and sampler are Python arguments: TensorFlow traces once per model

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Tuple, Union
 
 import numpy as np
 import pytest
@@ -19,13 +19,16 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def enumerate_hypotheses(model: PrefixModel, prompt: List[int], max_length: int,
-                         eos_id: Optional[int], alpha: float) -> List[Tuple[float, List[int], float]]:
-    """Every complete continuation of ``prompt`` as (score, ids, log_prob), best first."""
+                         eos_id: Union[None, int, Tuple[int, ...]],
+                         alpha: float) -> List[Tuple[float, List[int], float]]:
+    """Every complete continuation of ``prompt`` as (score, ids, log_prob), best first (``eos_id``: one
+    end token, several, or None)."""
     out = []
+    ends = () if eos_id is None else tuple(eos_id) if isinstance(eos_id, tuple) else (eos_id,)
 
     def extend(prefix: List[int], log_prob: float) -> None:
         generated = len(prefix) - len(prompt)
-        if (generated > 0 and prefix[-1] == eos_id) or len(prefix) == max_length:
+        if (generated > 0 and prefix[-1] in ends) or len(prefix) == max_length:
             out.append((log_prob / gnmt_length_penalty(generated, alpha), prefix, log_prob))
             return
         step = log_softmax(model.numpy_logits(prefix))
@@ -40,7 +43,7 @@ PROMPTS = [[1], [2, 3]]
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.8, 2.0])
-@pytest.mark.parametrize("eos_id", [0, None])
+@pytest.mark.parametrize("eos_id", [0, None, (0, 3)])
 def test_wide_beam_finds_the_brute_force_optimum(alpha, eos_id):
     max_length = 5
     model = PrefixModel(vocab_size=4, max_length=max_length, seed=18)

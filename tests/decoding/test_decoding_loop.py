@@ -46,6 +46,33 @@ def test_stops_at_eos_per_sequence_and_pads(compiled):
     assert int(model.steps_taken.numpy()) == 5
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("sampler", [GreedySampler(), BeamSampler(beam_width=1)])
+def test_any_of_several_end_ids_ends_a_sequence(compiled, sampler):
+    # A Hugging Face generation_config.json may list an end of text and an end of turn: each row stops
+    # at whichever it meets first; padding is the first id.
+    model = successor_model()
+    result = decode(model, 8, sampler, prompts=[[0], [3], [6]], eos_id=[EOS, 2], compiled=compiled)
+    assert result.sequences() == [[0, 1, 2], [3, 4, 5], [6, 7, 0, 1, 2]]
+    np.testing.assert_array_equal(result.lengths, [3, 3, 5])
+    if not isinstance(sampler, BeamSampler):  # beam search marks unused slots by score, not padding
+        np.testing.assert_array_equal(result.ids[1], [3, 4, 5, EOS, EOS, EOS, EOS, EOS])
+    # One id in a list is that id; repeated ids count once.
+    np.testing.assert_array_equal(decode(model, 8, sampler, prompts=[[0]], eos_id=[EOS, EOS]).ids,
+                                  decode(model, 8, sampler, prompts=[[0]], eos_id=EOS).ids)
+
+
+def test_min_new_tokens_holds_back_every_end_id():
+    # The successor model's greedy choice would be 2 after 1, then 0 after 7: both end ids are held
+    # back (the row takes its runner-up, 7) until it has generated 3 tokens; the 4th may end it.
+    table = np.zeros((1, 8, 8), np.float32)
+    for last in range(8):
+        table[0, last, (last + 1) % 8] = 3.0
+        table[0, last, 7] = 1.0  # the runner-up everywhere
+    result = decode(TableModel(table), 8, GreedySampler(), prompts=[[1]], eos_id=[2, 0], min_new_tokens=3)
+    assert result.sequences() == [[1, 7, 7, 7, 0]]
+
+
 def test_pad_defaults_to_eos_and_eos_inside_a_prompt_does_not_stop():
     model = successor_model()
     result = decode(model, 6, GreedySampler(), prompts=[[5, 6], [2]], eos_id=EOS)
@@ -163,6 +190,9 @@ def test_decode_hands_a_beam_sampler_to_beam_search():
     (dict(prompts=[[1], [9]]), r"prompt 1 token = 9 is not a token id.*\[0, 8\)"),
     (dict(prompts=[[1]], batch_size=2), "batch_size = 2 but 1 prompts"),
     (dict(batch_size=1, eos_id=8), "eos_id = 8"),
+    (dict(batch_size=1, eos_id=[1, 8]), "eos_id = 8"),
+    (dict(batch_size=1, eos_id=[]), r"eos_id = \[\] names no token"),
+    (dict(batch_size=1, eos_id=[1, "2"]), r"eos_id = \[1, '2'\] must be a token id or a list"),
     (dict(batch_size=1, eos_id=1, seed=-1), r"seed = -1 must be an integer in \[0, 2\*\*63\)"),
     (dict(batch_size=1, eos_id=1, max_length=0), "max_length = 0"),
 ])

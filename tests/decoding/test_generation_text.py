@@ -232,17 +232,22 @@ def test_the_streamer_holds_back_what_may_still_change(tokenizer):
     from lmkit.generation import _TextStreamer
     out = []
     ids = tokenizer.encode("ab cd")
-    streamer = _TextStreamer(tokenizer, [], budget=5, end_id=None, stop=[" c"], write=out.append)
+    streamer = _TextStreamer(tokenizer, [], budget=5, end_ids=[], stop=[" c"], write=out.append)
     for token in ids:
         streamer(np.array([token]), np.array([True]))
     assert "".join(out) == "ab" and streamer.done  # " c" stopped it; nothing of it was written
     out.clear()
-    streamer = _TextStreamer(tokenizer, [], budget=9, end_id=None, stop=["xyz"], write=out.append)
+    streamer = _TextStreamer(tokenizer, [], budget=9, end_ids=[], stop=["xyz"], write=out.append)
     for token in ids[:3]:
         streamer(np.array([token]), np.array([True]))
     assert "".join(out) == "a"  # "b " could still start "xyz"... held back: len("xyz") - 1 characters
     streamer.finish("ab ")
     assert "".join(out) == "ab "
+    out.clear()  # any of several end ids ends the stream, and is not text
+    streamer = _TextStreamer(tokenizer, [], budget=9, end_ids=[99, ids[1]], stop=[], write=out.append)
+    for token in ids[:3]:
+        streamer(np.array([token]), np.array([True]))
+    assert "".join(out) == tokenizer.decode(ids[:1]) and streamer.done
 
 
 def test_beam_search_keeps_the_whole_context_unless_told(tmp_path, monkeypatch):

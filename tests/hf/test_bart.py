@@ -182,6 +182,18 @@ def test_the_folders_tokenizer_frames_texts_as_bart_does(tmp_path):
         HFTokenizer(target.hf, framing={**target.framing, "suffix": 2})
 
 
+def test_a_runs_framed_tokenizer_is_reused_when_the_run_goes_on(tmp_path):
+    """A BART fine-tune resumed (the same `lmkit train` again) asks for the folder's tokenizer again: the one
+    saved in the run is reused, its framing (read from the folder, never asked for) kept."""
+    from lmkit.data.tokenizers import train_tokenizer
+    folder, run = str(tmp_path / "bart"), str(tmp_path / "run")
+    make_bart_folder(folder)
+    os.makedirs(run)
+    first = train_tokenizer("hf", [], run, source=folder)
+    again = train_tokenizer("hf", [], run, source=folder)
+    assert again.framing == first.framing is not None and again.end_ids == []
+
+
 def _lmkit(*args):
     import subprocess
     import sys

@@ -64,6 +64,7 @@ def test_generate_with_chat_stops_at_the_end_of_the_turn(folder):
     args = generate.build_parser("lmkit generate").parse_args(["--model_dir", folder, "--chat", "--prompt", "hi"])
     _, prompts, _ = generate.check_args(args)
     assert args.stop == ["<|im_end|>"]  # the template's eos_token ends the assistant's turn
+    assert args.start_token is False  # the template writes the start token itself: none is put before it
     from transformers import AutoTokenizer
     expected = AutoTokenizer.from_pretrained(folder).apply_chat_template([{"role": "user", "content": "hi"}],
                                                                          tokenize=True, add_generation_prompt=True)

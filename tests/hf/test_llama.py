@@ -182,9 +182,104 @@ def make_llama_folder(folder, seed=0, chat_template=None):
         tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
-    config = LlamaConfig(**{**SIZES, "vocab_size": len(tokenizer)}, attn_implementation="eager")
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")  # the model's begin and end, as its tokenizer's
+    config = LlamaConfig(**{**SIZES, "vocab_size": len(tokenizer)}, attn_implementation="eager",
+                         bos_token_id=end, eos_token_id=end)
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     return corpus
+
+
+def test_generation_stops_at_every_end_id_of_the_generation_config(tmp_path):
+    """generation_config.json's eos_token_id list (Llama 3 Instruct's end of text and end of turn): a sample
+    ends at whichever comes first, as transformers' generate ends it, also after fine-tuning (the ids are
+    kept with the run's tokenizer); ids the vocabulary lacks, and a folder that names none, are handled."""
+    import lmkit
+    from transformers import AutoTokenizer
+    from lmkit.hf import end_token_ids
+    folder = str(tmp_path / "llama")
+    make_llama_folder(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompt = "the cat sat"
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    inputs = dict(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                  max_new_tokens=12, pad_token_id=0)
+    free = decidable_greedy(LlamaForCausalLM.from_pretrained(folder).eval(), eos_token_id=None, **inputs)[0]
+    new = free[len(ids):]
+    # The end of turn: a token the model writes as its k-th new token (k >= 3) and not before.
+    k = next(k for k in range(2, len(new)) if new[k] not in new[:k] and new[k] != 0)
+    end_of_text = 0  # <|endoftext|>
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": end_of_text, "eos_token_id": [end_of_text, new[k]]}, f)
+    assert end_token_ids(folder) == [end_of_text, new[k]]
+    expected = decidable_greedy(LlamaForCausalLM.from_pretrained(folder).eval(), **inputs)[0]
+    assert expected == ids + new[:k + 1]  # transformers stops there too
+    [sample] = lmkit.generate(folder, prompt, max_new_tokens=12, strategy="greedy", return_samples=True)
+    assert sample.ids == ids + new[:k] and sample.stopped_by == "eos"
+    assert sample.text == tokenizer.decode(ids + new[:k])
+    # Beam search and the uncompiled loop stop there as well.
+    [beam] = lmkit.generate(folder, prompt, max_new_tokens=12, strategy="beam", beam_width=1, return_samples=True)
+    assert beam.ids == sample.ids and beam.stopped_by == "eos"
+    # An id beyond the vocabulary names no text: left out; with none left, <|endoftext|> ends a text.
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [10 ** 6]}, f)
+    [unbounded] = lmkit.generate(folder, prompt, max_new_tokens=12, strategy="greedy", return_samples=True)
+    assert unbounded.ids == free and unbounded.stopped_by == "length"
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": "</s>"}, f)
+    with pytest.raises(UsageError, match=r"generation_config.json: eos_token_id = '</s>' must be a token id"):
+        lmkit.generate(folder, prompt, max_new_tokens=2)
+
+
+def test_a_prompt_starts_with_the_start_token_the_folders_tokenizer_puts_first(tmp_path):
+    """A Llama tokenizer.json puts <s> before every text (its post-processor): generation reads the prompt
+    as transformers' tokenizer(prompt) encodes it, <s> first, and writes what transformers' generate writes;
+    --no_start_token feeds the prompt alone, --start_token keeps <s>."""
+    import lmkit
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    folder = str(tmp_path / "llama")
+    make_llama_folder(folder)
+    hf_tokenizer = AutoTokenizer.from_pretrained(folder)
+    backend = hf_tokenizer.backend_tokenizer
+    start = backend.token_to_id("<|endoftext|>")  # the tiny vocabulary's one special token plays <s>
+    backend.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", start)])
+    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|endoftext|>",
+                            eos_token="<|endoftext|>").save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompt = "the cat sat"
+    ids = tokenizer(prompt)["input_ids"]
+    assert ids[0] == start and len(ids) > 1  # transformers puts it first
+    reference = LlamaForCausalLM.from_pretrained(folder).eval()
+    expected = decidable_greedy(reference, input_ids=torch.tensor([ids]), max_new_tokens=10, eos_token_id=None,
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)[0]
+    from lmkit.hf import read_tokenizer
+    assert read_tokenizer(folder).start_ids == [start]
+    [sample] = lmkit.generate(folder, prompt, max_new_tokens=10, strategy="greedy", return_samples=True)
+    assert sample.stopped_by == "length"
+    assert sample.ids[sample.prompt_length:] == expected[len(ids):]  # the same continuation as transformers'
+    [marked] = lmkit.generate(folder, prompt, max_new_tokens=10, strategy="greedy", start_token=True)
+    assert marked == sample.text
+    [bare] = lmkit.generate(folder, prompt, max_new_tokens=10, strategy="greedy", start_token=False,
+                            return_samples=True)
+    unmarked = decidable_greedy(reference, input_ids=torch.tensor([ids[1:]]), max_new_tokens=10, eos_token_id=None,
+                                attention_mask=torch.ones(1, len(ids) - 1, dtype=torch.long), pad_token_id=0)[0]
+    assert bare.ids[bare.prompt_length:] == unmarked[len(ids) - 1:]
+    assert bare.ids != sample.ids  # the start token changes the continuation: the test tells them apart
+
+
+def test_a_runs_tokenizer_keeps_the_end_ids_and_is_reused_when_the_run_goes_on(tmp_path):
+    """`lmkit train --init_from <folder>` saves the folder's tokenizer in the run with its end ids; a resumed
+    run (the same command again) asks for it again and reuses it, whatever the folder-derived options hold."""
+    from lmkit.data.tokenizers import load_tokenizer, train_tokenizer
+    folder, run = str(tmp_path / "llama"), str(tmp_path / "run")
+    make_llama_folder(folder)
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [0, 5]}, f)
+    os.makedirs(run)
+    first = train_tokenizer("hf", [], run, source=folder)
+    assert first.end_ids == [0, 5] and load_tokenizer(run).end_ids == [0, 5]
+    again = train_tokenizer("hf", [], run, source=folder)
+    assert again.options == first.options and again.end_ids == [0, 5]
 
 
 def _lmkit(*args, launcher=()):
