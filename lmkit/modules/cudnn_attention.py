@@ -14,6 +14,10 @@ together with ``tf.custom_gradient``:
 * forward: ``(Q, K, V) -> (O, stats, workspace)``; ``stats`` [batch, heads,
   time] float32 are the softmax's row statistics the backward call uses;
 * backward: ``(Q, K, V, stats, dO, O) -> (dQ, dK, dV, workspace)``;
+* grouped-query attention (fewer key/value heads, Llama's) repeats each
+  key/value head for its queries before the calls (``tf.repeat``, Hugging
+  Face's ``repeat_kv`` order), whose gradient sums the copies back: the
+  calls always see as many key/value heads as query heads;
 * every array in the ``[batch, heads, time, head_dim]`` order ("BNTH") and
   the default layout (what ``XlaCustomCallV2`` emits), the queries already
   scaled (``fmha_scale`` 1), the mask causal, no dropout: the form XLA's own
@@ -121,25 +125,29 @@ class CudnnAttention:
                 window: Optional[int]) -> bool:
         """Whether this call can go to cuDNN; decided from static facts while tracing.
 
-        It needs bf16 or f16 arrays of static shape, as many key/value heads
-        as query heads (grouped-query attention keeps the matmuls), a head
-        size that is a multiple of 8 up to 128, no sliding window and no
-        dropout on the probabilities while training.
+        It needs bf16 or f16 arrays of static shape, key/value heads that
+        divide the query heads (grouped-query attention), a head size that is
+        a multiple of 8 up to 128, no sliding window and no dropout on the
+        probabilities while training.
         """
         shapes = [t.shape for t in (queries, keys, values)]
         if any(s.rank != 4 or not s.is_fully_defined() for s in shapes):
             return False
         if queries.dtype not in _DTYPE_NAMES or keys.dtype != queries.dtype or values.dtype != queries.dtype:
             return False
-        if not (shapes[0] == shapes[1] == shapes[2]):
+        (batch, heads, time, head_dim), kv_heads = shapes[0], shapes[1][1]
+        if shapes[1] != shapes[2] or shapes[1] != (batch, kv_heads, time, head_dim) or heads % kv_heads:
             return False
-        head_dim = shapes[0][3]
         if head_dim % 8 or head_dim > MAX_HEAD_DIM or window:
             return False
         return not (rate > 0 and _maybe_training(training))
 
     def __call__(self, queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-        """Causal attention ``[batch, heads, time, head_dim]`` of already scaled queries."""
+        """Causal attention ``[batch, heads, time, head_dim]`` of already scaled queries (keys and values
+        ``[batch, kv_heads, time, head_dim]``, ``kv_heads`` dividing ``heads``)."""
+        group = queries.shape[1] // keys.shape[1]
+        if group > 1:  # query head h reads key/value head h // group
+            keys, values = tf.repeat(keys, group, axis=1), tf.repeat(values, group, axis=1)
 
         @tf.custom_gradient
         def attention(q, k, v):

@@ -181,12 +181,17 @@ def _reference_backward(q, k, v, stats, d_out, out):
     return tf.matmul(d_scores, k), tf.matmul(d_scores, q, transpose_a=True), tf.matmul(probs, d_out, transpose_a=True)
 
 
-def test_the_custom_gradient_wires_the_calls_as_attention(monkeypatch):
-    """With references in the calls' places, the kernel's output and gradients are attention's."""
+# as many key/value heads as query heads; grouped (2 queries a head: the order matters); multi-query
+@pytest.mark.parametrize("heads, kv_heads", [(3, 3), (4, 2), (3, 1)])
+def test_the_custom_gradient_wires_the_calls_as_attention(monkeypatch, heads, kv_heads):
+    """With references in the calls' places, the kernel's output and gradients are attention's, grouped-query
+    attention's too (its key/value gradients summed over the queries that share a head)."""
     monkeypatch.setattr(cudnn_attention, "_forward", _reference_forward)
     monkeypatch.setattr(cudnn_attention, "_backward", _reference_backward)
-    q, k, v = _qkv()
-    w = _qkv(seed=1)[0]
+    shape = (2, heads, 16, 8)
+    q, k, v = _qkv(shape)
+    k, v = k[:, :kv_heads], v[:, :kv_heads]
+    w = _qkv(shape, seed=1)[0]
     results = []
     for attend in (KERNEL, _matmul_attention):
         with tf.GradientTape() as tape:
@@ -227,7 +232,8 @@ def test_the_probe_without_a_gpu_says_so():
 # --- which calls the kernel takes -------------------------------------------------------------------
 
 @pytest.mark.parametrize("case, applies", [
-    ("bf16", True), ("f16", True), ("float32", False), ("grouped", False), ("head_dim_12", False),
+    ("bf16", True), ("f16", True), ("float32", False), ("grouped", True), ("grouped_uneven", False),
+    ("keys_longer", False), ("head_dim_12", False),
     ("head_dim_256", False), ("window", False), ("dropout_training", False), ("dropout_not_training", True),
     ("dynamic_time", False)])
 def test_which_calls_the_cudnn_kernel_takes(case, applies):
@@ -236,6 +242,10 @@ def test_which_calls_the_cudnn_kernel_takes(case, applies):
     q, k, v = (tf.zeros([2, 4, 16, head_dim], dtype) for _ in range(3))
     if case == "grouped":
         k = v = tf.zeros([2, 2, 16, head_dim], dtype)
+    if case == "grouped_uneven":  # 3 key/value heads cannot serve 4 query heads
+        k = v = tf.zeros([2, 3, 16, head_dim], dtype)
+    if case == "keys_longer":  # a cache longer than the queries: not this causal self-attention
+        k = v = tf.zeros([2, 4, 32, head_dim], dtype)
     rate = 0.1 if case.startswith("dropout") else 0.0
     training = case != "dropout_not_training"
     window = 4 if case == "window" else None
