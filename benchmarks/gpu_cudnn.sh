@@ -4,9 +4,9 @@
 #   bash benchmarks/gpu_cudnn.sh prepare   # here (it reaches the package registry): .gpu/cNN parts
 #   bash benchmarks/gpu_cudnn.sh install   # there, after each part was copied into /tmp/cparts/
 # Then, there, in every later command: source /tmp/gpu-env.sh && source /tmp/cudnn-env.sh.
-# install first looks for a CUDA 12 cuDNN 9 the machine already has (a PyTorch or JAX built for CUDA 12
-# brings one); only without one does it need the parts (about 16 of 52 MB: cuDNN 716 MB, NVRTC 90 MB,
-# which cuDNN's runtime-compiled attention engines load).
+# install probes the machine's own cuDNN first (a CUDA 12 one; then, after the parts if they are there,
+# the CUDA 13 one PyTorch brings): where one passes, no part is needed (15 of 52 MB: cuDNN 716 MB, NVRTC
+# 90 MB, which cuDNN's runtime-compiled attention engines load). Exit 3: carry the parts, run it again.
 set -euo pipefail
 mode=${1:?usage: gpu_cudnn.sh prepare|install}
 PART=${PART_MB:-52}
@@ -23,39 +23,64 @@ case $mode in
     n=$(ls .gpu/c?? | wc -l)
     echo "ready: $n parts .gpu/c00 .. .gpu/c$(printf %02d $((n-1))); there: mkdir -p /tmp/cparts && cp .gpu/cNN /tmp/cparts/" ;;
   install)
-    lib=""
-    # A CUDA 12 cuDNN 9 already on the machine (the nvidia-cudnn-cu12 wheel of its PyTorch or JAX)?
-    found=$(python3 - <<'PY' 2>/dev/null || true
+    # The cuDNN TensorFlow will load, found by probing each candidate in its own process (a cuDNN it cannot
+    # use fails there, not in the benchmark): the machine's CUDA 12 cuDNN; the carried parts (CUDA 12); the
+    # machine's CUDA 13 cuDNN (PyTorch's nvidia-cudnn-cu13, with its NVRTC), which TensorFlow's CUDA 12 build
+    # may drive through the same driver. The machine's own are tried before any part is carried: where one
+    # passes, the 15 part copies are not needed. Exit 3: none passed (carry the parts, run install again).
+    py=${PYTHON:-python3}
+    probe() {  # $1: the library folders to put first on the path
+      LD_LIBRARY_PATH="$1:${LD_LIBRARY_PATH:-}" "$py" -c "
+import ctypes, sys
+print('cuDNN', ctypes.CDLL('libcudnn.so.9').cudnnGetVersion())
+from lmkit.modules.cudnn_attention import KERNEL
+why = KERNEL.probe()
+print('probe:', why or 'cuDNN fused attention compiles and agrees with the matmuls')
+sys.exit(1 if why else 0)"
+    }
+    use() {  # $1: library folders, $2: what they are
+      echo "trying $2: $1"
+      if probe "$1"; then
+        echo "export LD_LIBRARY_PATH=$1:\${LD_LIBRARY_PATH:-}" > /tmp/cudnn-env.sh
+        echo "cuDNN for TensorFlow: $2 (/tmp/cudnn-env.sh)"
+        exit 0
+      fi
+    }
+    # "cu12 DIRS" / "cu13 DIRS" for the cuDNN 9 wheels the machine's Python has (cuDNN's folder, then NVRTC's).
+    found=$("$py" - <<'PY' 2>/dev/null || true
 import importlib.metadata as md, os
-try:
-    version = md.version("nvidia-cudnn-cu12")
-    import nvidia.cudnn
-    path = os.path.join(list(nvidia.cudnn.__path__)[0], "lib")
-    if version.startswith("9.") and os.path.exists(os.path.join(path, "libcudnn.so.9")):
-        print(path)
-except Exception:
-    pass
+
+def folder(dists, prefix):
+    for name in dists:
+        try:
+            files = md.distribution(name).files or []
+        except md.PackageNotFoundError:
+            continue
+        for f in files:
+            if f.name.startswith(prefix):
+                return os.path.dirname(str(f.locate()))
+    return None
+
+for cuda, nvrtc in (("cu12", ("nvidia-cuda-nvrtc-cu12",)), ("cu13", ("nvidia-cuda-nvrtc-cu13", "nvidia-cuda-nvrtc"))):
+    cudnn = folder(("nvidia-cudnn-" + cuda,), "libcudnn.so.9")
+    if cudnn:
+        print(cuda, ":".join(d for d in (cudnn, folder(nvrtc, "libnvrtc.so.")) if d))
 PY
 )
-    if [ -n "$found" ]; then
-      lib=$found; echo "the machine's cuDNN: $lib"
-    else
-      if [ ! -d /tmp/site-cudnn/nvidia/cudnn ]; then
-        ls /tmp/cparts/c?? >/dev/null 2>&1 || { echo "no CUDA 12 cuDNN here and no parts in /tmp/cparts"; exit 1; }
-        mkdir -p /tmp/cgpu && cat /tmp/cparts/c?? | tar xf - -C /tmp/cgpu
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-cudnn \
-          /tmp/cgpu/cudnn/*.whl
-        rm -rf /tmp/cgpu
-      fi
-      lib=/tmp/site-cudnn/nvidia/cudnn/lib:/tmp/site-cudnn/nvidia/cuda_nvrtc/lib; echo "cuDNN from the parts: $lib"
+    echo "the machine's cuDNN wheels: ${found:-none}"
+    cu12=$(echo "$found" | awk '$1 == "cu12" {print $2}')
+    cu13=$(echo "$found" | awk '$1 == "cu13" {print $2}')
+    [ -n "$cu12" ] && use "$cu12" "the machine's CUDA 12 cuDNN"
+    if [ ! -d /tmp/site-cudnn/nvidia/cudnn ] && ls /tmp/cparts/c?? >/dev/null 2>&1; then
+      mkdir -p /tmp/cgpu && cat /tmp/cparts/c?? | tar xf - -C /tmp/cgpu
+      "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-cudnn \
+        /tmp/cgpu/cudnn/*.whl
+      rm -rf /tmp/cgpu
     fi
-    echo "export LD_LIBRARY_PATH=$lib:\${LD_LIBRARY_PATH:-}" > /tmp/cudnn-env.sh
-    . /tmp/cudnn-env.sh
-    python3 -c "
-import ctypes
-v = ctypes.CDLL('libcudnn.so.9').cudnnGetVersion()
-print('cuDNN', v)
-from lmkit.modules.cudnn_attention import KERNEL
-print('probe:', KERNEL.probe() or 'cuDNN fused attention compiles and agrees with the matmuls')" ;;
+    [ -d /tmp/site-cudnn/nvidia/cudnn ] && \
+      use /tmp/site-cudnn/nvidia/cudnn/lib:/tmp/site-cudnn/nvidia/cuda_nvrtc/lib "cuDNN 9 for CUDA 12 from the parts"
+    [ -n "$cu13" ] && use "$cu13" "the machine's CUDA 13 cuDNN"
+    echo "no cuDNN here that TensorFlow can use: copy the parts (.gpu/cNN into /tmp/cparts/), then run install again"
+    exit 3 ;;
   *) echo "usage: gpu_cudnn.sh prepare|install"; exit 2 ;;
 esac

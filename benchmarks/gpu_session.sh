@@ -37,11 +37,13 @@
 #   attention benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, lmkit,
 #             causal_blocks with 2, 4 and 8 blocks).
 # On the H100 the set-up took 2 minutes (20 parts in 80 s, device-setup.sh 30 s). In a 15-minute
-# lease (planned 2026-11-26, sixth session): the TF parts, the 15 cuDNN parts of gpu_cudnn.sh
-# (unless the machine has a CUDA 12 cuDNN: check first), then one call (about 5 minutes)
+# lease (planned 2026-11-26; prepare both kinds of parts here first): the TF parts, then one call
+# (about 5 minutes)
 #   bash .gpu/device-setup.sh && source /tmp/gpu-env.sh && bash benchmarks/gpu_cudnn.sh install &&
 #   bash benchmarks/gpu_session.sh cudnn $OUT/b
-# and right after it a second (source /tmp/gpu-env.sh first; about 3.5 minutes)
+# where install probes the machine's own cuDNN (PyTorch's CUDA 13 one) first; only if it exits 3
+# (none passed) copy the 15 cuDNN parts (.gpu/cNN into /tmp/cparts/) and run that call again without
+# device-setup.sh. Right after it a second (source /tmp/gpu-env.sh first; about 3.5 minutes)
 #   bash benchmarks/gpu_session.sh idle $OUT/b
 # then cmdbuf or profile if time is left. Each lmkit worker of a GPT-2-shaped
 # stage holds up to ~20 GB: 4 of them beside PyTorch's ran out of memory on the 80 GB H100.

@@ -535,3 +535,32 @@ def test_the_gpu_session_script_names_only_known_frameworks_configs_and_variants
     assert "cudnn" in variants and set(variants) <= set(attention.VARIANTS)
     for config in {name for group in re.findall(r"--configs (\S+)", text) for name in group.split(",")}:
         load_config(config)
+
+
+def test_the_cudnn_install_probes_the_machines_own_cudnn_before_asking_for_the_parts(tmp_path):
+    """gpu_cudnn.sh install on a lent GPU: the machine's CUDA 13 cuDNN (PyTorch's wheels, found by their
+    records) is tried before any part is carried; one that fails its probe (here a library that does not
+    load) leaves no cudnn-env.sh behind and ends with exit 3, which asks for the parts."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    for dist, library in (("nvidia_cudnn_cu13", "nvidia/cudnn/lib/libcudnn.so.9"),
+                          ("nvidia_cuda_nvrtc", "nvidia/cu13/lib/libnvrtc.so.13")):
+        info = site / f"{dist}-9.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 9.0\n")
+        (info / "RECORD").write_text(f"{library},,\n")
+        (site / library).parent.mkdir(parents=True, exist_ok=True)
+        (site / library).write_bytes(b"not a library")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=f"{site}:{root}")
+    before = os.path.exists("/tmp/cudnn-env.sh") and open("/tmp/cudnn-env.sh").read()
+    res = subprocess.run(["bash", os.path.join(root, "benchmarks", "gpu_cudnn.sh"), "install"], cwd=str(tmp_path),
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 3, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert f"the machine's cuDNN wheels: cu13 {site}/nvidia/cudnn/lib:{site}/nvidia/cu13/lib" in lines
+    assert f"trying the machine's CUDA 13 cuDNN: {site}/nvidia/cudnn/lib:{site}/nvidia/cu13/lib" in lines
+    assert "copy the parts" in lines[-1]
+    assert (os.path.exists("/tmp/cudnn-env.sh") and open("/tmp/cudnn-env.sh").read()) == before
