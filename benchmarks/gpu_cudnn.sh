@@ -29,8 +29,8 @@ case $mode in
     # may drive through the same driver. The machine's own are tried before any part is carried: where one
     # passes, the 15 part copies are not needed. Exit 3: none passed (carry the parts, run install again).
     py=${PYTHON:-python3}
-    probe() {  # $1: the library folders to put first on the path
-      LD_LIBRARY_PATH="$1:${LD_LIBRARY_PATH:-}" "$py" -c "
+    probe() {  # $1: the library folders to put first on the path; a probe that hangs is a failed one
+      LD_LIBRARY_PATH="$1:${LD_LIBRARY_PATH:-}" timeout "${PROBE_TIMEOUT:-240}" "$py" -c "
 import ctypes, sys
 print('cuDNN', ctypes.CDLL('libcudnn.so.9').cudnnGetVersion())
 from lmkit.modules.cudnn_attention import KERNEL

@@ -70,7 +70,7 @@ case $stage in
   cudnn)  # needs benchmarks/gpu_cudnn.sh install first (its /tmp/cudnn-env.sh puts cuDNN on the path)
     [ -f /tmp/cudnn-env.sh ] && . /tmp/cudnn-env.sh
     rc=0
-    "$py" benchmarks/attention.py --shape 8,12,1024,64 --steps 50 --repeats 5 --blocks 4 \
+    timeout 300 "$py" benchmarks/attention.py --shape 8,12,1024,64 --steps 50 --repeats 5 --blocks 4 \
       --variants float32_probs,causal_blocks,cudnn --output "$out/attention_gpu_cudnn.json" || rc=1
     "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
       --frameworks lmkit_bf16,lmkit_bf16_cudnn,lmkit_bf16_cudnn_loop_prefetch || rc=1

@@ -29,9 +29,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 
-__all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "export_gpt2", "family_of",
-           "gpt2_model_config", "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained",
-           "load_pretrained_weights", "end_token_ids", "pair_framing", "parameter_map", "pretrained_training_config",
+__all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "end_token_ids", "export_gpt2",
+           "family_of", "gpt2_model_config", "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained",
+           "load_pretrained_weights", "pair_framing", "parameter_map", "pretrained_training_config",
            "read_config_json", "read_gpt2_config", "read_tokenizer", "read_weights", "resolve_source",
            "training_config", "write_folder"]
 
@@ -241,8 +241,8 @@ def resolve_source(spec: str) -> str:
     """
     if not spec.startswith("hf:"):
         if not os.path.isdir(spec):
-            raise UsageError(f"--init_from {spec} is not a folder; pass a Hugging Face model folder (GPT-2, "
-                             "Llama, Qwen2, Mistral: config.json, model.safetensors, tokenizer files) or "
+            raise UsageError(f"--init_from {spec} is not a folder; pass a Hugging Face model folder (model_type "
+                             f"{', '.join(FAMILIES)}: config.json, model.safetensors, tokenizer files) or "
                              "hf:<name> to download one")
         return spec
     name = spec[3:]

@@ -264,6 +264,12 @@ def test_a_download_without_a_network_is_one_clear_error(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+def test_a_missing_folder_names_every_family_lmkit_reads(tmp_path):
+    with pytest.raises(UsageError, match=r"is not a folder; pass a Hugging Face model folder \(model_type gpt2, "
+                                         r"llama, qwen2, mistral, bart: "):
+        hf.resolve_source(str(tmp_path / "missing"))
+
+
 @pytest.mark.horovod
 @pytest.mark.mpi
 def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, tmp_path):
