@@ -2,7 +2,15 @@
 
 :class:`SentencePieceTokenizer` is the ``sentencepiece`` kind of the
 tokenizer registry (:mod:`lmkit.data.tokenizers`); :func:`train_sentencepiece`
-trains a model with the special pieces ``<unk> <s> </s> <pad>`` at ids 0-3.
+trains a model with the special pieces at ids 0-3 (an unknown character, ``<s> </s> <pad>``)
+and the text ``<unk>`` as one piece at id 4.
+
+Why ``<unk>`` is a piece: PTB and WikiText mark their rare words with it, and
+SentencePiece reserves the string for its own unknown piece and should never
+see it in training text; given it anyway, it splits the mark into 5 pieces
+and may leave ``>`` out of the vocabulary (a small vocabulary on a WikiText
+sample decoded every mark as ``<unk ⁇``). Its unknown piece is named
+``<unk_char>`` instead.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ __all__ = ["MODEL_TYPES", "SentencePieceTokenizer", "train_sentencepiece"]
 MODEL_TYPES = ("unigram", "bpe")
 # Ids given to the special pieces of SentencePiece models trained here.
 SPM_UNK_ID, SPM_BOS_ID, SPM_EOS_ID, SPM_PAD_ID = 0, 1, 2, 3
+# SentencePiece's own unknown piece (a character it never saw), and the unknown-word mark of PTB and WikiText,
+# which is text to it: one piece (id 4).
+SPM_UNK_PIECE, UNKNOWN_WORD_MARK = "<unk_char>", "<unk>"
 
 
 def _import_sentencepiece():
@@ -37,6 +48,7 @@ class SentencePieceTokenizer(Tokenizer):
 
     name = "sentencepiece"
     OPTIONS = {"vocab_size": None, "model_type": "unigram"}
+    VERSION = 1  # 1: the text <unk> is one piece (id 4)
     MODEL_FILE = "spm.model"
     VOCAB_FILE = "spm.vocab"
 
@@ -187,8 +199,8 @@ def train_sentencepiece(train_file: Union[PathLike, Sequence[PathLike]], vocab_s
     With ``reuse``, the model is reused when ``<model_prefix>.model`` exists,
     is not older than ``train_file`` and has ``vocab_size`` pieces. Training
     writes to temporary names renamed into place, so a killed run leaves no
-    broken model. The pieces ``<unk>``, ``<s>``, ``</s>``, ``<pad>`` get ids
-    0-3. In a distributed job train on the chief only. Most callers want
+    broken model. The pieces ``<unk_char>``, ``<s>``, ``</s>``, ``<pad>`` get
+    ids 0-3, the text ``<unk>`` id 4. In a distributed job train on the chief only. Most callers want
     :func:`train_tokenizer`, which trains into the model folder.
 
     Args:
@@ -233,6 +245,7 @@ def train_sentencepiece(train_file: Union[PathLike, Sequence[PathLike]], vocab_s
             input=files, model_prefix=temp_prefix, vocab_size=vocab_size,
             model_type=model_type, character_coverage=character_coverage,
             unk_id=SPM_UNK_ID, bos_id=SPM_BOS_ID, eos_id=SPM_EOS_ID, pad_id=SPM_PAD_ID,
+            unk_piece=SPM_UNK_PIECE, user_defined_symbols=[UNKNOWN_WORD_MARK],
             num_threads=num_threads, input_sentence_size=input_sentence_size,
             shuffle_input_sentence=input_sentence_size > 0, minloglevel=0 if progress else 2)
         # The .model file is what a reuse looks for, so it is put in place last.

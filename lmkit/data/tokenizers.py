@@ -91,6 +91,9 @@ class Tokenizer(abc.ABC):
     #: Options read from what the tokenizer is made from (a pretrained folder), never asked for: a
     #: tokenizer saved in a run's folder is reused whatever they hold.
     DERIVED: ClassVar[Tuple[str, ...]] = ()
+    #: Raised when training with the same options starts giving another tokenizer, so that the data cache
+    #: trains a new one instead of reusing what an older lmkit trained.
+    VERSION: ClassVar[int] = 0
     #: Whether :meth:`train` reads the training text (checked before training).
     READS_TEXT: ClassVar[bool] = True
 
@@ -548,7 +551,8 @@ def _cached_tokenizer_dir(cache_dir: Optional[str], kind: Type[Tokenizer], optio
     for path in files:
         st = os.stat(path)
         sources.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
-    record = json.dumps({"kind": kind.name, "options": dict(options), "files": sources}, sort_keys=True)
+    record = json.dumps({"kind": kind.name, "options": dict(options), "files": sources,
+                         **({"version": kind.VERSION} if kind.VERSION else {})}, sort_keys=True)
     return os.path.join(cache_dir, f"tokenizer-{kind.name}-{_short_hash(record.encode('utf-8'))}")
 
 

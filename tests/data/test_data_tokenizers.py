@@ -102,6 +102,37 @@ def test_decode_makes_readable_text_per_kind(corpus, tmp_path):
     assert char.encode("a€")[1] == char.unk_id  # a character never seen
 
 
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sentencepiece_keeps_the_unknown_word_mark_of_ptb_and_wikitext_as_one_piece(tmp_path, model_type):
+    """WikiText and PTB write <unk> for rare words. SentencePiece reserves that string for its own unknown piece:
+    given it as text, it split the mark into 5 pieces and, with a small vocabulary, left '>' out (every mark
+    decoded as '<unk ⁇'). Trained here, the mark is one piece (id 4) that decodes back to itself, and
+    SentencePiece's unknown piece (a character it never saw) is id 0, <unk_char>."""
+    path = tmp_path / "train.txt"
+    lines = _corpus(path)
+    path.write_text("\n".join(" <unk> ".join(line.split(" ", 1)) for line in lines) + "\n", encoding="utf-8")
+    assert ">" not in path.read_text(encoding="utf-8").replace("<unk>", "")  # '>' only inside the marks
+    spm = train_tokenizer("sentencepiece", str(path), str(tmp_path / "spm"), vocab_size=70, model_type=model_type)
+    text = lines[0].split(" ", 1)[0] + " <unk> ab"
+    ids = spm.encode(text)
+    assert ids.count(4) == 1 and spm.id_to_piece(4) == "<unk>" and spm.unk_id == 0 not in ids
+    assert spm.decode(ids) == text
+    assert spm.id_to_piece(0) == "<unk_char>" and spm.decode(spm.encode("a € b")) == "a  \u2047  b"
+
+
+def test_a_tokenizer_kinds_version_keys_the_data_cache(corpus, tmp_path, monkeypatch):
+    """A kind that trains differently now (sentencepiece, version 1) is trained again, not taken from a cache an
+    older lmkit filled."""
+    from lmkit.data import tokenizers
+    path, _ = corpus
+    now = tokenizers._cached_tokenizer_dir(str(tmp_path / "cache"), SentencePieceTokenizer, {"vocab_size": 70},
+                                           [str(path)])
+    monkeypatch.setattr(SentencePieceTokenizer, "VERSION", 0)
+    before = tokenizers._cached_tokenizer_dir(str(tmp_path / "cache"), SentencePieceTokenizer, {"vocab_size": 70},
+                                              [str(path)])
+    assert now != before
+
+
 def test_char_symbols_survive_the_file(tmp_path):
     """Spaces, form feeds and U+2028 are symbols one a line in chars.txt; a CR is never one."""
     path = tmp_path / "odd.txt"
