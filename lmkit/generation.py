@@ -176,7 +176,7 @@ def load_for_generation(model_dir: str, checkpoint: Optional[str] = None,
     return model, tokenizer, config.model
 
 
-def _start_id(tokenizer: Any, start_token: Optional[bool]) -> Optional[int]:
+def _start_id(tokenizer: Any, start_token: Optional[bool], unprompted: bool = False) -> Optional[int]:
     """The token put before every prompt.
 
     lmkit's own models start after a line break (``eos_id``), where every
@@ -185,14 +185,17 @@ def _start_id(tokenizer: Any, start_token: Optional[bool]) -> Optional[int]:
     token its tokenizer puts first (Llama's ``<s>`` / ``<|begin_of_text|>``),
     or as given where it puts none (GPT-2, Qwen2); ``start_token`` True puts
     ``<|endoftext|>`` (GPT-2's document start) there instead, False nothing.
-    An empty prompt always needs one.
+    Without a prompt (``unprompted``) a Hugging Face model starts a document
+    with its start token, else ``<|endoftext|>`` (as ``generate()`` without
+    inputs starts from the model's ``bos_token_id``): an empty prompt always
+    needs one.
     """
     if getattr(tokenizer, "name", None) == "hf":
         if start_token is False:
             return None
         own = getattr(tokenizer, "start_ids", [])
         own = own[0] if len(own) == 1 else None
-        return (own if own is not None else tokenizer.bos_id) if start_token else own
+        return (own if own is not None else tokenizer.bos_id) if start_token or unprompted else own
     if start_token is False:
         return None
     return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.bos_id
@@ -313,7 +316,7 @@ def generate_samples(model: Any,
     from lmkit.decoding.prompts import check_seed
 
     stop = check_stop_strings(stop, tokenizer) if stop else []
-    start_id = _start_id(tokenizer, start_token)
+    start_id = _start_id(tokenizer, start_token, unprompted=bool(prompts) and not any(prompts))
     if start_id is None and any(not p for p in prompts):
         raise UsageError("an empty prompt needs a start token, and this tokenizer has none; give a prompt")
     # What ends a sample (the decode loop stops at any of them): the end of a document, and with

@@ -151,6 +151,15 @@ def test_generate_reads_the_prompt_as_given_like_transformers(folder):
                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                 max_new_tokens=10, eos_token_id=None, pad_token_id=0)[0]
     assert started.ids == expected[1:]
+    # No prompt: a document starts, from <|endoftext|>, as transformers' generate() starts from bos_token_id.
+    end = reference_tokenizer.eos_token_id
+    [unprompted] = lmkit.generate(folder, None, strategy="greedy", max_new_tokens=10, return_samples=True)
+    expected = decidable_greedy(reference, input_ids=torch.tensor([[end]]),
+                                attention_mask=torch.ones(1, 1, dtype=torch.long), max_new_tokens=10,
+                                eos_token_id=end, pad_token_id=0, stop_id=end)[0][1:]
+    if expected and expected[-1] == end:  # an end of text ends it (not text)
+        expected = expected[:-1]
+    assert unprompted.ids == expected and unprompted.prompt_length == 0
 
 
 def test_export_loads_in_transformers_with_the_same_logits(folder, loaded, tmp_path):
