@@ -33,6 +33,7 @@ __all__ = [
     "check_rate",
     "check_divisible",
     "check_heads",
+    "is_token_id",
 ]
 
 
@@ -85,6 +86,11 @@ def check_known_keys(source: str, given: Mapping[str, Any] | Iterable[str], know
         key = unknown[0]
         raise error(f"{source}: unknown key {key!r}; "
                     f"{did_you_mean(key, sorted(known), listing='known keys', full=False)}")
+
+
+def is_token_id(value: Any) -> bool:
+    """Whether ``value`` can be a token id: a non-negative ``int`` (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_real(value: Any) -> bool:

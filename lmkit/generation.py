@@ -38,7 +38,7 @@ from lmkit.errors import UsageError
 
 __all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "trained_context",
            "default_context", "check_hf_checkpoint", "readable",
-           "end_of_document_id", "end_of_document_ids", "check_stop_strings"]
+           "end_of_document_ids", "check_stop_strings"]
 
 # How much of a full window a transformer keeps when it slides: the last half.
 SLIDE_KEEP = 0.5
@@ -81,12 +81,6 @@ def end_of_document_ids(tokenizer: Any) -> List[int]:
     generation runs to the length asked for.
     """
     return list(getattr(tokenizer, "end_ids", None) or [])
-
-
-def end_of_document_id(tokenizer: Any) -> Optional[int]:
-    """The first of :func:`end_of_document_ids`, or None."""
-    ids = end_of_document_ids(tokenizer)
-    return ids[0] if ids else None
 
 
 def check_stop_strings(stop: Sequence[str], tokenizer: Any) -> List[str]:
@@ -193,9 +187,11 @@ def _start_id(tokenizer: Any, start_token: Optional[bool], unprompted: bool = Fa
     if getattr(tokenizer, "name", None) == "hf":
         if start_token is False:
             return None
-        own = getattr(tokenizer, "start_ids", [])
-        own = own[0] if len(own) == 1 else None
-        return (own if own is not None else tokenizer.bos_id) if start_token or unprompted else own
+        first = tokenizer.start_ids
+        own = first[0] if len(first) == 1 else None
+        if own is None and (start_token or unprompted):
+            return tokenizer.bos_id
+        return own
     if start_token is False:
         return None
     return tokenizer.eos_id if tokenizer.eos_id is not None else tokenizer.bos_id

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
+from lmkit.checks import is_token_id
 from lmkit.errors import UsageError
 
 __all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "end_token_ids", "export_gpt2",
@@ -165,7 +166,7 @@ def end_token_ids(folder: str) -> Optional[List[int]]:
         if value is None:
             continue
         ids = value if isinstance(value, list) else [value]
-        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        if not ids or not all(is_token_id(i) for i in ids):
             raise UsageError(f"{path}: eos_token_id = {value!r} must be a token id or a list of them")
         return list(dict.fromkeys(ids))
     return None

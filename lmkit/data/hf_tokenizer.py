@@ -35,6 +35,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from lmkit.checks import is_token_id
 from lmkit.data.errors import DataError
 from lmkit.data.tokenizers import Tokenizer
 from lmkit.fileio import atomic_write_text
@@ -251,8 +252,7 @@ class HFTokenizer(Tokenizer):
 
 def _check_end_ids(end_ids: Any) -> List[int]:
     """``end_ids`` (token ids that end a text), checked."""
-    if not isinstance(end_ids, (list, tuple)) or \
-            not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in end_ids):
+    if not isinstance(end_ids, (list, tuple)) or not all(is_token_id(i) for i in end_ids):
         raise DataError(f"the hf tokenizer's end_ids {end_ids!r} must be a list of token ids")
     return [int(i) for i in end_ids]
 
@@ -267,8 +267,7 @@ def _check_framing(framing: Mapping[str, Any]) -> Dict[str, Any]:
     for key, value in framing.items():
         listed = key in ("prefix", "suffix", "source_suffix")
         values = list(value) if listed and isinstance(value, (list, tuple)) else [value]
-        if (listed and not isinstance(value, (list, tuple))) or \
-                not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        if (listed and not isinstance(value, (list, tuple))) or not all(is_token_id(v) for v in values):
             raise DataError(f"the hf tokenizer's framing {key} = {value!r} must hold token ids"
                             + (" (a list)" if listed else ""))
         checked[key] = values if listed else value

@@ -511,8 +511,11 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
     folder = os.fspath(folder)
     if os.path.isfile(os.path.join(folder, TOKENIZER_FILE)):
         saved = load_tokenizer(folder)
-        asked = {k: v for k, v in options.items() if k not in kind.DERIVED}
-        if saved.name == kind.name and {k: v for k, v in saved.options.items() if k not in kind.DERIVED} == asked:
+
+        def asked(opts: Mapping[str, Any]) -> Dict[str, Any]:  # the options that are chosen, not read from a source
+            return {k: v for k, v in opts.items() if k not in kind.DERIVED}
+
+        if saved.name == kind.name and asked(saved.options) == asked(options):
             return saved
         raise DataError(f"{os.path.join(folder, TOKENIZER_FILE)} holds a {saved.name} tokenizer "
                         f"with options {saved.options}, but a {kind.name} tokenizer with options "
