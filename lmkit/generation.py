@@ -430,18 +430,18 @@ def generate(model: Any,
              tokenizer: Any = None,
              max_length: Optional[int] = None,
              max_new_tokens: Optional[int] = None,
-             strategy: Union[str, Any] = "top_p",
-             temperature: float = 1.0,
-             top_k: int = 40,
-             top_p: float = 0.9,
-             beam_width: int = 4,
-             length_penalty: float = 0.6,
+             strategy: Union[None, str, Any] = None,
+             temperature: Optional[float] = None,
+             top_k: Optional[int] = None,
+             top_p: Optional[float] = None,
+             beam_width: Optional[int] = None,
+             length_penalty: Optional[float] = None,
              num_samples: int = 1,
              seed: Optional[int] = None,
              stop: Sequence[str] = (),
              stop_at_eos: bool = False,
              start_token: Optional[bool] = None,
-             repetition_penalty: float = 1.0,
+             repetition_penalty: Optional[float] = None,
              min_new_tokens: int = 0,
              checkpoint: Optional[str] = None,
              context: Optional[int] = None,
@@ -460,6 +460,12 @@ def generate(model: Any,
       strategy: ``greedy``, ``sample``, ``top_k``, ``top_p``, ``beam``, or a
         :class:`lmkit.decoding.Sampler`; ``temperature``, ``top_k``,
         ``top_p``, ``beam_width``, ``length_penalty`` set the named ones.
+        Left out (None), each is what a Hugging Face folder's
+        ``generation_config.json`` asks for (:func:`lmkit.hf.generation_preset`:
+        Llama 3's temperature 0.6 and top-p 0.9 with top-k 50), else lmkit's
+        default (:data:`lmkit.decoding.registry.DEFAULTS`: ``top_p`` 0.9,
+        temperature 1.0; ``top_k`` 40 for the ``top_k`` strategy, no limit
+        for ``top_p``).
       num_samples: samples per prompt.
       seed: the same seed gives the same samples; None draws one.
       stop: strings that end a sample (not included in it).
@@ -469,7 +475,8 @@ def generate(model: Any,
         lmkit's models; for a Hugging Face one, the token its tokenizer puts
         first, if any: Llama's ``<s>``).
       repetition_penalty: > 1 makes tokens already in the sample less likely
-        (CTRL's penalty, as in ``transformers``); 1 = off.
+        (CTRL's penalty, as in ``transformers``); 1 (the default unless the
+        folder's ``generation_config.json`` sets one) = off.
       min_new_tokens: new tokens before the end token may be chosen.
       checkpoint: a ``ckpt-<step>`` folder of a run (default the latest).
       context: positions a transformer reads before its window slides
@@ -511,15 +518,19 @@ def generate(model: Any,
         if b < 1:
             raise UsageError(f"prompt {text!r} has {len(p)} tokens, leaving none to generate within "
                              f"max_length {max_length}; use max_length {len(p) + 1} or more, or max_new_tokens")
-    from lmkit.decoding.registry import sampler_from_flags
+    from lmkit.decoding.registry import resolve_settings, sampler_of_settings
     from lmkit.decoding.sampler import Sampler
-    sampler = strategy if isinstance(strategy, Sampler) else sampler_from_flags(
-        strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
-        length_penalty=length_penalty)
+    from lmkit.hf import generation_preset, is_hf_folder
+    own = isinstance(strategy, Sampler)
+    preset = generation_preset(folder) if folder is not None and is_hf_folder(folder) and not own else {}
+    name, settings = resolve_settings(None if own else strategy, dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, beam_width=beam_width, length_penalty=length_penalty,
+        repetition_penalty=repetition_penalty), preset)
+    sampler = strategy if own else sampler_of_settings(name, settings)
     if context is None and folder is not None:
         context = default_context(folder, sampler)
     samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
                                   num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
-                                  start_token=start_token, repetition_penalty=repetition_penalty,
+                                  start_token=start_token, repetition_penalty=settings["repetition_penalty"],
                                   min_new_tokens=min_new_tokens, context=context)
     return samples if return_samples else [s.text for s in samples]

@@ -172,6 +172,54 @@ def end_token_ids(folder: str) -> Optional[List[int]]:
     return None
 
 
+def generation_preset(folder: str) -> Dict[str, Any]:
+    """How the folder's ``generation_config.json`` asks ``transformers``' ``generate`` to choose tokens.
+
+    ``do_sample: true`` gives ``{"strategy": "top_p"}`` with its ``temperature``,
+    ``top_k`` and ``top_p``, each at ``transformers``' default where the file has
+    none (1.0, 50, 1.0; a ``top_k`` of 0 is no limit) and its
+    ``repetition_penalty``; ``num_beams`` above 1 without sampling gives
+    ``{"strategy": "beam", "beam_width": num_beams}``. A folder that asks for
+    neither (GPT-2's, or none at all) gives ``{}``: ``transformers`` would
+    decode greedily there, and lmkit keeps its own default. A beam's
+    ``length_penalty`` is not carried: ``transformers`` divides by a power of
+    the length, lmkit uses GNMT's penalty.
+
+    Raises:
+      UsageError: a value out of range, naming the file and the key.
+    """
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    config = _read_json(path)
+
+    def number(key: str, default: float, ok: Any, need: str) -> Any:
+        value = config.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            raise UsageError(f"{path}: {key} = {value!r} {need}")
+        return value
+
+    sample = config.get("do_sample")
+    if sample not in (None, True, False):
+        raise UsageError(f"{path}: do_sample = {sample!r} must be true or false")
+    beams = number("num_beams", 1, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1")
+    if sample:  # transformers' sampling (beam sampling, which lmkit lacks, samples too)
+        top_k = number("top_k", 50, lambda v: isinstance(v, int) and v >= 0, "must be an integer >= 0 (0: no limit)")
+        preset = {"strategy": "top_p",
+                  "temperature": float(number("temperature", 1.0, lambda v: v > 0, "must be > 0 when do_sample")),
+                  "top_k": top_k or None,
+                  "top_p": float(number("top_p", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]"))}
+        penalty = float(number("repetition_penalty", 1.0, lambda v: v > 0, "must be > 0 (1 = off)"))
+        if penalty != 1.0:
+            preset["repetition_penalty"] = penalty
+        return preset
+    if beams > 1:
+        return {"strategy": "beam", "beam_width": beams}
+    return {}
+
+
 def pretrained_training_config(config: Any, folder: str) -> Any:
     """``config`` (a TrainConfig) for fine-tuning the model in ``folder``: its family's model keys."""
     return family_of(folder).training_config(config, folder)

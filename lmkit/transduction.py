@@ -94,13 +94,8 @@ def load_seq2seq(model_dir: str, checkpoint: Optional[str] = None) -> Seq2SeqRun
     return Seq2SeqRun(model, source_tokenizer_of_run(model_dir, config.share_vocab), tokenizer, config)
 
 
-def _sampler(strategy: str, **options: Any) -> Any:
-    from lmkit.decoding.registry import sampler_from_flags
-    return sampler_from_flags(strategy, **options)
-
-
 def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greedy", beam_width: int = 4,
-              length_penalty: float = 0.6, temperature: float = 1.0, top_k: int = 40, top_p: float = 0.9,
+              length_penalty: float = 0.6, temperature: float = 1.0, top_k: Optional[int] = None, top_p: float = 0.9,
               max_new_tokens: Optional[int] = None, batch_size: int = 32, seed: Optional[int] = None,
               jit_compile: Optional[bool] = None,
               on_batch: Optional[Callable[[int, int], None]] = None) -> List[str]:
@@ -111,7 +106,8 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
       sources: the source texts (one line each; an empty one gives an empty output).
       strategy: ``greedy``, ``sample``, ``top_k``, ``top_p`` or ``beam`` (:data:`lmkit.decoding.SAMPLER_NAMES`).
       beam_width, length_penalty: beam search's width and GNMT alpha.
-      temperature, top_k, top_p: the sampling strategies' settings.
+      temperature, top_k, top_p: the sampling strategies' settings (``top_k`` default 40 for ``top_k``;
+        given with ``top_p``, the nucleus is taken among the ``top_k`` most likely tokens).
       max_new_tokens: the most target tokens (the end id included); default the
         model's ``max_positions - 1``.
       batch_size: sources decoded side by side.
@@ -130,7 +126,7 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
 
 def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: int = 1, strategy: str = "greedy",
                       beam_width: int = 4, length_penalty: float = 0.6, temperature: float = 1.0,
-                      top_k: int = 40, top_p: float = 0.9, max_new_tokens: Optional[int] = None,
+                      top_k: Optional[int] = None, top_p: float = 0.9, max_new_tokens: Optional[int] = None,
                       batch_size: int = 32, seed: Optional[int] = None, jit_compile: Optional[bool] = None,
                       on_batch: Optional[Callable[[int, int], None]] = None) -> List[List[str]]:
     """``num_samples`` output texts per source text, in the sources' order.
@@ -169,8 +165,10 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or not 1 <= new_tokens <= limit:
         raise UsageError(f"max_new_tokens = {max_new_tokens!r} must be in [1, {limit}]: the decoder holds "
                          f"max_positions = {model.max_positions} positions, the start id included")
-    sampler = _sampler(strategy, temperature=temperature, k=top_k, p=top_p, beam_width=beam_width,
-                       length_penalty=length_penalty)
+    from lmkit.decoding.registry import resolve_settings, sampler_of_settings
+    sampler = sampler_of_settings(strategy, resolve_settings(strategy, dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, beam_width=beam_width,
+        length_penalty=length_penalty))[1])
     if seed is None and not beam and strategy != "greedy":
         from lmkit.decoding.prompts import check_seed
         seed = check_seed(None)

@@ -29,6 +29,12 @@ end-of-document token where the model has one (a Hugging Face folder's
 ``eos_token_id``, every id its ``generation_config.json`` lists: GPT-2's
 ``<|endoftext|>``, Llama 3's ``<|end_of_text|>`` and ``<|eot_id|>``);
 --stop_at_eos also ends it at its first line break.
+Tokens are chosen by --strategy top_p (--top_p 0.9, --temperature 1.0), unless
+a Hugging Face folder's ``generation_config.json`` asks for sampling
+(``do_sample``: its temperature, top_k and top_p together, as ``transformers``
+samples, top_k 50 and top_p 1.0 where it gives none) or for beam search
+(``num_beams``); each flag overrides its own value, and a line on stderr says
+what the folder chose.
 A transformer writes past its context by sliding its window (the last half
 of it kept). lmkit's own models start after a line break, as every line of
 their training text does; a Hugging Face folder reads the prompt as
@@ -56,12 +62,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lmkit.cli.common import OutputClosed, check_model_dir, model_dir_parser, user_modules_importable
-from lmkit.decoding.registry import SAMPLER_NAMES, sampler_from_flags
+from lmkit.decoding.registry import DEFAULTS, SAMPLER_NAMES, resolve_settings, sampler_of_settings
 from lmkit.errors import UsageError
-from lmkit.hf import check_pretrained, is_hf_folder, read_tokenizer
+from lmkit.hf import check_pretrained, generation_preset, is_hf_folder, read_tokenizer
 
 __all__ = ["build_parser", "check_args", "main"]
 
@@ -76,12 +82,15 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                    help="encoder-decoders: the sources, one a line; one output line per source line")
     p.add_argument("--batch_size", type=int, default=32, help="encoder-decoders: sources decoded side by side")
     p.add_argument("--strategy", choices=SAMPLER_NAMES, default=None,
-                   help="top_p for language models, greedy for encoder-decoders")
-    p.add_argument("--temperature", type=float, default=1.0, help="sample, top_k, top_p")
-    p.add_argument("--top_k", type=int, default=40)
-    p.add_argument("--top_p", type=float, default=0.9)
-    p.add_argument("--beam_width", type=int, default=4)
-    p.add_argument("--length_penalty", type=float, default=0.6, help="GNMT alpha for beam search")
+                   help="top_p for language models (a Hugging Face folder: what its generation_config.json "
+                        "asks for), greedy for encoder-decoders")
+    p.add_argument("--temperature", type=float, default=None, help="sample, top_k, top_p (default 1.0)")
+    p.add_argument("--top_k", type=int, default=None,
+                   help="top_k's k (default 40); with top_p, the nucleus is taken among the top_k tokens "
+                        "(default: no limit)")
+    p.add_argument("--top_p", type=float, default=None, help="top_p's p (default 0.9)")
+    p.add_argument("--beam_width", type=int, default=None, help="default 4")
+    p.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha for beam search (default 0.6)")
     p.add_argument("--num_samples", type=int, default=1,
                    help="samples per prompt (encoder-decoders: per source, as [source.sample] lines)")
     p.add_argument("--max_length", type=int, default=None,
@@ -103,9 +112,9 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                         "Hugging Face folder whose tokenizer puts one first, as Llama's <s>; else <|endoftext|>)")
     p.add_argument("--no_start_token", dest="start_token", action="store_const", const=False,
                    help="feed the prompt with nothing before it")
-    p.add_argument("--repetition_penalty", type=float, default=1.0,
-                   help="> 1 makes tokens already in a sample less likely (CTRL's penalty; 1 = off; "
-                        "not with beam)")
+    p.add_argument("--repetition_penalty", type=float, default=None,
+                   help="> 1 makes tokens already in a sample less likely (CTRL's penalty; 1 = off, the "
+                        "default; not with beam)")
     p.add_argument("--min_new_tokens", type=int, default=0,
                    help="new tokens before a sample may end at an end token (a Hugging Face model's "
                         "eos_token_id, or with --stop_at_eos a line break)")
@@ -160,8 +169,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
                          "model; give its text as --prompt")
     if args.max_length is None:
         args.max_length = 50
-    if args.strategy is None:
-        args.strategy = "top_p"
+    resolve_flags(args, generation_preset(args.model_dir) if is_hf_folder(args.model_dir) else {}, "top_p")
     limits = [
         ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
         ("--max_length", args.max_length, args.max_length >= 1, "must be >= 1"),
@@ -171,7 +179,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         ("--context", args.context, args.context is None or args.context >= 2,
          "must be >= 2 (tokens the model reads before its window slides)"),
         ("--temperature", args.temperature, args.temperature > 0, "must be > 0 (use 1e-3 for near-greedy)"),
-        ("--top_k", args.top_k, args.top_k >= 1, "must be >= 1"),
+        ("--top_k", args.top_k, args.top_k is None or args.top_k >= 1, "must be >= 1"),
         ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
         ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
         ("--repetition_penalty", args.repetition_penalty, args.repetition_penalty > 0, "must be > 0 (1 = off)"),
@@ -236,6 +244,33 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     return tokenizer, prompts, unknown
 
 
+def resolve_flags(args: argparse.Namespace, preset: Dict[str, Any], default_strategy: str) -> None:
+    """Fills in the strategy and the sampling flags left out: the model folder's ``preset``, else lmkit's defaults.
+
+    ``args.preset_used`` keeps the preset's values that were taken (no flag gave them), for the note
+    :func:`preset_note` writes.
+    """
+    given = {key: getattr(args, key) for key in DEFAULTS}
+    args.preset_used = {key: value for key, value in preset.items()
+                        if (args.strategy if key == "strategy" else given.get(key)) is None}
+    args.strategy, settings = resolve_settings(args.strategy, given, preset, default_strategy)
+    for key, value in settings.items():
+        setattr(args, key, value)
+
+
+def preset_note(args: argparse.Namespace, sampler: Any) -> Optional[str]:
+    """``sampling as <folder>/generation_config.json asks: ...``: the preset's values the decode uses, or None."""
+    config = sampler.get_config()
+    uses = {"top_k": "k" in config, "top_p": "p" in config, "temperature": "temperature" in config,
+            "beam_width": "beam_width" in config, "strategy": True,
+            "repetition_penalty": args.strategy != "beam"}
+    used = [f"{key} {value}" for key, value in args.preset_used.items() if uses.get(key)]
+    if not used:
+        return None
+    return (f"{args.model_dir}/generation_config.json: {', '.join(used)} (as transformers' generate; "
+            "a flag overrides each)")
+
+
 def _unescape(text: str) -> str:
     """``--stop '\\n\\n'`` as two line breaks: backslash escapes of the shell-typed flag read."""
     if "\\" not in text:
@@ -265,9 +300,8 @@ def _describe_unknown(unknown: Sequence[str], vocab: Any) -> str:
 
 
 def build_sampler(args: argparse.Namespace):
-    """The --strategy sampler, from the registry, with the flags its constructor takes."""
-    return sampler_from_flags(args.strategy, temperature=args.temperature, k=args.top_k, p=args.top_p,
-                              beam_width=args.beam_width, length_penalty=args.length_penalty)
+    """The --strategy sampler, from the registry, with the (resolved) flags its constructor takes."""
+    return sampler_of_settings(args.strategy, {key: getattr(args, key) for key in DEFAULTS})
 
 
 def _sources(args: argparse.Namespace) -> List[str]:
@@ -298,17 +332,18 @@ def check_transduction_args(args: argparse.Namespace) -> None:
                ("--stop", bool(args.stop)), ("--stop_at_eos", args.stop_at_eos), ("--chat", args.chat),
                ("--system", args.system is not None), ("--stream", bool(args.stream)),
                ("--start_token/--no_start_token", args.start_token is not None),
-               ("--repetition_penalty", args.repetition_penalty != 1.0),
+               ("--repetition_penalty", args.repetition_penalty is not None),
                ("--min_new_tokens", args.min_new_tokens != 0), ("--one_line", args.one_line)]
     for flag, given in only_lm:
         if given:
             raise UsageError(f"{flag} applies to language models; {args.model_dir} holds an encoder-decoder, which "
                              "writes one line per source (--max_new_tokens bounds it)")
+    resolve_flags(args, {}, "greedy")
     limits = [("--batch_size", args.batch_size, args.batch_size >= 1, "must be >= 1"),
               ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
               ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
               ("--temperature", args.temperature, args.temperature > 0, "must be > 0"),
-              ("--top_k", args.top_k, args.top_k >= 1, "must be >= 1"),
+              ("--top_k", args.top_k, args.top_k is None or args.top_k >= 1, "must be >= 1"),
               ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
               ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
               ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
@@ -316,7 +351,7 @@ def check_transduction_args(args: argparse.Namespace) -> None:
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
-    if args.num_samples > 1 and (args.strategy or "greedy") == "greedy":
+    if args.num_samples > 1 and args.strategy == "greedy":
         raise UsageError(f"--num_samples {args.num_samples}: greedy decoding writes one output per source; "
                          "add --strategy sample, top_k, top_p or beam")
     check_beam_samples(args)
@@ -326,7 +361,7 @@ def _transduce_main(args: argparse.Namespace) -> int:
     """``lmkit generate`` for an encoder-decoder: one output line per source."""
     check_transduction_args(args)
     sources = _sources(args)
-    strategy = args.strategy or "greedy"
+    strategy = args.strategy
     user_modules_importable()
     from lmkit import distributed as dist
     from lmkit.layout import resolve_checkpoint
@@ -401,6 +436,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     budget = [args.max_new_tokens if args.max_new_tokens is not None else args.max_length - len(p)
               for p in prompts]
     sampler = build_sampler(args)
+    note = preset_note(args, sampler)
+    if note:
+        sys.stderr.write(note + "\n")
     context = args.context if args.context is not None else default_context(args.model_dir, sampler)
 
     closed: List[bool] = []  # the reader of stdout left while the sample streamed

@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from lmkit.errors import UsageError
 from lmkit.registry import import_object, lookup
 
-__all__ = ["SAMPLERS", "SAMPLER_NAMES", "get_sampler", "sampler_from_flags"]
+__all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "get_sampler", "resolve_settings", "sampler_from_flags",
+           "sampler_of_settings"]
 
 SAMPLERS: Dict[str, str] = {
     "greedy": "lmkit.decoding.samplers:GreedySampler",
@@ -22,6 +23,11 @@ SAMPLERS: Dict[str, str] = {
     "beam": "lmkit.decoding.beam:BeamSampler",
 }
 SAMPLER_NAMES: Tuple[str, ...] = tuple(SAMPLERS)
+
+#: The settings a caller leaves out (None) and a model folder does not give. ``top_k`` is the
+#: ``top_k`` strategy's; lmkit's ``top_p`` takes the whole nucleus unless a ``top_k`` is given.
+DEFAULTS: Dict[str, Any] = {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "beam_width": 4,
+                            "length_penalty": 0.6, "repetition_penalty": 1.0}
 
 
 def get_sampler(name: str, **kwargs: Any):
@@ -46,6 +52,38 @@ def get_sampler(name: str, **kwargs: Any):
         raise UsageError(f"sampler {name!r} does not accept {sorted(kwargs)}: {exc}") from None
 
 
+def resolve_settings(strategy: Optional[str], given: Mapping[str, Any],
+                     preset: Optional[Mapping[str, Any]] = None,
+                     default_strategy: str = "top_p") -> Tuple[str, Dict[str, Any]]:
+    """The strategy and the :data:`DEFAULTS` settings of a decode, from three sources in order.
+
+    Each setting ``given`` (not None) wins, then the ``preset``'s (a Hugging
+    Face folder's ``generation_config.json``, :func:`lmkit.hf.generation_preset`),
+    then :data:`DEFAULTS`; so does the strategy (``strategy``, the preset's
+    ``"strategy"``, ``default_strategy``). ``top_k`` limits ``top_p`` only where it
+    is given or preset (``transformers`` samples with temperature, top-k and
+    top-p together). A preset's ``repetition_penalty`` is left out of beam search,
+    which scores whole hypotheses.
+
+    Returns:
+      ``(strategy, settings)``: every key of :data:`DEFAULTS`; ``top_k`` None
+      for a ``top_p`` decode without one.
+    """
+    preset = dict(preset or {})
+    name = strategy or preset.pop("strategy", None) or default_strategy
+    if name == "beam":
+        preset.pop("repetition_penalty", None)
+    settings: Dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        value = given.get(key)
+        if value is None:
+            value = preset.get(key)
+        if value is None and not (key == "top_k" and name == "top_p"):
+            value = default
+        settings[key] = value
+    return name, settings
+
+
 def sampler_from_flags(name: str, **flags: Any):
     """The sampler ``name`` built from those of ``flags`` its constructor takes.
 
@@ -60,3 +98,10 @@ def sampler_from_flags(name: str, **flags: Any):
     cls = import_object(SAMPLERS[name], "sampler")
     takes = inspect.signature(cls.__init__).parameters
     return cls(**{k: v for k, v in flags.items() if k in takes})
+
+
+def sampler_of_settings(name: str, settings: Mapping[str, Any]):
+    """The sampler ``name`` with :func:`resolve_settings`' ``settings`` (``top_k`` reaches top_k's ``k`` and
+    top_p's limit, ``top_p`` its ``p``)."""
+    return sampler_from_flags(name, temperature=settings["temperature"], k=settings["top_k"], p=settings["top_p"],
+                              beam_width=settings["beam_width"], length_penalty=settings["length_penalty"])

@@ -12,7 +12,7 @@ same seed gives the same tokens eagerly and inside ``tf.function``.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
 import tensorflow as tf
 
@@ -90,39 +90,62 @@ class TopPSampler(Sampler):
     whose total probability is at least ``p`` (Holtzman et al., 2020).
 
     The most likely token is always kept. Tokens are ranked by probability,
-    equal probabilities by lower id, so the kept set is deterministic.
+    equal probabilities by lower id, so the kept set is deterministic. With
+    ``k`` the nucleus is taken among the ``k`` most likely tokens only, their
+    probabilities renormalized first: ``transformers``' sampling (its
+    temperature, then top-k, then top-p), which Hugging Face folders ask for.
 
     Args:
-      p: in (0, 1]; ``p = 1`` keeps the full distribution.
+      p: in (0, 1]; ``p = 1`` keeps the full distribution (of the top ``k``).
       temperature: > 0, applied before the probabilities are computed.
+      k: None (no limit) or >= 1: the candidates before the nucleus is taken.
     """
 
-    def __init__(self, p: float = 0.9, temperature: float = 1.0) -> None:
+    def __init__(self, p: float = 0.9, temperature: float = 1.0, k: Optional[int] = None) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise UsageError(f"p = {p!r} must be in (0, 1]; use p = 1.0 to keep every token")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise UsageError(f"k = {k!r} must be None (no limit) or an integer >= 1")
         self.p = float(p)
         self.temperature = _check_temperature(temperature)
+        self.k = k
 
     def get_config(self) -> Dict[str, Any]:
-        return {"p": self.p, "temperature": self.temperature}
+        return {"p": self.p, "temperature": self.temperature, "k": self.k}
+
+    def candidates(self, logits: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        """The tokens a draw chooses among, most likely first: ``(ids, scaled logits)``, each ``[batch, n]``.
+
+        A token outside the top ``k`` or the nucleus has logit ``-inf``; the
+        draw is the softmax of the rest.
+        """
+        scaled = tf.cast(logits, tf.float32) / self.temperature  # [batch, vocab]
+        vocab = scaled.shape[-1]
+        limited = self.k is not None and (vocab is None or self.k < vocab)
+        if self.p >= 1.0 and not limited:  # the full distribution, in vocabulary order
+            return tf.broadcast_to(tf.range(tf.shape(scaled)[-1]), tf.shape(scaled)), scaled
+        if limited:
+            # top_k ranks equal scores by lower id, as the stable sort below does.
+            k = self.k if vocab is not None else tf.minimum(self.k, tf.shape(scaled)[-1])
+            sorted_logits, order = tf.math.top_k(scaled, k=k, sorted=True)  # [batch, k] each
+        else:
+            # A stable descending sort ranks equal scores by lower id.
+            order = tf.argsort(scaled, axis=-1, direction="DESCENDING", stable=True)  # [batch, vocab]
+            sorted_logits = tf.gather(scaled, order, batch_dims=1)  # [batch, vocab]
+        if self.p >= 1.0:  # rounding in the cumulative sum could drop the tail; p = 1 means all
+            return order, sorted_logits
+        sorted_probs = tf.nn.softmax(sorted_logits, axis=-1)  # [batch, n]
+        # Keep a token while the mass of the tokens ranked above it is < p:
+        # that is the smallest prefix reaching p, and always the top token.
+        mass_before = tf.cumsum(sorted_probs, axis=-1, exclusive=True)  # [batch, n]
+        keep = mass_before < self.p  # [batch, n]
+        return order, tf.where(keep, sorted_logits, tf.fill(tf.shape(sorted_logits), -float("inf")))
 
     def get_next_token(self, logits: tf.Tensor, step: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         del step
-        scaled = tf.cast(logits, tf.float32) / self.temperature  # [batch, vocab]
-        if self.p >= 1.0:
-            # Rounding in the cumulative sum could drop the tail; p = 1 means all.
-            return _draw(scaled, seed)
-        # A stable descending sort ranks equal scores by lower id.
-        order = tf.argsort(scaled, axis=-1, direction="DESCENDING", stable=True)  # [batch, vocab]
-        sorted_logits = tf.gather(scaled, order, batch_dims=1)  # [batch, vocab]
-        sorted_probs = tf.nn.softmax(sorted_logits, axis=-1)  # [batch, vocab]
-        # Keep a token while the mass of the tokens ranked above it is < p:
-        # that is the smallest prefix reaching p, and always the top token.
-        mass_before = tf.cumsum(sorted_probs, axis=-1, exclusive=True)  # [batch, vocab]
-        keep = mass_before < self.p  # [batch, vocab]
-        masked = tf.where(keep, sorted_logits, tf.fill(tf.shape(sorted_logits), -float("inf")))
-        choice = _draw(masked, seed)  # [batch], a rank
-        return tf.gather(order, choice, batch_dims=1)  # [batch]
+        ids, candidate_logits = self.candidates(logits)  # [batch, n] each
+        choice = _draw(candidate_logits, seed)  # [batch], a rank
+        return tf.gather(ids, choice, batch_dims=1)  # [batch]
 
 
 def _mix(x: tf.Tensor) -> tf.Tensor:

@@ -216,3 +216,68 @@ def test_get_sampler_factory():
 def test_sampler_arguments_are_checked(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def nucleus_reference(logits, p, temperature, k):
+    """NumPy: the kept ids of one row (temperature, then the top k, then the smallest prefix reaching p) and
+    their renormalized probabilities, as transformers' warpers keep them."""
+    scaled = np.asarray(logits, np.float64) / temperature
+    order = np.argsort(-scaled, kind="stable")[:k]
+    probs = np.exp(scaled[order] - scaled[order].max())
+    probs /= probs.sum()
+    before = np.concatenate([[0.0], np.cumsum(probs)[:-1]])
+    kept = order[before < p] if p < 1 else order
+    kept_probs = np.exp(scaled[kept] - scaled[kept].max())
+    return dict(zip(kept.tolist(), (kept_probs / kept_probs.sum()).tolist()))
+
+
+@pytest.mark.parametrize("p, temperature, k", [(0.9, 1.0, None), (0.9, 0.6, 50), (0.8, 1.3, 5), (1.0, 0.7, 7),
+                                               (0.5, 1.0, 1), (0.95, 1.0, 400), (1.0, 1.0, None)])
+def test_top_p_candidates_are_the_top_k_nucleus(p, temperature, k):
+    """TopPSampler(p, temperature, k) draws among the tokens NumPy keeps (top k, then the nucleus of their
+    renormalized probabilities), with those probabilities; k at or above the vocabulary is no limit."""
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0, 2.5, (4, 300)).astype(np.float32)
+    ids, candidate_logits = TopPSampler(p=p, temperature=temperature, k=k).candidates(tf.constant(logits))
+    probs = tf.nn.softmax(candidate_logits, axis=-1).numpy()
+    for row in range(len(logits)):
+        got = {int(i): float(q) for i, q in zip(ids[row].numpy(), probs[row]) if q > 0}
+        expected = nucleus_reference(logits[row], p, temperature, k if k is not None else 300)
+        assert sorted(got) == sorted(expected)
+        np.testing.assert_allclose([got[i] for i in sorted(got)], [expected[i] for i in sorted(expected)],
+                                   rtol=1e-5)
+    if k is not None and k < 300:
+        assert ids.shape[-1] == k  # the nucleus is taken among k tokens, not the whole vocabulary
+
+
+def test_top_p_with_k_draws_within_the_top_k():
+    """Through the decode loop: with k = 2 and p = 1 only the two most likely tokens come, both of them."""
+    model = constant_model([0.05, 0.4, 0.05, 0.3, 0.05, 0.05, 0.05, 0.05])
+    drawn = counts(decode(model, 20, TopPSampler(p=1.0, k=2), batch_size=30, start_id=0, seed=3), 1)
+    assert set(drawn) == {1, 3}
+    with pytest.raises(ValueError, match="k = 0 must be None"):
+        TopPSampler(k=0)
+
+
+def test_resolve_settings_takes_given_then_preset_then_defaults():
+    from lmkit.decoding.registry import DEFAULTS, resolve_settings, sampler_of_settings
+    none = dict.fromkeys(DEFAULTS)
+    # Nothing given, nothing preset: lmkit's top_p 0.9 over the whole nucleus.
+    name, settings = resolve_settings(None, none)
+    assert name == "top_p" and settings == {**DEFAULTS, "top_k": None}
+    assert sampler_of_settings(name, settings) == TopPSampler(0.9, 1.0)
+    assert resolve_settings("top_k", none)[1]["top_k"] == 40  # top_k's own default
+    # A folder's sampling preset fills what is not given; a given value wins.
+    preset = {"strategy": "top_p", "temperature": 0.6, "top_k": 50, "top_p": 0.95, "repetition_penalty": 1.1}
+    name, settings = resolve_settings(None, {**none, "top_p": 0.5}, preset)
+    assert sampler_of_settings(name, settings) == TopPSampler(0.5, 0.6, k=50)
+    assert settings["repetition_penalty"] == 1.1
+    # A strategy given wins over the preset's; the preset's values still fill the gaps, as in transformers.
+    name, settings = resolve_settings("top_k", none, preset)
+    assert sampler_of_settings(name, settings) == TopKSampler(50, 0.6)
+    # Beam search leaves out a preset repetition penalty (it refuses one), not a given one.
+    assert resolve_settings("beam", none, preset)[1]["repetition_penalty"] == 1.0
+    assert resolve_settings("beam", {**none, "repetition_penalty": 1.2}, preset)[1]["repetition_penalty"] == 1.2
+    name, settings = resolve_settings(None, none, {"strategy": "beam", "beam_width": 5})
+    assert name == "beam" and settings["beam_width"] == 5
+    assert resolve_settings(None, none, default_strategy="greedy")[0] == "greedy"
