@@ -458,12 +458,19 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
     the tokenizer's files. Written into a temporary folder next to
     ``output`` and renamed into place, so a failed export leaves nothing.
 
+    The tokenizer is a Hugging Face GPT-2's (a fine-tune), or lmkit's own
+    word, char or byte tokenizer (a model trained from scratch), written as
+    a ``tokenizer.json`` that encodes every text to lmkit's ids
+    (:mod:`lmkit.data.hf_form`); such a model starts a text after a line
+    break (``bos_token_id`` is the line break's id, which ``tokenizer(text)``
+    puts first) and has no end of document (``eos_token_id`` null).
+
     Returns:
       The names of the files written.
 
     Raises:
-      UsageError: not a GPT-2-shaped model, a tokenizer that is not a
-        Hugging Face one, or an ``output`` that exists and is not empty.
+      UsageError: not a GPT-2-shaped model, a tokenizer without a Hugging
+        Face form (SentencePiece), or an ``output`` that exists and is not empty.
     """
     import numpy as np
     from safetensors.numpy import save_file
@@ -471,12 +478,15 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
     from lmkit.data.hf_tokenizer import END_OF_TEXT, HFTokenizer
 
     _check_gpt2(model, "export --format hf")
-    if not isinstance(tokenizer, HFTokenizer):
-        raise UsageError(f"export --format hf writes GPT-2's tokenizer files, but this run's tokenizer is "
-                         f"{tokenizer.name!r}; export runs started with --init_from a Hugging Face GPT-2")
+    if isinstance(tokenizer, HFTokenizer):  # GPT-2's: a document starts and ends at <|endoftext|>
+        start = end = tokenizer.hf.token_to_id(END_OF_TEXT)
+        pad = None
+    else:  # lmkit's own (word, char, byte): a line starts after a line break; no end of document
+        from lmkit.data.hf_form import build_form
+        build_form(tokenizer)  # a kind without a form stops here, before anything is written
+        start, end, pad = tokenizer.eos_id, None, tokenizer.pad_id
     check_new_folder(output)
     layer = model.decoder.layers[0]
-    end = tokenizer.hf.token_to_id(END_OF_TEXT)
     config = {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": model.vocab_size,
         "n_positions": model.max_positions, "n_embd": model.hidden_size, "n_layer": model.decoder.num_layers,
@@ -484,7 +494,9 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
         "n_inner": None if model.decoder.ffn_dim == 4 * model.hidden_size else model.decoder.ffn_dim,
         "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout,
         "layer_norm_epsilon": layer.attention_norm.epsilon, "initializer_range": model.init_scale,
-        "bos_token_id": end, "eos_token_id": end, "tie_word_embeddings": True, "use_cache": True}
+        "bos_token_id": start, "eos_token_id": end, "tie_word_embeddings": True, "use_cache": True,
+        **({} if pad is None else {"pad_token_id": pad})}
+    generation = {"bos_token_id": start, "eos_token_id": end, **({} if pad is None else {"pad_token_id": pad})}
     tensors = {f"transformer.{name}": np.ascontiguousarray(v.numpy(), dtype=np.float32)
                for name, v in parameter_map(model).items()}
 
@@ -493,7 +505,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
         with open(os.path.join(tmp, HF_CONFIG), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
         with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
-            json.dump({"bos_token_id": end, "eos_token_id": end}, f, indent=2)
+            json.dump(generation, f, indent=2)
         tokenizer.save_hf(tmp, model.max_positions)
 
     return write_folder(output, fill)

@@ -172,6 +172,16 @@ class Tokenizer(abc.ABC):
             ids.extend(self._encode_line(line[:-1] if line.endswith("\r") else line))
         return ids
 
+    def save_hf(self, folder: str, model_max_length: int) -> None:
+        """Writes the tokenizer as ``transformers.AutoTokenizer`` reads it (``tokenizer.json`` and its
+        config; :mod:`lmkit.data.hf_form`): every text gets the ids :meth:`encode` gives it.
+
+        Raises:
+          DataError: a kind that has no such form (SentencePiece), naming those that have.
+        """
+        from lmkit.data.hf_form import save_form
+        save_form(self, folder, model_max_length)
+
     def source_side(self) -> "Tokenizer":
         """The tokenizer an encoder-decoder's sources are encoded with when both sides share it: itself,
         unless a kind frames sources apart (a BART folder's, see
