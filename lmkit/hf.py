@@ -459,7 +459,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
     ``output`` and renamed into place, so a failed export leaves nothing.
 
     The tokenizer is a Hugging Face GPT-2's (a fine-tune), or lmkit's own
-    word, char or byte tokenizer (a model trained from scratch), written as
+    word, char, byte or unigram sentencepiece tokenizer (a model trained from scratch), written as
     a ``tokenizer.json`` that encodes every text to lmkit's ids
     (:mod:`lmkit.data.hf_form`); such a model starts a text after a line
     break (``bos_token_id`` is the line break's id, which ``tokenizer(text)``
@@ -470,7 +470,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
 
     Raises:
       UsageError: not a GPT-2-shaped model, a tokenizer without a Hugging
-        Face form (SentencePiece), or an ``output`` that exists and is not empty.
+        Face form (BPE SentencePiece), or an ``output`` that exists and is not empty.
     """
     import numpy as np
     from safetensors.numpy import save_file
@@ -481,7 +481,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
     if isinstance(tokenizer, HFTokenizer):  # GPT-2's: a document starts and ends at <|endoftext|>
         start = end = tokenizer.hf.token_to_id(END_OF_TEXT)
         pad = None
-    else:  # lmkit's own (word, char, byte): a line starts after a line break; no end of document
+    else:  # lmkit's own (word, char, byte, sentencepiece): a line starts after a line break; no end of document
         from lmkit.data.hf_form import build_form
         build_form(tokenizer)  # a kind without a form stops here, before anything is written
         start, end, pad = tokenizer.eos_id, None, tokenizer.pad_id

@@ -8,8 +8,8 @@ and the tokenizer files (``tokenizer.json``, ``vocab.json``, ``merges.txt``,
 ``transformers.GPT2LMHeadModel.from_pretrained(output)`` and
 ``AutoTokenizer.from_pretrained(output)`` load it. The run must hold a model
 of GPT-2's shape with a Hugging Face tokenizer (a run started with ``lmkit
-train --init_from``) or trained from scratch with lmkit's word, char or byte
-tokenizer (written as a ``tokenizer.json`` giving lmkit's ids, docs/gpt2.md),
+train --init_from``) or trained from scratch with lmkit's word, char, byte or
+unigram sentencepiece tokenizer (written as a ``tokenizer.json`` giving lmkit's ids, docs/gpt2.md),
 or a Llama/Qwen2/Mistral fine-tune, written with its
 source folder's config, tokenizer and chat template
 (``AutoModelForCausalLM.from_pretrained(output)``), or a BART fine-tune

@@ -15,12 +15,17 @@ gives it, so a model trained from scratch reads the same ids in ``transformers``
   reads as its eos id, is an unknown word in the form, whose eos is the line
   break.
 
+A unigram SentencePiece model keeps its normalization (the compiled table
+in its model file) and its pieces' scores; its control pieces ``<s>`` and
+``<pad>`` are pieces of the form's model, so the texts ``<s>`` and ``<pad>``
+read as them there (SentencePiece spells them out), as in ``transformers``'
+own conversions. A BPE SentencePiece model has no form: its merges are not
+in the model file.
+
 Decoding in ``transformers`` writes the word kind's tokens with a space
-between each two, line breaks included (lmkit's own ``decode`` puts none
-around a line break). SentencePiece models have no form here: their
-normalization table is only in the model's protobuf, which this
-environment's protobuf cannot read. Adding a kind is one function and one
-line in :data:`FORMS`.
+between each two, line breaks included, and a SentencePiece line after the
+first with a space first (lmkit's own ``decode`` reads line by line). Adding
+a kind is one function and one line in :data:`FORMS`.
 """
 
 from __future__ import annotations
@@ -100,8 +105,38 @@ def _byte(tk: Any, tokenizer: Any) -> Any:
     return form
 
 
+def _sentencepiece(tk: Any, tokenizer: Any) -> Any:
+    """A unigram SentencePiece model as a ``Unigram`` model with its own normalization table.
+
+    ``Metaspace`` puts the word mark before each line (SentencePiece's dummy
+    prefix: lmkit encodes line by line) and splits at whitespace, as
+    SentencePiece does; its user-defined piece ``<unk>`` is a piece of the
+    model, which the search always takes (score 0).
+    """
+    if tokenizer.options.get("model_type") != "unigram":
+        raise DataError(f"a sentencepiece tokenizer of model_type {tokenizer.options.get('model_type')!r} "
+                        "cannot be written as a Hugging Face tokenizer.json (its merges are not in the model); "
+                        "train with --set spm_model_type='unigram' (the default), or another tokenizer")
+    pieces = tokenizer.pieces()
+    if any(kind == "byte" for _, _, kind in pieces):
+        raise DataError("a sentencepiece model with byte fallback cannot be written as a Hugging Face "
+                        "tokenizer.json by this lmkit; train one without it")
+    vocab = [(NEWLINE if i == tokenizer.eos_id else piece, score) for i, (piece, score, _) in enumerate(pieces)]
+    form = tk.Tokenizer(tk.models.Unigram(vocab, unk_id=tokenizer.unk_id, byte_fallback=False))
+    spec = tokenizer.normalizer_spec()
+    steps = [tk.normalizers.Precompiled(spec["charsmap"])] if spec["charsmap"] else []
+    if spec["remove_extra_whitespaces"]:
+        steps += [tk.normalizers.Replace(tk.Regex(" {2,}"), " "), tk.normalizers.Strip()]
+    form.normalizer = tk.normalizers.Sequence(steps)
+    prepend = "always" if spec["add_dummy_prefix"] else "never"
+    form.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=True)
+    form.decoder = tk.decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=True)
+    return form
+
+
 #: tokenizer kind -> the function that builds its form (``tokenizers`` module, lmkit tokenizer).
-FORMS: Dict[str, Callable[[Any, Any], Any]] = {"word": _word, "char": _char, "byte": _byte}
+FORMS: Dict[str, Callable[[Any, Any], Any]] = {"word": _word, "char": _char, "byte": _byte,
+                                               "sentencepiece": _sentencepiece}
 
 
 def build_form(tokenizer: Any) -> Any:
@@ -113,15 +148,16 @@ def build_form(tokenizer: Any) -> Any:
     if tokenizer.name not in FORMS:
         raise DataError(f"a {tokenizer.name} tokenizer cannot be written as a Hugging Face tokenizer.json "
                         f"(the kinds that can: {', '.join(FORMS)}, and a Hugging Face model's own); train "
-                        f"with --set tokenizer='byte' (or 'word', 'char'), or fine-tune from a Hugging Face "
-                        "folder with --init_from")
+                        f"with one of those, or fine-tune from a Hugging Face folder with --init_from")
     tk = _tokenizers()
     form = FORMS[tokenizer.name](tk, tokenizer)
     newline = form.id_to_token(tokenizer.eos_id)
     # lmkit reads a line without the carriage return that ends it ("$": before a line break or at the end).
-    form.normalizer = tk.normalizers.Replace(tk.Regex("\r$"), "")
+    strip_return = tk.normalizers.Replace(tk.Regex("\r$"), "")
+    form.normalizer = strip_return if form.normalizer is None else \
+        tk.normalizers.Sequence([strip_return, form.normalizer])
     if newline == NEWLINE:  # a token of its own, split off first: the pre-tokenizers drop or split it
-        form.add_tokens([tk.AddedToken(NEWLINE, special=False, normalized=True)])
+        form.add_tokens([tk.AddedToken(NEWLINE, special=False, normalized=False)])
     form.post_processor = tk.processors.TemplateProcessing(single=f"{newline} $A", pair=f"{newline} $A {newline} $B",
                                                            special_tokens=[(newline, tokenizer.eos_id)])
     return form

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+import struct
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lmkit.checks import check_choice
 from lmkit.data.errors import DataError
@@ -32,6 +33,39 @@ SPM_UNK_ID, SPM_BOS_ID, SPM_EOS_ID, SPM_PAD_ID = 0, 1, 2, 3
 # SentencePiece's own unknown piece (a character it never saw), and the unknown-word mark of PTB and WikiText,
 # which is text to it: one piece (id 4).
 SPM_UNK_PIECE, UNKNOWN_WORD_MARK = "<unk_char>", "<unk>"
+
+
+# SentencePiece's piece types, as its model proto numbers them.
+_PIECE_KINDS = {1: "normal", 2: "unknown", 3: "control", 4: "user_defined", 5: "unused", 6: "byte"}
+
+
+def _proto_fields(data: bytes) -> Iterator[Tuple[int, Any]]:
+    """``(field number, value)`` of a protobuf message's wire bytes: varints as ints, length-delimited
+    fields as bytes (the few fields of a SentencePiece model read here; the ``sentencepiece`` package's
+    generated module needs a protobuf runtime this environment's TensorFlow does not allow)."""
+    def varint(i: int) -> Tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = data[i]
+            value |= (byte & 0x7F) << shift
+            i, shift = i + 1, shift + 7
+            if byte < 0x80:
+                return value, i
+
+    i = 0
+    while i < len(data):
+        key, i = varint(i)
+        wire = key & 7
+        if wire == 0:
+            value, i = varint(i)
+        elif wire == 2:
+            size, i = varint(i)
+            value, i = data[i:i + size], i + size
+        elif wire in (1, 5):
+            value, i = data[i:i + (8 if wire == 1 else 4)], i + (8 if wire == 1 else 4)
+        else:
+            raise DataError(f"a SentencePiece model with protobuf wire type {wire}, which lmkit does not read")
+        yield key >> 3, value
 
 
 def _import_sentencepiece():
@@ -103,6 +137,35 @@ class SentencePieceTokenizer(Tokenizer):
 
     def piece_to_id(self, piece: str) -> int:
         return int(self._sp.piece_to_id(piece))
+
+    def pieces(self) -> List[Tuple[str, float, str]]:
+        """``(piece, score, kind)`` of every id, from the model's protobuf; kind is ``normal``,
+        ``unknown``, ``control``, ``user_defined``, ``unused`` or ``byte``."""
+        found = []
+        for field, value in _proto_fields(self._sp.serialized_model_proto()):
+            if field == 1:  # ModelProto.pieces: piece (1), score (2, float), type (3, NORMAL when absent)
+                parts = dict(_proto_fields(value))
+                score = struct.unpack("<f", parts[2])[0] if 2 in parts else 0.0
+                found.append((parts.get(1, b"").decode("utf-8"), score, _PIECE_KINDS.get(parts.get(3, 1), "normal")))
+        return found
+
+    def normalizer_spec(self) -> Dict[str, Any]:
+        """The model's normalization: ``name`` (``nmt_nfkc``...), ``charsmap`` (its compiled table, bytes),
+        ``add_dummy_prefix`` and ``remove_extra_whitespaces``, read from the model's protobuf."""
+        spec: Dict[str, Any] = {"name": "", "charsmap": b"", "add_dummy_prefix": True,
+                                "remove_extra_whitespaces": True}
+        for field, value in _proto_fields(self._sp.serialized_model_proto()):
+            if field == 3:  # ModelProto.normalizer_spec
+                for number, v in _proto_fields(value):
+                    if number == 1:
+                        spec["name"] = v.decode("utf-8")
+                    elif number == 2:
+                        spec["charsmap"] = v
+                    elif number == 3:
+                        spec["add_dummy_prefix"] = bool(v)
+                    elif number == 4:
+                        spec["remove_extra_whitespaces"] = bool(v)
+        return spec
 
     def fingerprint(self) -> str:
         """A short hash of the pieces, their scores and kinds (which also tell BPE from unigram).

@@ -177,7 +177,7 @@ class Tokenizer(abc.ABC):
         config; :mod:`lmkit.data.hf_form`): every text gets the ids :meth:`encode` gives it.
 
         Raises:
-          DataError: a kind that has no such form (SentencePiece), naming those that have.
+          DataError: a kind that has no such form (BPE SentencePiece), naming those that have.
         """
         from lmkit.data.hf_form import save_form
         save_form(self, folder, model_max_length)
