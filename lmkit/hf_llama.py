@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from lmkit.errors import UsageError
 from lmkit.hf import _read_json, build_pretrained, read_config_json
 
-__all__ = ["FAMILIES", "export_llama", "llama_model_config", "load_llama", "load_llama_weights",
+__all__ = ["FAMILIES", "config_json", "export_llama", "export_llama_from_scratch", "llama_model_config", "load_llama", "load_llama_weights",
            "check_export_source", "parameter_map", "read_llama_config", "read_tensors", "training_config",
            "weight_files", "write_pretrained"]
 
@@ -291,6 +291,87 @@ def export_llama(model: Any, source: Optional[str], output: str) -> List[str]:
         raise UsageError(f"{source} does not describe this run's model (another number of layers)")
     return write_pretrained({name: v.numpy().T if transposed else v.numpy()
                              for name, (v, transposed) in parameter_map(model).items()}, source, output)
+
+
+def config_json(model_config: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``config.json`` of a ``llama`` model trained from scratch (``model.get_config()``), in the family
+    that holds it: the inverse of :func:`llama_model_config`.
+
+    Llama without a sliding window (``attention_bias`` when any attention projection has a bias: the
+    others get zero biases, see :func:`export_llama_from_scratch`), Mistral when every layer slides and
+    no projection has a bias. Qwen2's per-layer windows (``layer_types``) are not written:
+    ``transformers`` reads a Qwen2 folder with its own tokenizer class, whatever ``tokenizer.json`` says.
+
+    Raises:
+      UsageError: a model no family holds here (naming the keys).
+    """
+    c = model_config
+    heads, hidden = c["num_heads"], c["hidden_size"]
+    window, types = c.get("sliding_window") or 0, c.get("layer_types")
+    bias = bool(c.get("qkv_bias")) or bool(c.get("attention_output_bias"))
+    if c.get("activation", "silu") != "silu":
+        raise UsageError(f"activation = {c['activation']!r}: Llama and Mistral compute SwiGLU with silu")
+    if not window:
+        family = "llama"
+    elif types is None and not bias:
+        family = "mistral"
+    else:
+        raise UsageError(f"this model cannot be written as a Hugging Face folder (sliding_window {window}, "
+                         f"layer_types {types}, attention biases {bias}): Llama has no window, Mistral's every "
+                         "layer slides and it has no biases, and transformers reads a Qwen2 folder (per-layer "
+                         "windows) with its own tokenizer; train with sliding_window = 0, or on every layer "
+                         "without biases")
+    config: Dict[str, Any] = {
+        "model_type": family, "architectures": [FAMILIES[family]], "vocab_size": c["vocab_size"],
+        "hidden_size": hidden, "intermediate_size": c["ffn_dim"], "num_hidden_layers": c["num_layers"],
+        "num_attention_heads": heads, "num_key_value_heads": c.get("num_kv_heads") or heads,
+        "head_dim": c.get("head_dim") or hidden // heads, "max_position_embeddings": c["max_positions"],
+        "rms_norm_eps": c["rms_norm_epsilon"], "rope_theta": c["rope_theta"], "rope_scaling": c.get("rope_scaling"),
+        "tie_word_embeddings": bool(c["tie_weights"]), "hidden_act": "silu",
+        "attention_dropout": round(1.0 - c.get("keep_prob", 1.0), 12), "initializer_range": c.get("init_scale", 0.02),
+        "torch_dtype": "float32", "dtype": "float32"}
+    if family == "llama":
+        config.update(attention_bias=bias, mlp_bias=False)
+    else:
+        config["sliding_window"] = window
+    return config
+
+
+def export_llama_from_scratch(model: Any, tokenizer: Any, output: str) -> List[str]:
+    """Writes a ``llama`` model trained from scratch, with lmkit's own tokenizer, as a folder ``transformers``
+    loads (``AutoModelForCausalLM``, ``AutoTokenizer``): its :func:`config_json`, its weights (float32; a
+    projection without a bias gets zeros where Llama's ``attention_bias`` gives all four one) and the
+    tokenizer's Hugging Face form (:mod:`lmkit.data.hf_form`). As with a GPT-2 trained from scratch, a text
+    starts after a line break (``bos_token_id``) and none ends a document (``eos_token_id`` null).
+
+    Raises:
+      UsageError: a model no family holds, a tokenizer without a form, or an ``output`` that exists and is
+        not empty; nothing is written then.
+    """
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from lmkit.data.hf_form import build_form
+    from lmkit.hf import check_new_folder, write_folder
+    config = config_json(model.get_config())
+    build_form(tokenizer)  # a tokenizer without a form stops here
+    check_new_folder(output)
+    ids = {"bos_token_id": tokenizer.eos_id, "eos_token_id": None, "pad_token_id": tokenizer.pad_id}
+    config.update(ids)
+    tensors = {name: np.ascontiguousarray(v.numpy().T if transposed else v.numpy(), dtype=np.float32)
+               for name, (v, transposed) in parameter_map(model).items()}
+    if config.get("attention_bias"):
+        for weight in [name for name in tensors if name.endswith(("_proj.weight",)) and ".self_attn." in name]:
+            tensors.setdefault(weight[:-len("weight")] + "bias", np.zeros(tensors[weight].shape[0], np.float32))
+
+    def fill(tmp: str) -> None:
+        save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
+        for name, content in ((HF_CONFIG, config), ("generation_config.json", ids)):
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2)
+        tokenizer.save_hf(tmp, model.max_positions)
+
+    return write_folder(output, fill)
 
 
 def check_export_source(source: Optional[str], model: str, output: str) -> None:

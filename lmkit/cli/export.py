@@ -12,7 +12,9 @@ train --init_from``) or trained from scratch with lmkit's word, char, byte or
 unigram sentencepiece tokenizer (written as a ``tokenizer.json`` giving lmkit's ids, docs/gpt2.md),
 or a Llama/Qwen2/Mistral fine-tune, written with its
 source folder's config, tokenizer and chat template
-(``AutoModelForCausalLM.from_pretrained(output)``), or a BART fine-tune
+(``AutoModelForCausalLM.from_pretrained(output)``), or a ``llama`` model
+trained from scratch with one of those tokenizers (the config of the family
+that holds it, docs/llama.md), or a BART fine-tune
 (``AutoModelForSeq2SeqLM.from_pretrained(output)``). A LoRA run
 (``--lora_rank``) exports with its adapters merged into the weights.
 
@@ -77,7 +79,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
         print(f"wrote {args.output}: {', '.join(files)}", flush=True)
         return 0
     model, tokenizer, config = load_model(args.model_dir, checkpoint)
-    if config.model == "llama":  # a Llama, Qwen2 or Mistral fine-tune: its source folder's family
+    if config.model == "llama" and not config.init_from:  # trained from scratch: the family that holds it
+        from lmkit.hf_llama import export_llama_from_scratch
+        files = export_llama_from_scratch(model, tokenizer, args.output)
+    elif config.model == "llama":  # a Llama, Qwen2 or Mistral fine-tune: its source folder's family
         from lmkit.hf_llama import export_llama
         files = export_llama(model, config.init_from, args.output)
     elif config.model == "transformer_seq2seq":  # a BART fine-tune

@@ -189,8 +189,10 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
     if args.strategy == "beam" and (args.repetition_penalty != 1.0 or args.min_new_tokens):
+        chosen = (f" (chosen by {args.model_dir}/generation_config.json's num_beams; give --strategy to choose "
+                  "another)") if "strategy" in args.preset_used else ""
         raise UsageError("--repetition_penalty and --min_new_tokens apply to the per-token strategies "
-                         "(greedy, sample, top_k, top_p), not to --strategy beam")
+                         f"(greedy, sample, top_k, top_p), not to --strategy beam{chosen}")
     single = len(args.prompt or [None]) == 1 and (args.num_samples == 1 or args.strategy == "beam")
     if args.stream and (args.strategy == "beam" or not single or args.one_line):
         raise UsageError("--stream writes one sample as it comes: give one --prompt, --num_samples 1, a "
@@ -259,7 +261,8 @@ def resolve_flags(args: argparse.Namespace, preset: Dict[str, Any], default_stra
 
 
 def preset_note(args: argparse.Namespace, sampler: Any) -> Optional[str]:
-    """``sampling as <folder>/generation_config.json asks: ...``: the preset's values the decode uses, or None."""
+    """``<folder>/generation_config.json: strategy top_p, temperature 0.6, ...``: the preset's values the
+    decode uses (no flag gave them), or None when it uses none."""
     config = sampler.get_config()
     uses = {"top_k": "k" in config, "top_p": "p" in config, "temperature": "temperature" in config,
             "beam_width": "beam_width" in config, "strategy": True,

@@ -1,4 +1,4 @@
-"""A GPT-2 trained from scratch with lmkit's word, char or byte tokenizer exports as a Hugging Face folder that
+"""A GPT-2 or Llama trained from scratch with lmkit's own tokenizer exports as a Hugging Face folder that
 transformers reads with the same ids, logits and greedy continuation."""
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402  (a test dependency of the main environment: make setup)
-from transformers import AutoTokenizer, GPT2LMHeadModel  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from lmkit.data.errors import DataError  # noqa: E402
 from lmkit.data.hf_form import build_form  # noqa: E402
@@ -88,16 +88,17 @@ def _lmkit(*args, timeout=300):
     return run([sys.executable, "-m", "lmkit", *args], timeout=timeout)
 
 
-@pytest.mark.parametrize("kind", ["byte", "sentencepiece"])
-def test_a_gpt2_trained_from_scratch_exports_and_generates_alike(kind, corpus, tmp_path):
-    """lmkit train (model gpt2, a byte or sentencepiece tokenizer), lmkit export: transformers' GPT2LMHeadModel
-    gives lmkit's logits and, from tokenizer(prompt), lmkit's greedy continuation; lmkit generate on the
-    exported folder writes what it writes on the run."""
+@pytest.mark.parametrize("model_name, kind", [("gpt2", "byte"), ("gpt2", "sentencepiece"), ("llama", "char")])
+def test_a_model_trained_from_scratch_exports_and_generates_alike(model_name, kind, corpus, tmp_path):
+    """lmkit train (a gpt2 or llama model; a byte, sentencepiece or char tokenizer), lmkit export:
+    transformers' AutoModelForCausalLM gives lmkit's logits and, from tokenizer(prompt), lmkit's greedy
+    continuation; lmkit generate on the exported folder writes what it writes on the run."""
+    from transformers import AutoModelForCausalLM
     from lmkit import dist
     from lmkit.train.checkpoint import load_model
     run_dir, out = str(tmp_path / "run"), str(tmp_path / "exported")
     res = _lmkit("train", "--train_file", corpus["train"], "--model_dir", run_dir, "--max_steps", "3",
-                 "--set", "model='gpt2'", "--set", f"tokenizer='{kind}'", "--set", "hidden_size=32",
+                 "--set", f"model='{model_name}'", "--set", f"tokenizer='{kind}'", "--set", "hidden_size=32",
                  *(["--set", "vocab_size=48"] if kind == "sentencepiece" else []),
                  "--set", "ffn_dim=64", "--set", "num_layers=2", "--set", "num_heads=2", "--set", "batch_size=4",
                  "--set", "num_steps=24", "--set", "max_positions=64", "--set", "learning_rate=0.01",
@@ -113,7 +114,8 @@ def test_a_gpt2_trained_from_scratch_exports_and_generates_alike(kind, corpus, t
     # A text starts after a line break (lmkit's eos id); no end of document.
     assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == \
         (tokenizer.eos_id, None, tokenizer.pad_id)
-    reference = GPT2LMHeadModel.from_pretrained(out).eval()
+    assert config["model_type"] == model_name
+    reference = AutoModelForCausalLM.from_pretrained(out).eval()
     reference_tokenizer = AutoTokenizer.from_pretrained(out)
     prompt = "the café owner"
     ids = reference_tokenizer(prompt)["input_ids"]
@@ -123,12 +125,76 @@ def test_a_gpt2_trained_from_scratch_exports_and_generates_alike(kind, corpus, t
         expected_logits = reference(torch.tensor([ids])).logits.numpy()[0]
     np.testing.assert_allclose(logits.numpy()[0], expected_logits, atol=1e-4, rtol=0)
     expected = decidable_greedy(reference, input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
-                                dtype=torch.long), max_new_tokens=12, pad_token_id=tokenizer.pad_id)[0]
-    samples = []
+                                dtype=torch.long), max_new_tokens=8, pad_token_id=tokenizer.pad_id)[0]
+    samples = []  # 8 new tokens stay within the 24 positions trained on (the run would slide past them)
     for folder in (run_dir, out):
         res = _lmkit("generate", "--model_dir", folder, "--prompt", prompt, "--strategy", "greedy",
-                     "--max_new_tokens", "12", "--one_line")
+                     "--max_new_tokens", "8", "--one_line")
         assert res.returncode == 0, res.stderr[-3000:]
         samples.append(res.stdout)
     assert samples[0] == samples[1]
-    assert samples[0].strip() == "[0.0] " + tokenizer.decode(expected[1:]).replace("\n", "\\n")
+    assert samples[0].rstrip("\n") == "[0.0] " + tokenizer.decode(expected[1:]).replace("\n", "\\n")
+
+
+LLAMAS = {
+    # grouped-query attention, Llama 3.1's rope scaling, biases on every attention projection, untied
+    "llama": dict(num_heads=4, num_kv_heads=2, qkv_bias=True, attention_output_bias=True, tie_weights=False,
+                  rope_theta=500.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    # Qwen2's biases (query, key and value only), tied: a Llama with a zero output bias
+    "qwen2_biases": dict(num_heads=4, num_kv_heads=2, qkv_bias=True, tie_weights=True),
+    # every layer sliding, a head size apart from hidden_size / heads, one key/value head
+    "mistral": dict(num_heads=4, num_kv_heads=1, head_dim=16, sliding_window=5, tie_weights=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMAS))
+def test_a_llama_trained_from_scratch_exports_in_the_family_that_holds_it(name, corpus, tmp_path):
+    """A llama model built from lmkit keys (no Hugging Face folder behind it) exports with its word tokenizer:
+    transformers' AutoModelForCausalLM reads the family that holds it and computes lmkit's logits, its
+    AutoTokenizer gives lmkit's ids, and lmkit reads the config back to the same keys."""
+    from transformers import AutoModelForCausalLM
+    from lmkit.hf_llama import export_llama_from_scratch, llama_model_config
+    from lmkit.models import build_model
+    tokenizer = train_tokenizer("word", [corpus["train"]], str(tmp_path / "run"))
+    model = build_model(dict(model="llama", vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2,
+                             ffn_dim=48, max_positions=64, **LLAMAS[name]))
+    tf.random.set_seed(3)
+    for v in model.trainable_variables:  # norms and biases off their initial values too
+        v.assign_add(tf.random.normal(v.shape, stddev=0.2))
+    out = str(tmp_path / "hf")
+    export_llama_from_scratch(model, tokenizer, out)
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    family = "mistral" if name == "mistral" else "llama"
+    assert config["model_type"] == family
+    kept = {k: v for k, v in llama_model_config(config).items()
+            if k not in ("head_dim", "keep_prob", "init_scale", "qkv_bias", "attention_output_bias")}
+    expected = model.get_config()
+    assert kept == {k: expected[k] for k in kept}
+    reference = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(reference).__name__.lower().startswith(family)
+    text = "the old cat sees the garden .\nthe bird follows the river ."
+    ids = AutoTokenizer.from_pretrained(out)(text)["input_ids"]
+    assert ids == [tokenizer.eos_id] + tokenizer.encode(text)
+    logits, _ = model(tf.constant([ids]), None, training=False)
+    with torch.no_grad():
+        expected_logits = reference(torch.tensor([ids])).logits.numpy()[0]
+    np.testing.assert_allclose(logits.numpy()[0], expected_logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("keys, message", [
+    (dict(sliding_window=4, qkv_bias=True), "Llama has no window, Mistral's every layer slides and it has no biases"),
+    (dict(sliding_window=4, layer_types=["sliding_attention"]), "reads a Qwen2 folder .* with its own tokenizer"),
+])
+def test_a_llama_no_family_holds_is_refused_before_anything_is_written(keys, message, corpus, tmp_path):
+    from lmkit.errors import UsageError
+    from lmkit.hf_llama import export_llama_from_scratch
+    from lmkit.models import build_model
+    tokenizer = train_tokenizer("word", [corpus["train"]], str(tmp_path / "run"))
+    model = build_model(dict(model="llama", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
+                             num_heads=2, ffn_dim=32, max_positions=16, **keys))
+    out = str(tmp_path / "hf")
+    with pytest.raises(UsageError, match=message):
+        export_llama_from_scratch(model, tokenizer, out)
+    assert not os.path.exists(out)

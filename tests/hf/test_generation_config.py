@@ -117,6 +117,9 @@ def test_generate_flags_take_the_folders_preset_and_override_it(tmp_path):
     write_generation_config(folder, num_beams=3)
     args = parsed(*base, "--num_samples", "3")
     assert (args.strategy, args.beam_width) == ("beam", 3)
+    with pytest.raises(UsageError, match=r"not to --strategy beam \(chosen by .*generation_config.json's num_beams"):
+        parsed(*base, "--min_new_tokens", "2")
+    assert parsed(*base, "--min_new_tokens", "2", "--strategy", "greedy").strategy == "greedy"
 
 
 def test_lmkit_generate_samples_as_the_folders_generation_config_asks(tmp_path):
