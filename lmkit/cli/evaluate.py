@@ -5,8 +5,12 @@
     lmkit evaluate --model_dir runs/reverse --source_file test.src --target_file test.tgt --json
 
 The text is encoded with the run's own tokenizer (or PTB vocabulary) and read
-in order, ``--batch_size`` rows of ``num_steps`` tokens at a time (a
-recurrent state carries across windows). Perplexity per word divides the
+in order, ``--batch_size`` rows of ``--num_steps`` tokens at a time (a
+recurrent state carries across windows; a transformer starts each window
+afresh). --model_dir may also be a Hugging Face language model's folder
+(GPT-2, Llama, Qwen2, Mistral, or one lmkit exported), read with its own
+tokenizer in windows of its max_positions, so a pretrained model and a run
+fine-tuned from it compare on the same text (pass the same --num_steps). Perplexity per word divides the
 total negative log-likelihood by the whitespace-separated words of the same
 text (plus one per line, whose end is predicted too), so models with
 different tokenizers compare. Runs in one process. A run trained on your own
@@ -52,7 +56,11 @@ def build_parser(prog: str = "lmkit evaluate") -> argparse.ArgumentParser:
                       help="a split of the run's own data (default: test when --text_file is not given)")
     p.add_argument("--data_path", default="data/ptb", help="PTB runs: the folder with ptb.*.txt")
     p.add_argument("--batch_size", type=int, default=None,
-                   help="rows read side by side; default: the run's eval_batch_size or batch_size")
+                   help="rows read side by side; default: the run's eval_batch_size or batch_size (a Hugging "
+                        "Face folder: 8)")
+    p.add_argument("--num_steps", type=int, default=None,
+                   help="tokens a window reads (a transformer sees no further back); default: the run's "
+                        "num_steps, a Hugging Face folder's max_positions")
     p.add_argument("--data_cache", default=None, metavar="DIR",
                    help="runs on your own text: where encoded text is kept and reused (default: the run's "
                         "data_cache, else $LMKIT_DATA_CACHE, else ~/.cache/lmkit/tokens); 'none' encodes "
@@ -93,9 +101,14 @@ def _text_path(args: argparse.Namespace, config) -> str:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> int:
     """Evaluates as the flags say; returns the exit status."""
     args = build_parser(prog).parse_args(argv)
-    check_model_dir(args.model_dir)
+    from lmkit.hf import is_hf_folder
+    hf_folder = is_hf_folder(args.model_dir)
+    if not hf_folder:
+        check_model_dir(args.model_dir)
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch_size {args.batch_size} must be >= 1")
+    if args.num_steps is not None and args.num_steps < 1:
+        raise UsageError(f"--num_steps {args.num_steps} must be >= 1")
     from lmkit.transduction import is_seq2seq_run
     if is_seq2seq_run(args.model_dir):
         return _evaluate_pairs(args)
@@ -108,42 +121,62 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     from lmkit.data.tokenizers import tokenizer_of_run
     from lmkit.train.checkpoint import read_config_dict
 
-    config = TrainConfig.from_dict(read_config_dict(args.model_dir),
-                                   source=f"{args.model_dir}/{CONFIG_FILE}")
-    if config.data == "text":  # the run's tokenizer, saved in model_dir, keys the cache
-        cache = cache_root(config.data_cache if args.data_cache is None else args.data_cache)
-    elif args.data_cache is not None:
-        raise UsageError(f"--data_cache is for runs on your own text, but {args.model_dir} trained on PTB "
-                         "(its word ids are read in memory); leave it out")
+    if hf_folder:  # a pretrained model's folder: its own tokenizer, no run config and no splits
+        from lmkit.generation import check_hf_checkpoint
+        from lmkit.hf import check_pretrained, read_tokenizer
+        if args.text_file is None:
+            raise UsageError(f"{args.model_dir} is a Hugging Face folder, which has no data splits; pass --text_file")
+        check_hf_checkpoint(args.model_dir, args.checkpoint)
+        check_pretrained(args.model_dir)
+        config, checkpoint, tokenizer = None, None, read_tokenizer(args.model_dir)
+        cache = cache_root(args.data_cache or "")
     else:
-        cache = None
-    checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
+        config = TrainConfig.from_dict(read_config_dict(args.model_dir),
+                                       source=f"{args.model_dir}/{CONFIG_FILE}")
+        if config.data == "text":  # the run's tokenizer, saved in model_dir, keys the cache
+            cache = cache_root(config.data_cache if args.data_cache is None else args.data_cache)
+        elif args.data_cache is not None:
+            raise UsageError(f"--data_cache is for runs on your own text, but {args.model_dir} trained on PTB "
+                             "(its word ids are read in memory); leave it out")
+        else:
+            cache = None
+        checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
+        tokenizer = tokenizer_of_run(args.model_dir)
     path = _text_path(args, config)
     named = "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"
     # checks the file (no TF yet), then encodes it or maps its cached ids
-    text = load_text_data(tokenizer_of_run(args.model_dir), path, cache_dir=cache, log=stderr_line,
-                          names={"train": named})
+    text = load_text_data(tokenizer, path, cache_dir=cache, log=stderr_line, names={"train": named})
     user_modules_importable()
 
     from lmkit import distributed as dist
     from lmkit.data.batching import num_bptt_batches
-    from lmkit.train.checkpoint import load_model
     from lmkit.train.evaluation import Evaluator, word_perplexity
     from lmkit.train.metrics import perplexity
 
     dist.init(backend="local")
-    model, tokenizer, config = load_model(args.model_dir, checkpoint)
-    batch = args.batch_size or config.eval_batch_size or config.batch_size
+    if hf_folder:
+        from lmkit.generation import load_for_generation
+        model, _, _ = load_for_generation(args.model_dir, None, tokenizer)
+        num_steps, batch = args.num_steps or model.max_positions, args.batch_size or 8
+    else:
+        from lmkit.train.checkpoint import load_model
+        model, tokenizer, config = load_model(args.model_dir, checkpoint)
+        num_steps = args.num_steps or config.num_steps
+        batch = args.batch_size or config.eval_batch_size or config.batch_size
+    limit = getattr(model, "max_positions", None)
+    if args.num_steps is not None and limit is not None and args.num_steps > limit:
+        raise UsageError(f"--num_steps {args.num_steps} exceeds the {limit} positions the model holds "
+                         f"(max_positions); use --num_steps {limit} or fewer")
     # Long evaluations say how far they are, every few seconds, on stderr.
-    per_batch = batch * config.num_steps
-    total = per_batch * num_bptt_batches(len(text.train), batch, config.num_steps)  # the windows mean_loss reads
+    per_batch = batch * num_steps
+    total = per_batch * num_bptt_batches(len(text.train), batch, num_steps)  # the windows mean_loss reads
     update, done = rate_progress(stderr_line, f"evaluating {path}", total, unit="tokens", every=5.0), [0]
 
     def on_batch() -> None:
         done[0] += per_batch
         update(done[0])
 
-    loss = Evaluator(model, config.num_steps, batch).mean_loss(text.train, on_batch=on_batch)
+    loss = Evaluator(model, num_steps, batch).mean_loss(text.train, on_batch=on_batch)
     tokens, words = len(text.train), text.train_words
     report = {"model_dir": args.model_dir, "text": path, "tokenizer": tokenizer.name,
               "tokens": tokens, "words": words, "loss_per_token": loss,

@@ -92,7 +92,7 @@ def _lmkit(*args, timeout=300):
 def test_a_model_trained_from_scratch_exports_and_generates_alike(model_name, kind, corpus, tmp_path):
     """lmkit train (a gpt2 or llama model; a byte, sentencepiece or char tokenizer), lmkit export:
     transformers' AutoModelForCausalLM gives lmkit's logits and, from tokenizer(prompt), lmkit's greedy
-    continuation; lmkit generate on the exported folder writes what it writes on the run."""
+    continuation; lmkit generate and lmkit evaluate on the exported folder give what they give on the run."""
     from transformers import AutoModelForCausalLM
     from lmkit import dist
     from lmkit.train.checkpoint import load_model
@@ -134,6 +134,15 @@ def test_a_model_trained_from_scratch_exports_and_generates_alike(model_name, ki
         samples.append(res.stdout)
     assert samples[0] == samples[1]
     assert samples[0].rstrip("\n") == "[0.0] " + tokenizer.decode(expected[1:]).replace("\n", "\\n")
+    # lmkit evaluate reads the export as it reads the run: the same windows give the same loss.
+    reports = []
+    for folder in (run_dir, out):
+        res = _lmkit("evaluate", "--model_dir", folder, "--text_file", corpus["valid"], "--num_steps", "24",
+                     "--batch_size", "2", "--json", "--data_cache", "none")
+        assert res.returncode == 0, res.stderr[-3000:]
+        reports.append(json.loads(res.stdout))
+    assert reports[0]["tokens"] == reports[1]["tokens"] > 100
+    np.testing.assert_allclose(reports[1]["loss_per_token"], reports[0]["loss_per_token"], rtol=1e-6)
 
 
 LLAMAS = {

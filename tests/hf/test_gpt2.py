@@ -188,6 +188,28 @@ def test_export_loads_in_transformers_with_the_same_logits(folder, loaded, tmp_p
         hf.load_gpt2_weights(model, folder)  # the module's model back to the checkpoint
 
 
+def test_lmkit_evaluate_reads_a_folder_with_transformers_loss(folder, tmp_path):
+    """lmkit evaluate on a Hugging Face folder: its tokenizer, its weights; one window of the whole text
+    gives transformers' loss on the same ids, and without --text_file it says the folder has no splits."""
+    text_file = str(tmp_path / "text.txt")
+    with open(text_file, "w", encoding="utf-8") as f:
+        f.write("the cat sat on a mat\nüber naïve dog ran fast\n42 !\n")
+    with open(text_file, encoding="utf-8") as f:
+        ids = HFTokenizer.from_hf_folder(folder).encode(f.read())
+    assert 10 < len(ids) <= 65
+    with torch.no_grad():
+        expected = GPT2LMHeadModel.from_pretrained(folder).eval()(torch.tensor([ids]),
+                                                                   labels=torch.tensor([ids])).loss.item()
+    res = run(LMKIT + ["evaluate", "--model_dir", folder, "--text_file", text_file, "--batch_size", "1",
+                       "--num_steps", str(len(ids) - 1), "--json", "--data_cache", "none"], timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert report["tokens"] == len(ids) and report["tokenizer"] == "hf"
+    assert_relatively_close(report["loss_per_token"], expected, 1e-5)
+    res = run(LMKIT + ["evaluate", "--model_dir", folder], timeout=120)
+    check_one_error(res, "is a Hugging Face folder, which has no data splits; pass --text_file")
+
+
 def test_a_pytorch_bin_folder_loads_and_without_pytorch_says_how_to_convert(folder, tmp_path, monkeypatch):
     # What transformers before 4.35 saved (v5 writes safetensors only): a pickled state dict.
     legacy = str(tmp_path / "bin")
