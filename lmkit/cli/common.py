@@ -161,10 +161,19 @@ def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
     return result
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each flag's default, except where there is none to show (None, off): those flags'
+    help says what happens when they are left out."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def model_dir_parser(prog: str, doc: str) -> Parser:
     """A parser with the flags of every command that reads a training run's folder."""
-    p = Parser(prog=prog, description=doc.split("\n\n")[0],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog=prog, description=doc.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--model_dir", required=True, help="the --model_dir of a training run")
     p.add_argument("--checkpoint", default=None,
                    help="a ckpt-<step> folder, as a path or a name in <model_dir>/checkpoints "

@@ -29,7 +29,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional
 
-from lmkit.cli.common import Parser, parse_overrides, user_modules_importable
+from lmkit.cli.common import HelpFormatter, Parser, parse_overrides, user_modules_importable
 from lmkit.data.sources import SEPARATOR
 from lmkit.distributed import BACKEND_CHOICES
 from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE
@@ -42,8 +42,7 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
     """The flags of ``lmkit train`` (and of ``examples/lm_ptb*.py``), documented in the README."""
     from lmkit.data.tokenizers import TOKENIZERS
 
-    p = Parser(prog=prog, description=__doc__.split("\n\n")[0],
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog=prog, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--config", default=None,
                    help="config name in configs/ (config_small, config_medium, config_large, "
                         "config_transformer, config_gpt2_finetune, config_seq2seq, ...) or a path to a .py "

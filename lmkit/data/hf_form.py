@@ -143,7 +143,7 @@ def build_form(tokenizer: Any) -> Any:
     """``tokenizer`` as a ``tokenizers.Tokenizer`` that encodes every text to the same ids.
 
     Raises:
-      DataError: a kind without a form (SentencePiece), naming what can be exported.
+      DataError: a kind without a form (a BPE SentencePiece model), naming what can be exported.
     """
     if tokenizer.name not in FORMS:
         raise DataError(f"a {tokenizer.name} tokenizer cannot be written as a Hugging Face tokenizer.json "

@@ -131,3 +131,16 @@ def test_evaluate_refuses_the_data_cache_for_a_ptb_run(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(load_config("config_small").to_dict()), encoding="utf-8")
     with pytest.raises(UsageError, match=r"--data_cache is for runs on your own text, but .* trained on PTB"):
         evaluate.main(["--model_dir", str(tmp_path), "--data_cache", "/tmp/x"])
+
+
+def test_help_shows_defaults_but_not_absent_ones():
+    """--help writes each flag's default, but no "(default: None)" where the help says what leaving it out
+    does (generate's sampling flags, which a Hugging Face folder's generation_config.json may fill)."""
+    from lmkit.cli.evaluate import build_parser as evaluate_parser
+    from lmkit.cli.generate import build_parser as generate_parser
+    from lmkit.cli.train import build_parser as train_parser
+    for parser in (generate_parser(), evaluate_parser(), train_parser()):
+        text = " ".join(parser.format_help().split())
+        assert "(default: None)" not in text and "(default: False)" not in text
+    text = " ".join(generate_parser().format_help().split())
+    assert "top_p's p (default 0.9)" in text and "(default: 0)" in text  # --min_new_tokens keeps its default
