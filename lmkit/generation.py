@@ -133,7 +133,7 @@ def trained_context(model_dir: str) -> Optional[int]:
     from lmkit.hf import is_hf_folder
     if is_hf_folder(model_dir):
         return None
-    from lmkit.train.checkpoint import read_config_dict
+    from lmkit.layout import read_config_dict
     config = read_config_dict(model_dir)
     if config.get("init_from"):
         return None
@@ -460,8 +460,9 @@ def generate(model: Any,
       strategy: ``greedy``, ``sample``, ``top_k``, ``top_p``, ``beam``, or a
         :class:`lmkit.decoding.Sampler`; ``temperature``, ``top_k``,
         ``top_p``, ``beam_width``, ``length_penalty`` set the named ones.
-        Left out (None), each is what a Hugging Face folder's
-        ``generation_config.json`` asks for (:func:`lmkit.hf.generation_preset`:
+        Left out (None), each is what a Hugging Face folder's (or, for a
+        run fine-tuned from one, that folder's) ``generation_config.json``
+        asks for (:func:`lmkit.hf.model_generation_preset`:
         Llama 3's temperature 0.6 and top-p 0.9 with top-k 50), else lmkit's
         default (:data:`lmkit.decoding.registry.DEFAULTS`: ``top_p`` 0.9,
         temperature 1.0; ``top_k`` 40 for the ``top_k`` strategy, no limit
@@ -520,9 +521,9 @@ def generate(model: Any,
                              f"max_length {max_length}; use max_length {len(p) + 1} or more, or max_new_tokens")
     from lmkit.decoding.registry import resolve_settings, sampler_of_settings
     from lmkit.decoding.sampler import Sampler
-    from lmkit.hf import generation_preset, is_hf_folder
+    from lmkit.hf import model_generation_preset
     own = isinstance(strategy, Sampler)
-    preset = generation_preset(folder) if folder is not None and is_hf_folder(folder) and not own else {}
+    preset = model_generation_preset(folder)[0] if folder is not None and not own else {}
     name, settings = resolve_settings(None if own else strategy, dict(
         temperature=temperature, top_k=top_k, top_p=top_p, beam_width=beam_width, length_penalty=length_penalty,
         repetition_penalty=repetition_penalty), preset)

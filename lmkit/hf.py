@@ -220,6 +220,25 @@ def generation_preset(folder: str) -> Dict[str, Any]:
     return {}
 
 
+def model_generation_preset(model_dir: str) -> Tuple[Dict[str, Any], Optional[str]]:
+    """``(preset, folder)``: the :func:`generation_preset` a model folder samples with, and the folder whose
+    ``generation_config.json`` gave it.
+
+    A Hugging Face folder's own; a run fine-tuned from one (``init_from``), that folder's, while it is
+    there (``--chat`` reads its template from it too); else ``({}, None)``: lmkit's defaults.
+    """
+    if is_hf_folder(model_dir):
+        return generation_preset(model_dir), model_dir
+    from lmkit.layout import read_config_dict
+    try:
+        source = read_config_dict(model_dir).get("init_from")
+    except (UsageError, OSError, ValueError):
+        return {}, None
+    if isinstance(source, str) and is_hf_folder(source):
+        return generation_preset(source), source
+    return {}, None
+
+
 def pretrained_training_config(config: Any, folder: str) -> Any:
     """``config`` (a TrainConfig) for fine-tuning the model in ``folder``: its family's model keys."""
     return family_of(folder).training_config(config, folder)

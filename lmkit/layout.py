@@ -16,16 +16,17 @@ names live here so that tools can check a folder before TensorFlow loads.
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.errors import UsageError
 
 __all__ = [
     "CONFIG_FILE", "VOCAB_FILE", "SOURCE_TOKENIZER_DIR", "CHECKPOINT_DIR", "RESULTS_FILE", "TENSORBOARD_DIR",
     "CHECKPOINT_PREFIX", "META_FILE", "checkpoint_folder_name", "complete_checkpoints",
-    "resolve_checkpoint",
+    "read_config_dict", "resolve_checkpoint",
 ]
 
 CONFIG_FILE = "config.json"
@@ -75,3 +76,12 @@ def resolve_checkpoint(model_dir: str, checkpoint: Optional[str]) -> Optional[st
     names = [os.path.basename(p) for _, p in complete_checkpoints(ckpt_dir)]
     raise UsageError(f"--checkpoint {checkpoint} is not a checkpoint folder (no "
                      f"{CHECKPOINT_PREFIX}.index); those in {ckpt_dir}: {', '.join(names) or 'none'}")
+
+
+def read_config_dict(model_dir: str) -> Dict[str, Any]:
+    """The config stored in ``model_dir`` as a dict (no TensorFlow needed)."""
+    path = os.path.join(model_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(f"{model_dir} holds no {CONFIG_FILE}; pass the --model_dir of a training run")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

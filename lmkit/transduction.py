@@ -56,7 +56,7 @@ def is_seq2seq_run(model_dir: str) -> bool:
     path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.isfile(path):
         return False
-    from lmkit.train.checkpoint import read_config_dict
+    from lmkit.layout import read_config_dict
     return read_config_dict(model_dir).get("data") == "pairs"
 
 

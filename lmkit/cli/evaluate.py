@@ -119,7 +119,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     from lmkit.data.text import load_text_data
     from lmkit.data.token_cache import cache_root
     from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.train.checkpoint import read_config_dict
+    from lmkit.layout import read_config_dict
 
     if hf_folder:  # a pretrained model's folder: its own tokenizer, no run config and no splits
         from lmkit.generation import check_hf_checkpoint
@@ -215,7 +215,7 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     from lmkit.config import TrainConfig
     from lmkit.data.paired import encode_pairs, read_pairs
     from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.train.checkpoint import read_config_dict
+    from lmkit.layout import read_config_dict
     from lmkit.transduction import score, source_tokenizer_of_run
 
     for flag, value in (("--beam_width", args.beam_width), ("--max_new_tokens", args.max_new_tokens)):

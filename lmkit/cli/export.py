@@ -66,7 +66,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
 
     dist.init(backend="local")
     if args.format == "peft":
-        from lmkit.train.checkpoint import read_config_dict
+        from lmkit.layout import read_config_dict
         saved = read_config_dict(args.model_dir)
         if saved.get("model") != "llama" or not saved.get("lora_rank"):
             raise UsageError(f"export --format peft writes the LoRA adapters of a Llama/Qwen2/Mistral run; "

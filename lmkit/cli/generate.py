@@ -30,7 +30,8 @@ end-of-document token where the model has one (a Hugging Face folder's
 ``<|endoftext|>``, Llama 3's ``<|end_of_text|>`` and ``<|eot_id|>``);
 --stop_at_eos also ends it at its first line break.
 Tokens are chosen by --strategy top_p (--top_p 0.9, --temperature 1.0), unless
-a Hugging Face folder's ``generation_config.json`` asks for sampling
+a Hugging Face folder's ``generation_config.json`` (or, for a run fine-tuned
+from one, that folder's while it is there) asks for sampling
 (``do_sample``: its temperature, top_k and top_p together, as ``transformers``
 samples, top_k 50 and top_p 1.0 where it gives none) or for beam search
 (``num_beams``); each flag overrides its own value, and a line on stderr says
@@ -67,7 +68,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from lmkit.cli.common import OutputClosed, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.decoding.registry import DEFAULTS, SAMPLER_NAMES, resolve_settings, sampler_of_settings
 from lmkit.errors import UsageError
-from lmkit.hf import check_pretrained, generation_preset, is_hf_folder, read_tokenizer
+from lmkit.hf import check_pretrained, is_hf_folder, model_generation_preset, read_tokenizer
 
 __all__ = ["build_parser", "check_args", "main"]
 
@@ -142,7 +143,7 @@ def _chat_template(args: argparse.Namespace) -> Any:
     from lmkit.chat import read_chat_template
     if is_hf_folder(args.model_dir):
         return read_chat_template(args.model_dir)
-    from lmkit.train.checkpoint import read_config_dict
+    from lmkit.layout import read_config_dict
     source = read_config_dict(args.model_dir).get("init_from")
     if not source:
         raise UsageError(f"--chat: {args.model_dir} is a run trained from scratch, which has no chat template; "
@@ -169,7 +170,8 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
                          "model; give its text as --prompt")
     if args.max_length is None:
         args.max_length = 50
-    resolve_flags(args, generation_preset(args.model_dir) if is_hf_folder(args.model_dir) else {}, "top_p")
+    preset, args.preset_source = model_generation_preset(args.model_dir)
+    resolve_flags(args, preset, "top_p")
     limits = [
         ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
         ("--max_length", args.max_length, args.max_length >= 1, "must be >= 1"),
@@ -189,8 +191,8 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
     if args.strategy == "beam" and (args.repetition_penalty != 1.0 or args.min_new_tokens):
-        chosen = (f" (chosen by {args.model_dir}/generation_config.json's num_beams; give --strategy to choose "
-                  "another)") if "strategy" in args.preset_used else ""
+        chosen = (f" (chosen by {args.preset_source}/generation_config.json's num_beams; give --strategy to "
+                  "choose another)") if "strategy" in args.preset_used else ""
         raise UsageError("--repetition_penalty and --min_new_tokens apply to the per-token strategies "
                          f"(greedy, sample, top_k, top_p), not to --strategy beam{chosen}")
     single = len(args.prompt or [None]) == 1 and (args.num_samples == 1 or args.strategy == "beam")
@@ -270,7 +272,7 @@ def preset_note(args: argparse.Namespace, sampler: Any) -> Optional[str]:
     used = [f"{key} {value}" for key, value in args.preset_used.items() if uses.get(key)]
     if not used:
         return None
-    return (f"{args.model_dir}/generation_config.json: {', '.join(used)} (as transformers' generate; "
+    return (f"{args.preset_source}/generation_config.json: {', '.join(used)} (as transformers' generate; "
             "a flag overrides each)")
 
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from lmkit.errors import CheckpointError, UsageError
 from lmkit.fileio import atomic_write_bytes, atomic_write_text, fsync_dir
-from lmkit.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE,
+from lmkit.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE, read_config_dict,
                           checkpoint_folder_name, complete_checkpoints)
 
 
@@ -102,15 +102,6 @@ class CheckpointManager:
                 "--model_dir or the config the checkpoint was trained with") from exc
         with open(os.path.join(path, META_FILE), encoding="utf-8") as f:
             return json.load(f)
-
-
-def read_config_dict(model_dir: str) -> Dict[str, Any]:
-    """The config stored in ``model_dir`` as a dict."""
-    path = os.path.join(model_dir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise UsageError(f"{model_dir} holds no {CONFIG_FILE}; pass the --model_dir of a training run")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters: bool = True):

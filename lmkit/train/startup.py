@@ -21,8 +21,7 @@ from lmkit.config import ADAPTER_KEYS, MODEL_CONFIG_KEYS
 from lmkit.data.vocab import Vocab
 from lmkit.errors import CheckpointError, UsageError
 from lmkit.fileio import atomic_write_text
-from lmkit.layout import CONFIG_FILE, VOCAB_FILE
-from lmkit.train.checkpoint import read_config_dict
+from lmkit.layout import CONFIG_FILE, VOCAB_FILE, read_config_dict
 
 __all__ = ["check_agreement", "prepare_model_dir"]
 

@@ -149,3 +149,28 @@ def test_lmkit_generate_samples_as_the_folders_generation_config_asks(tmp_path):
     res = _lmkit("generate", "--model_dir", folder, "--prompt", prompt, "--max_new_tokens", "3", "--strategy",
                  "greedy")
     assert res.returncode == 0 and "generation_config.json: strategy" not in res.stderr, res.stderr[-2000:]
+
+
+def test_a_run_fine_tuned_from_a_folder_samples_as_the_folder_asks(tmp_path):
+    """A run fine-tuned from a Llama folder whose generation_config.json asks for do_sample with top_k 1
+    (greedy): lmkit generate on the run, with no strategy flag, writes the run's greedy sample and names the
+    folder's file; with the folder gone, lmkit's own default (top_p) is back."""
+    import shutil
+    folder, run_dir = str(tmp_path / "llama"), str(tmp_path / "run")
+    corpus = make_llama_folder(folder)
+    write_generation_config(folder, do_sample=True, top_k=1, eos_token_id=0)
+    res = _lmkit("train", "--init_from", folder, "--train_file", corpus, "--model_dir", run_dir, "--max_steps", "1",
+                 "--set", "num_steps=16", "--set", "batch_size=4")
+    assert res.returncode == 0, res.stderr[-3000:]
+    flags = ["generate", "--model_dir", run_dir, "--prompt", "the cat sat", "--max_new_tokens", "10", "--one_line",
+             "--seed", "3"]
+    greedy = _lmkit(*flags, "--strategy", "greedy")
+    preset = _lmkit(*flags)
+    assert greedy.returncode == 0 and preset.returncode == 0, greedy.stderr[-2000:] + preset.stderr[-2000:]
+    assert preset.stdout == greedy.stdout
+    assert f"{folder}/generation_config.json: strategy top_p, temperature 1.0, top_k 1, top_p 1.0" in preset.stderr
+    args = parsed("--model_dir", run_dir, "--prompt", "the cat")
+    assert (args.strategy, args.top_k, args.preset_source) == ("top_p", 1, folder)
+    shutil.rmtree(folder)
+    args = parsed("--model_dir", run_dir, "--prompt", "the cat")
+    assert (args.strategy, args.top_k, args.top_p, args.preset_source) == ("top_p", None, 0.9, None)
