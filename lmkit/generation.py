@@ -37,7 +37,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 from lmkit.errors import UsageError
 
 __all__ = ["Generation", "generate", "generate_samples", "load_for_generation", "trained_context",
-           "default_context", "check_hf_checkpoint", "readable",
+           "default_context", "check_hf_checkpoint", "hf_folder_tokenizer", "readable",
            "end_of_document_ids", "check_stop_strings"]
 
 # How much of a full window a transformer keeps when it slides: the last half.
@@ -119,6 +119,19 @@ def check_hf_checkpoint(model_dir: str, checkpoint: Optional[str]) -> None:
     if checkpoint:
         raise UsageError(f"--checkpoint applies to lmkit training runs; {model_dir} is a Hugging Face "
                          "folder with one set of weights")
+
+
+def hf_folder_tokenizer(model_dir: str, checkpoint: Optional[str]) -> Any:
+    """The tokenizer of a Hugging Face folder, once the folder is checked (a model lmkit reads, no
+    ``--checkpoint`` asked of it); no TensorFlow needed.
+
+    Raises:
+      UsageError: a ``checkpoint``, or a folder lmkit cannot read (naming the file and the key).
+    """
+    from lmkit.hf import check_pretrained, read_tokenizer
+    check_hf_checkpoint(model_dir, checkpoint)
+    check_pretrained(model_dir)
+    return read_tokenizer(model_dir)
 
 
 def trained_context(model_dir: str) -> Optional[int]:

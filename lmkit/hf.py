@@ -498,12 +498,11 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
 
     _check_gpt2(model, "export --format hf")
     if isinstance(tokenizer, HFTokenizer):  # GPT-2's: a document starts and ends at <|endoftext|>
-        start = end = tokenizer.hf.token_to_id(END_OF_TEXT)
-        pad = None
-    else:  # lmkit's own (word, char, byte, sentencepiece): a line starts after a line break; no end of document
-        from lmkit.data.hf_form import build_form
-        build_form(tokenizer)  # a kind without a form stops here, before anything is written
-        start, end, pad = tokenizer.eos_id, None, tokenizer.pad_id
+        end = tokenizer.hf.token_to_id(END_OF_TEXT)
+        ids = {"bos_token_id": end, "eos_token_id": end}
+    else:  # lmkit's own: a line starts after a line break; no end of document (a kind without a form stops here)
+        from lmkit.data.hf_form import model_token_ids
+        ids = model_token_ids(tokenizer)
     check_new_folder(output)
     layer = model.decoder.layers[0]
     config = {
@@ -513,9 +512,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
         "n_inner": None if model.decoder.ffn_dim == 4 * model.hidden_size else model.decoder.ffn_dim,
         "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout,
         "layer_norm_epsilon": layer.attention_norm.epsilon, "initializer_range": model.init_scale,
-        "bos_token_id": start, "eos_token_id": end, "tie_word_embeddings": True, "use_cache": True,
-        **({} if pad is None else {"pad_token_id": pad})}
-    generation = {"bos_token_id": start, "eos_token_id": end, **({} if pad is None else {"pad_token_id": pad})}
+        "tie_word_embeddings": True, "use_cache": True, **ids}
     tensors = {f"transformer.{name}": np.ascontiguousarray(v.numpy(), dtype=np.float32)
                for name, v in parameter_map(model).items()}
 
@@ -524,7 +521,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
         with open(os.path.join(tmp, HF_CONFIG), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
         with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
-            json.dump(generation, f, indent=2)
+            json.dump(ids, f, indent=2)
         tokenizer.save_hf(tmp, model.max_positions)
 
     return write_folder(output, fill)

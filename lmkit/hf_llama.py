@@ -351,12 +351,11 @@ def export_llama_from_scratch(model: Any, tokenizer: Any, output: str) -> List[s
     import numpy as np
     from safetensors.numpy import save_file
 
-    from lmkit.data.hf_form import build_form
+    from lmkit.data.hf_form import model_token_ids
     from lmkit.hf import check_new_folder, write_folder
     config = config_json(model.get_config())
-    build_form(tokenizer)  # a tokenizer without a form stops here
+    ids = model_token_ids(tokenizer)  # a tokenizer without a form stops here
     check_new_folder(output)
-    ids = {"bos_token_id": tokenizer.eos_id, "eos_token_id": None, "pad_token_id": tokenizer.pad_id}
     config.update(ids)
     tensors = {name: np.ascontiguousarray(v.numpy().T if transposed else v.numpy(), dtype=np.float32)
                for name, (v, transposed) in parameter_map(model).items()}

@@ -122,13 +122,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     from lmkit.layout import read_config_dict
 
     if hf_folder:  # a pretrained model's folder: its own tokenizer, no run config and no splits
-        from lmkit.generation import check_hf_checkpoint
-        from lmkit.hf import check_pretrained, read_tokenizer
+        from lmkit.generation import hf_folder_tokenizer
         if args.text_file is None:
             raise UsageError(f"{args.model_dir} is a Hugging Face folder, which has no data splits; pass --text_file")
-        check_hf_checkpoint(args.model_dir, args.checkpoint)
-        check_pretrained(args.model_dir)
-        config, checkpoint, tokenizer = None, None, read_tokenizer(args.model_dir)
+        config, checkpoint, tokenizer = None, None, hf_folder_tokenizer(args.model_dir, args.checkpoint)
         cache = cache_root(args.data_cache or "")
     else:
         config = TrainConfig.from_dict(read_config_dict(args.model_dir),

@@ -68,7 +68,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from lmkit.cli.common import OutputClosed, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.decoding.registry import DEFAULTS, SAMPLER_NAMES, resolve_settings, sampler_of_settings
 from lmkit.errors import UsageError
-from lmkit.hf import check_pretrained, is_hf_folder, model_generation_preset, read_tokenizer
+from lmkit.hf import is_hf_folder, model_generation_preset
 
 __all__ = ["build_parser", "check_args", "main"]
 
@@ -203,10 +203,8 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         args.stream = sys.stdout.isatty() and single and args.strategy != "beam" and not args.one_line
     check_beam_samples(args)
     if is_hf_folder(args.model_dir):  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral), read as it is
-        from lmkit.generation import check_hf_checkpoint
-        check_hf_checkpoint(args.model_dir, args.checkpoint)
-        check_pretrained(args.model_dir)
-        tokenizer = read_tokenizer(args.model_dir)
+        from lmkit.generation import hf_folder_tokenizer
+        tokenizer = hf_folder_tokenizer(args.model_dir, args.checkpoint)
     else:
         check_model_dir(args.model_dir)
         tokenizer = tokenizer_of_run(args.model_dir)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List
 from lmkit.data.errors import DataError
 from lmkit.fileio import atomic_write_text
 
-__all__ = ["FORMS", "build_form", "save_form"]
+__all__ = ["FORMS", "build_form", "model_token_ids", "save_form"]
 
 NEWLINE = "\n"
 
@@ -90,13 +90,12 @@ def _byte_chars() -> List[str]:
 def _byte(tk: Any, tokenizer: Any) -> Any:
     offset, eos = tokenizer.vocab_size - 256, tokenizer.eos_id
     chars = _byte_chars()
-    table = {token: i for i, token in enumerate(("<unk>", "<eos>", "<bos>", "<pad>"))}
+    table = {"<unk>": tokenizer.unk_id, "<bos>": tokenizer.bos_id, "<pad>": tokenizer.pad_id}
     for byte, char in enumerate(chars):
         table[char] = byte + offset
     # The line break's byte reads as eos, as lmkit reads it; the id of its byte is never written.
     table[chars[ord(NEWLINE)]] = eos
     table["<unused_newline_byte>"] = ord(NEWLINE) + offset
-    table.pop("<eos>")
     if sorted(table.values()) != list(range(tokenizer.vocab_size)):
         raise DataError("the byte tokenizer's ids do not cover its vocabulary; this lmkit cannot write its form")
     form = tk.Tokenizer(tk.models.BPE(vocab=table, merges=[], unk_token="<unk>"))
@@ -161,6 +160,19 @@ def build_form(tokenizer: Any) -> Any:
     form.post_processor = tk.processors.TemplateProcessing(single=f"{newline} $A", pair=f"{newline} $A {newline} $B",
                                                            special_tokens=[(newline, tokenizer.eos_id)])
     return form
+
+
+def model_token_ids(tokenizer: Any) -> Dict[str, Any]:
+    """The ``config.json`` / ``generation_config.json`` ids of a model trained from scratch with ``tokenizer``:
+    a text starts after a line break (``bos_token_id``, which ``tokenizer(text)`` puts first) and none ends
+    a document (``eos_token_id`` null); ``pad_token_id`` where the tokenizer has one.
+
+    Raises:
+      DataError: a kind without a form, before anything is written.
+    """
+    build_form(tokenizer)
+    ids = {"bos_token_id": tokenizer.eos_id, "eos_token_id": None}
+    return ids if tokenizer.pad_id is None else {**ids, "pad_token_id": tokenizer.pad_id}
 
 
 def save_form(tokenizer: Any, folder: str, model_max_length: int) -> List[str]:
