@@ -218,6 +218,22 @@ def test_sampler_arguments_are_checked(build, message):
         build()
 
 
+def check_decidable_nucleus(logits, p, temperature, k):
+    """Fails (with its own message) where float32 rounding could move a row's nucleus or top-k boundary: the
+    mass before a token within n x float32's epsilon of p (a cumulative sum of n terms errs by at most about
+    that much), or the k-th and (k+1)-th scores that close. Then the test would test the CPU, not the sampler."""
+    bound = logits.shape[-1] * np.finfo(np.float32).eps
+    for row in np.asarray(logits, np.float64) / temperature:
+        ranked = np.sort(row)[::-1]
+        if k is not None and k < len(ranked):
+            assert ranked[k - 1] - ranked[k] > bound, "top-k boundary within rounding: pick other logits"
+        kept = ranked[:k]
+        probs = np.exp(kept - kept.max())
+        probs /= probs.sum()
+        before = np.concatenate([[0.0], np.cumsum(probs)[:-1]])
+        assert p >= 1 or np.min(np.abs(before - p)) > bound, "nucleus boundary within rounding: pick other logits"
+
+
 def nucleus_reference(logits, p, temperature, k):
     """NumPy: the kept ids of one row (temperature, then the top k, then the smallest prefix reaching p) and
     their renormalized probabilities, as transformers' warpers keep them."""
@@ -238,6 +254,7 @@ def test_top_p_candidates_are_the_top_k_nucleus(p, temperature, k):
     renormalized probabilities), with those probabilities; k at or above the vocabulary is no limit."""
     rng = np.random.default_rng(7)
     logits = rng.normal(0, 2.5, (4, 300)).astype(np.float32)
+    check_decidable_nucleus(logits, p, temperature, k)
     ids, candidate_logits = TopPSampler(p=p, temperature=temperature, k=k).candidates(tf.constant(logits))
     probs = tf.nn.softmax(candidate_logits, axis=-1).numpy()
     for row in range(len(logits)):

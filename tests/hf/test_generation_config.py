@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 from lmkit.decoding import TopPSampler  # noqa: E402
 from lmkit.errors import UsageError  # noqa: E402
 from lmkit.hf import generation_preset  # noqa: E402
+from tests.decoding.test_decoding_samplers import check_decidable_nucleus  # noqa: E402
 from tests.helpers import decidable_greedy  # noqa: E402
 from tests.hf.test_llama import _lmkit, make_llama_folder  # noqa: E402
 
@@ -28,6 +29,7 @@ def test_top_p_with_k_keeps_what_transformers_warpers_keep(temperature, top_k, t
     TopPSampler(p, temperature, k) draws among the same tokens with the same probabilities."""
     rng = np.random.default_rng(3)
     logits = rng.normal(0, 3.0, (5, 257)).astype(np.float32)
+    check_decidable_nucleus(logits, top_p, temperature, top_k)
     scores = torch.tensor(logits)
     warpers = [TemperatureLogitsWarper(temperature)]
     if top_k is not None:
