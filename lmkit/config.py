@@ -177,7 +177,8 @@ class TrainConfig:
     log_every_steps: int = 0  # 0 = about 10 lines per epoch
     jit_compile: Union[bool, str] = "auto"  # "auto": XLA on GPUs, plain on CPUs (lmkit.xla); True | False
     # Windows copied to the device this many steps ahead, on a thread of their own, and the stop/save
-    # flags kept there (lmkit.train.feed); 0: each step's window is sent as the step starts
+    # flags kept there (lmkit.train.feed); several processes read their agreed flags on a thread too, two
+    # steps late (lmkit.train.resume.Boundaries); 0: each step's window is sent as the step starts
     device_prefetch: int = 0
     # Which kernel computes a window's causal attention (lmkit.attention_kernels): matmul (scores
     # through two matmuls, everywhere) | cudnn (cuDNN's fused attention: GPU, XLA, mixed precision) | auto

@@ -22,15 +22,21 @@ when rank 0's ``checkpoint_every_minutes`` clock is due) or to stop
 (a preemption signal on any rank). The signal and the clock travel as
 flags inside the compiled step, with the loss's all-reduce, and are read
 one step later, so the host never waits for the step it just started.
+With ``device_prefetch`` a job of several processes reads them on a thread
+of its own and decides two steps later (``lag``): on a GPU a read waits for
+every step queued when it was made, and the thread keeps that wait off the
+thread that starts the steps.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import io
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -116,14 +122,24 @@ class Boundaries:
       watcher: the preemption watcher (its flag is this rank's stop request).
       every_steps: save every this many global steps (0 = off).
       every_minutes: rank 0 asks for a save this often (0 = off).
+      lag: a step's agreed flags are decided on this many steps later (>= 1), on every rank alike.
+      background: read the agreed flags on a thread of their own, as soon as each step is started
+        (a read waits for the device; the thread that starts the steps then does not). Call
+        :meth:`close` when done.
     """
 
-    def __init__(self, watcher: Any, every_steps: int, every_minutes: float) -> None:
+    def __init__(self, watcher: Any, every_steps: int, every_minutes: float, lag: int = 1,
+                 background: bool = False) -> None:
+        if lag < 1:
+            raise ValueError(f"lag {lag!r} must be >= 1")
         self.watcher = watcher
         self.every_steps = every_steps
         self.every_seconds = every_minutes * 60.0
+        self.lag = lag
         self._last_save = time.monotonic()
-        self._pending: Optional[tf.Tensor] = None  # the agreed flags of the step before
+        self._pending: Deque[Any] = collections.deque()  # the agreed flags of the last steps, oldest first
+        self._reader = (concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmkit-flags")
+                        if background else None)
 
     def flags(self) -> Tuple[float, float]:
         """This rank's ``(stop, save)`` requests for the step about to start."""
@@ -139,13 +155,13 @@ class Boundaries:
         ``agreed`` are that step's flags averaged over the ranks (the step's
         output), or, in a job of one process, its own ``(stop, save)``: the
         same values, known without waiting for the device. The flags of the
-        step before are read (one step of lag), so every rank decides on the
-        same values at the same step.
+        step ``lag`` steps before are decided on, so every rank decides on
+        the same values at the same step.
         """
-        previous, self._pending = self._pending, agreed
+        self._pending.append(self._reader.submit(_read_flags, agreed) if self._reader else agreed)
         actions = []
-        if previous is not None:
-            stop, save = (float(v) > 0 for v in np.asarray(previous))
+        if len(self._pending) > self.lag:
+            stop, save = _read_flags(self._pending.popleft())
             if stop:
                 actions.append("stop")
             elif save:
@@ -156,15 +172,29 @@ class Boundaries:
         return actions
 
     def flush(self) -> List[str]:
-        """At the end of an epoch: the decision on the last step's flags (no step follows)."""
-        previous, self._pending = self._pending, None
-        if previous is None:
-            return []
-        stop, save = (float(v) > 0 for v in np.asarray(previous))
-        return ["stop"] if stop else ["save"] if save else []
+        """At the end of an epoch: the decision on the flags not decided yet (no step follows)."""
+        read = [_read_flags(entry) for entry in self._pending]
+        self._pending.clear()
+        if any(stop for stop, _ in read):
+            return ["stop"]
+        return ["save"] if any(save for _, save in read) else []
 
     def saved(self) -> None:
         self._last_save = time.monotonic()
+
+    def close(self) -> None:
+        """Waits for the reads under way and ends the reading thread."""
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
+
+
+def _read_flags(agreed: Any) -> Tuple[bool, bool]:
+    """``(stop, save)`` of a step's agreed flags (values, a tensor, or a pending read of them)."""
+    if isinstance(agreed, concurrent.futures.Future):
+        return agreed.result()
+    stop, save = (float(v) > 0 for v in np.asarray(agreed))
+    return stop, save
 
 
 class Checkpointer:

@@ -420,7 +420,11 @@ class Trainer:
         cumulative = 0.0
         trained = 0  # steps of this call; a usage error after the first one saves them
         with PreemptionWatcher(self.rank, cfg.preemption_grace_seconds) as watcher:
-            self._boundaries = Boundaries(watcher, cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes)
+            # Several processes with device_prefetch read the flags they agreed on a thread, two steps late
+            # (lmkit.train.resume): the read waits for the device, and the steps keep being started meanwhile.
+            threaded = dist.size() > 1 and cfg.device_prefetch > 0
+            self._boundaries = Boundaries(watcher, cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes,
+                                          lag=2 if threaded else 1, background=threaded)
             try:
                 for epoch in range(start_epoch, epochs):
                     batches = self.epoch_batches(train_ids, epoch)
@@ -439,6 +443,8 @@ class Trainer:
                 if trained:  # keep what was trained (rank 0 alone: no collective on this path)
                     result.checkpoint = self._checkpoints.save_on_chief({"stopped_by": "a usage error"})
                 raise
+            finally:
+                self._boundaries.close()
         self._record_loss_scale(result)
         result.global_step = int(self.progress.global_step.numpy())
         if self.chief and test_ids is not None:
@@ -586,7 +592,8 @@ class Trainer:
                                "tokens/s")
                 # One process agrees with itself: its own flags, read without waiting for the device. (Reading
                 # out.agreed waits for every step queued, this one included: the GPU would idle each step while
-                # the host starts the next.) Several processes read the flags they averaged in the step.
+                # the host starts the next.) Several processes read the flags they averaged in the step (with
+                # device_prefetch on a thread of their own, decided two steps later).
                 actions = self._boundaries.after_step(out.agreed if dist.size() > 1 else flags, step_count)
                 if actions:
                     if pending:

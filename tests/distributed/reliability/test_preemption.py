@@ -208,3 +208,23 @@ def test_sigkill_during_the_preemption_save_keeps_the_previous_checkpoint(corpus
     assert out.returncode == 0, out.output[-4000:]
     assert re.search(r"resumed from \S+/ckpt-000000064 \(epoch 1, step 64\)", out.output)
     assert sorted(os.listdir(ckpts)) == ["ckpt-000000064", "ckpt-000000128"]
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param("horovod", marks=[pytest.mark.horovod, pytest.mark.mpi]), "native"])
+def test_with_device_prefetch_the_ranks_stop_two_steps_after_the_agreement(corpus, tmp_path, backend):
+    # With device_prefetch each rank reads the agreed flags on a thread of its own and decides on them two
+    # steps after the step that carried them (lmkit.train.resume.Boundaries): a signal in step 100 rides
+    # with step 101's all-reduce, and every rank stops after step 103, with one checkpoint of that step.
+    config = write_config(str(tmp_path / "config_prefetch.py"), corpus.vocab_size, num_epochs=2, device_prefetch=2)
+    _, faulty = launchers(backend)
+    model_dir = str(tmp_path / "stopped")
+    extra = ["--backend", "native"] if backend == "native" else []
+    out = run_streamed([*faulty, "--fault", "rank=1,step=100,kind=signal", "--",
+                        *flags(corpus, model_dir, config), *extra], timeout=400)
+    assert out.returncode == PREEMPTED, out.output[-4000:]
+    assert out.count("preempted: stopped by ") == 1, out.output[-3000:]
+    assert re.search(r"preempted: stopped by a signal on another rank at step 103 \(epoch 2, 39 steps into it\); "
+                     r"checkpoint \S+/ckpt-000000103; rerun", out.output), out.output[-3000:]
+    last = metas(model_dir)[-1]
+    assert (last["step"], last["epoch"], last["steps_in_epoch"], last["stopped_by"]) == (103, 1, 39, "preemption")
