@@ -178,12 +178,18 @@ def generation_preset(folder: str) -> Dict[str, Any]:
     ``do_sample: true`` gives ``{"strategy": "top_p"}`` with its ``temperature``,
     ``top_k`` and ``top_p``, each at ``transformers``' default where the file has
     none (1.0, 50, 1.0; a ``top_k`` of 0 is no limit) and its
-    ``repetition_penalty``; ``num_beams`` above 1 without sampling gives
-    ``{"strategy": "beam", "beam_width": num_beams}``. A folder that asks for
-    neither (GPT-2's, or none at all) gives ``{}``: ``transformers`` would
-    decode greedily there, and lmkit keeps its own default. A beam's
-    ``length_penalty`` is not carried: ``transformers`` divides by a power of
-    the length, lmkit uses GNMT's penalty.
+    ``repetition_penalty``. ``num_beams`` above 1 without sampling gives
+    ``transformers``' beam search (``{"strategy": "beam", "beam_width":
+    num_beams, "beam_scoring": "transformers"}``) with the file's
+    ``length_penalty`` (default 1.0) and ``early_stopping`` (default false),
+    and the rules on tokens it sets (``no_repeat_ngram_size``,
+    ``forced_bos_token_id`` as ``forced_first_id``, ``forced_eos_token_id`` as
+    ``forced_last_id``). An encoder-decoder's folder (BART's) also gives its
+    ``min_length`` and ``max_length`` as ``min_new_tokens`` and
+    ``max_new_tokens`` (its decoder starts from one token, which
+    ``transformers`` counts). A folder that asks for neither sampling nor beams
+    (GPT-2's, or none at all) gives ``{}``: ``transformers`` would decode
+    greedily there, and lmkit keeps its own default.
 
     Raises:
       UsageError: a value out of range, naming the file and the key.
@@ -193,7 +199,7 @@ def generation_preset(folder: str) -> Dict[str, Any]:
         return {}
     config = _read_json(path)
 
-    def number(key: str, default: float, ok: Any, need: str) -> Any:
+    def number(key: str, default: Any, ok: Any, need: str) -> Any:
         value = config.get(key)
         if value is None:
             return default
@@ -201,6 +207,26 @@ def generation_preset(folder: str) -> Dict[str, Any]:
             raise UsageError(f"{path}: {key} = {value!r} {need}")
         return value
 
+    def count(key: str) -> int:
+        return number(key, 0, lambda v: isinstance(v, int) and v >= 0, "must be an integer >= 0")
+
+    def token(key: str) -> Optional[int]:
+        value = config.get(key)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if value is not None and not is_token_id(value):
+            raise UsageError(f"{path}: {key} = {value!r} must be a token id")
+        return value
+
+    lengths: Dict[str, int] = {}
+    if _is_encoder_decoder(folder):  # transformers counts the decoder's start token in these lengths
+        min_length = count("min_length")
+        max_length = number("max_length", None, lambda v: isinstance(v, int) and v >= 2, "must be an integer >= 2")
+        max_new = number("max_new_tokens", None, lambda v: isinstance(v, int) and v >= 1, "must be an integer >= 1")
+        if min_length > 1:
+            lengths["min_new_tokens"] = min_length - 1
+        if max_new is not None or max_length is not None:
+            lengths["max_new_tokens"] = max_new if max_new is not None else max_length - 1
     sample = config.get("do_sample")
     if sample not in (None, True, False):
         raise UsageError(f"{path}: do_sample = {sample!r} must be true or false")
@@ -214,10 +240,28 @@ def generation_preset(folder: str) -> Dict[str, Any]:
         penalty = float(number("repetition_penalty", 1.0, lambda v: v > 0, "must be > 0 (1 = off)"))
         if penalty != 1.0:
             preset["repetition_penalty"] = penalty
-        return preset
-    if beams > 1:
-        return {"strategy": "beam", "beam_width": beams}
-    return {}
+        return {**preset, **lengths}
+    if beams == 1:
+        return lengths
+    stopping = config.get("early_stopping", False)
+    if stopping not in (True, False, "never"):
+        raise UsageError(f"{path}: early_stopping = {stopping!r} must be true, false or \"never\"")
+    preset = {"strategy": "beam", "beam_width": beams, "beam_scoring": "transformers",
+              "length_penalty": float(number("length_penalty", 1.0, lambda v: True, "must be a number")),
+              "early_stopping": stopping}
+    if count("no_repeat_ngram_size"):
+        preset["no_repeat_ngram_size"] = count("no_repeat_ngram_size")
+    for key, name in (("forced_first_id", "forced_bos_token_id"), ("forced_last_id", "forced_eos_token_id")):
+        if token(name) is not None:
+            preset[key] = token(name)
+    return {**preset, **lengths}
+
+
+def _is_encoder_decoder(folder: str) -> bool:
+    try:
+        return bool(getattr(family_of(folder), "conditional", False))
+    except UsageError:
+        return False
 
 
 def model_generation_preset(model_dir: str) -> Tuple[Dict[str, Any], Optional[str]]:

@@ -96,8 +96,8 @@ def load_seq2seq(model_dir: str, checkpoint: Optional[str] = None) -> Seq2SeqRun
 
 def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greedy", beam_width: int = 4,
               length_penalty: float = 0.6, temperature: float = 1.0, top_k: Optional[int] = None, top_p: float = 0.9,
-              max_new_tokens: Optional[int] = None, batch_size: int = 32, seed: Optional[int] = None,
-              jit_compile: Optional[bool] = None,
+              max_new_tokens: Optional[int] = None, min_new_tokens: int = 0, batch_size: int = 32,
+              seed: Optional[int] = None, jit_compile: Optional[bool] = None, sampler: Any = None,
               on_batch: Optional[Callable[[int, int], None]] = None) -> List[str]:
     """One output text per source text, in the sources' order.
 
@@ -110,9 +110,13 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
         given with ``top_p``, the nucleus is taken among the ``top_k`` most likely tokens).
       max_new_tokens: the most target tokens (the end id included); default the
         model's ``max_positions - 1``.
+      min_new_tokens: target tokens before the end id may be chosen.
       batch_size: sources decoded side by side.
       seed: the sampling strategies' seed (batch ``b`` uses ``seed + b``); None draws one.
       jit_compile: compile the decode loop with XLA (default: as :func:`lmkit.decoding.decode`).
+      sampler: a sampler built already (``lmkit generate`` builds one from the flags and the model
+        folder's ``generation_config.json``, e.g. ``BeamSampler(scoring="transformers", ...)``); it wins
+        over ``beam_width`` to ``top_p``, and ``strategy`` names its kind.
       on_batch: called with ``(sources done, sources in all)`` after every batch (progress).
 
     Raises:
@@ -121,13 +125,15 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
     return [outputs[0] for outputs in transduce_samples(
         run, sources, num_samples=1, strategy=strategy, beam_width=beam_width, length_penalty=length_penalty,
         temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-        batch_size=batch_size, seed=seed, jit_compile=jit_compile, on_batch=on_batch)]
+        min_new_tokens=min_new_tokens, batch_size=batch_size, seed=seed, jit_compile=jit_compile,
+        sampler=sampler, on_batch=on_batch)]
 
 
 def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: int = 1, strategy: str = "greedy",
                       beam_width: int = 4, length_penalty: float = 0.6, temperature: float = 1.0,
                       top_k: Optional[int] = None, top_p: float = 0.9, max_new_tokens: Optional[int] = None,
-                      batch_size: int = 32, seed: Optional[int] = None, jit_compile: Optional[bool] = None,
+                      min_new_tokens: int = 0, batch_size: int = 32, seed: Optional[int] = None,
+                      jit_compile: Optional[bool] = None, sampler: Any = None,
                       on_batch: Optional[Callable[[int, int], None]] = None) -> List[List[str]]:
     """``num_samples`` output texts per source text, in the sources' order.
 
@@ -153,6 +159,10 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
         raise UsageError(f"batch_size = {batch_size!r} must be a positive integer")
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise UsageError(f"num_samples = {num_samples!r} must be a positive integer")
+    if isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int) or min_new_tokens < 0:
+        raise UsageError(f"min_new_tokens = {min_new_tokens!r} must be an integer >= 0")
+    if sampler is not None:
+        beam_width = getattr(sampler, "beam_width", beam_width)
     beam = strategy == "beam"
     if num_samples > 1 and strategy == "greedy":
         raise UsageError(f"num_samples = {num_samples}: greedy decoding writes one output per source; "
@@ -165,10 +175,14 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or not 1 <= new_tokens <= limit:
         raise UsageError(f"max_new_tokens = {max_new_tokens!r} must be in [1, {limit}]: the decoder holds "
                          f"max_positions = {model.max_positions} positions, the start id included")
-    from lmkit.decoding.registry import resolve_settings, sampler_of_settings
-    sampler = sampler_of_settings(strategy, resolve_settings(strategy, dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, beam_width=beam_width,
-        length_penalty=length_penalty))[1])
+    if min_new_tokens >= new_tokens:
+        raise UsageError(f"min_new_tokens = {min_new_tokens} leaves no room for the end id within "
+                         f"max_new_tokens = {new_tokens}")
+    if sampler is None:
+        from lmkit.decoding.registry import resolve_settings, sampler_of_settings
+        sampler = sampler_of_settings(strategy, resolve_settings(strategy, dict(
+            temperature=temperature, top_k=top_k, top_p=top_p, beam_width=beam_width,
+            length_penalty=length_penalty))[1])
     if seed is None and not beam and strategy != "greedy":
         from lmkit.decoding.prompts import check_seed
         seed = check_seed(None)
@@ -196,6 +210,8 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
         mask = np.arange(source.shape[1])[np.newaxis] < lengths[:, np.newaxis]
         condition = model.encode(tf.constant(source), tf.constant(mask))
         options = {} if beam else {"seed": None if seed is None else seed + b}
+        if min_new_tokens:
+            options["min_new_tokens"] = min_new_tokens
         result = decode(model, new_tokens + 1, sampler, prompts=[[special.bos]] * len(filled),
                         eos_id=special.eos, pad_id=special.pad, condition=condition, jit_compile=jit_compile,
                         **options)

@@ -181,6 +181,19 @@ def model_dir_parser(prog: str, doc: str) -> Parser:
     return p
 
 
+def add_beam_flags(group: Any) -> None:
+    """``--beam_width``, ``--length_penalty`` and ``--beam_scoring`` (lmkit generate and lmkit evaluate), each
+    None when left out: a Hugging Face folder's generation_config.json may fill it
+    (:func:`lmkit.decoding.registry.resolve_settings`)."""
+    group.add_argument("--beam_width", type=int, default=None, help="default 4")
+    group.add_argument("--length_penalty", type=float, default=None,
+                       help="beam search: GNMT's alpha (default 0.6), or with --beam_scoring transformers the "
+                            "power of the length a score is divided by (default 1.0)")
+    group.add_argument("--beam_scoring", choices=("gnmt", "transformers"), default=None,
+                       help="beam search: lmkit's (gnmt, the default) or transformers' (a Hugging Face folder "
+                            "whose generation_config.json asks for beams)")
+
+
 def check_model_dir(model_dir: str) -> None:
     """Raises a :class:`UsageError` unless ``model_dir`` is a training run's folder."""
     from lmkit.layout import CONFIG_FILE

@@ -23,7 +23,9 @@ An encoder-decoder's run (trained on pairs) is evaluated on line-aligned
 --source_file and --target_file (default: the run's --split, test): the
 perplexity of the targets given the sources (per target token, the end id
 included), then each source decoded (--strategy greedy by default, or beam
-with --beam_width and --length_penalty) and compared with its target: corpus
+with --beam_width and --length_penalty; a Hugging Face folder's
+generation_config.json asking for beams decodes as lmkit generate does there,
+with transformers' beam search and the file's lengths) and compared with its target: corpus
 BLEU (sacrebleu, the standard implementation, 13a tokenization) and exact
 match (the share of outputs equal to their target). --output writes the
 outputs, one a line.
@@ -37,9 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
-from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
+from lmkit.cli.common import add_beam_flags, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.errors import UsageError
 from lmkit.layout import CONFIG_FILE, resolve_checkpoint
 from lmkit.progress import rate_progress, stderr_line
@@ -68,9 +70,10 @@ def build_parser(prog: str = "lmkit evaluate") -> argparse.ArgumentParser:
     pairs = p.add_argument_group("encoder-decoders")
     pairs.add_argument("--source_file", default=None, metavar="PATH", help="sources, one a line")
     pairs.add_argument("--target_file", default=None, metavar="PATH", help="their references, line-aligned")
-    pairs.add_argument("--strategy", choices=["greedy", "beam"], default="greedy", help="how outputs are decoded")
-    pairs.add_argument("--beam_width", type=int, default=4)
-    pairs.add_argument("--length_penalty", type=float, default=0.6, help="GNMT alpha for beam search")
+    pairs.add_argument("--strategy", choices=["greedy", "beam"], default=None,
+                       help="how outputs are decoded (default greedy, or beam where a Hugging Face folder's "
+                            "generation_config.json asks for beams)")
+    add_beam_flags(pairs)
     pairs.add_argument("--max_new_tokens", type=int, default=None,
                        help="the longest output (default: the model's max_positions - 1)")
     pairs.add_argument("--output", default=None, metavar="PATH", help="write the outputs there, one a line")
@@ -251,8 +254,9 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     total, tokens = PairEvaluator(run.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)
     update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)
-    outputs = transduce(run, sources, strategy=args.strategy, beam_width=args.beam_width,
-                        length_penalty=args.length_penalty, max_new_tokens=args.max_new_tokens, batch_size=batch,
+    strategy, sampler, decoding = _pair_decoding(args, run.model.max_positions - 1)
+    outputs = transduce(run, sources, strategy=strategy, sampler=sampler, max_new_tokens=decoding["max_new_tokens"],
+                        min_new_tokens=decoding["min_new_tokens"], batch_size=batch,
                         on_batch=lambda done, _: update(done))
     if args.output:
         from lmkit.fileio import atomic_write_text
@@ -260,14 +264,49 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     scores = score(outputs, references)
     report = {"model_dir": args.model_dir, "source_file": source_path, "target_file": target_path,
               "pairs": len(sources), "scored_pairs": len(pairs), "target_tokens": tokens,
-              "loss_per_token": loss, "perplexity": perplexity(loss), "strategy": args.strategy,
-              **({"beam_width": args.beam_width, "length_penalty": args.length_penalty}
-                 if args.strategy == "beam" else {}), **scores}
+              "loss_per_token": loss, "perplexity": perplexity(loss), "strategy": strategy,
+              **({"beam_width": sampler.beam_width, "length_penalty": sampler.length_penalty,
+                  "beam_scoring": sampler.scoring} if strategy == "beam" else {}),
+              "decoding": decoding, **scores}
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         skipped = "" if len(pairs) == len(sources) else f" of {len(pairs)} readable pairs ({pairs.report.summary()})"
         print(f"{target_path}: perplexity {report['perplexity']:.2f} per token ({tokens} target tokens{skipped}), "
               f"BLEU {scores['bleu']:.2f}, exact match {100 * scores['exact_match']:.1f}% of {len(sources)} "
-              f"({args.strategy})", flush=True)
+              f"({strategy})", flush=True)
     return 0
+
+
+def _pair_decoding(args: argparse.Namespace, limit: int) -> Tuple[str, Any, Dict[str, Any]]:
+    """``(strategy, sampler, settings)`` of an encoder-decoder's outputs: the flags, else what the model
+    folder's generation_config.json asks for (beam search or not, and the lengths), else greedy.
+
+    Decoding stays deterministic: a folder that asks for sampling is decoded greedily (with its lengths).
+    The settings (the sampler's, and ``min_new_tokens`` / ``max_new_tokens``) go into the report.
+    """
+    import sys
+
+    from lmkit.decoding.registry import resolve_settings, sampler_of_settings
+    from lmkit.hf import model_generation_preset
+    preset, folder = model_generation_preset(args.model_dir)
+    if preset.get("strategy") not in (None, "beam"):
+        preset = {key: value for key, value in preset.items() if key in ("min_new_tokens", "max_new_tokens")}
+    strategy, settings = resolve_settings(args.strategy, dict(
+        beam_width=args.beam_width, length_penalty=args.length_penalty, beam_scoring=args.beam_scoring),
+        preset, "greedy")
+    sampler = sampler_of_settings(strategy, settings)
+    max_new = args.max_new_tokens
+    if max_new is None and "max_new_tokens" in preset:
+        max_new = min(preset["max_new_tokens"], limit)
+    decoding = {**sampler.get_config(), "min_new_tokens": preset.get("min_new_tokens", 0),
+                "max_new_tokens": max_new}
+    given = {"strategy": args.strategy, "beam_width": args.beam_width, "length_penalty": args.length_penalty,
+             "beam_scoring": args.beam_scoring, "max_new_tokens": args.max_new_tokens}
+    taken = ", ".join(f"{key} {value}" for key, value in preset.items()
+                      if given.get(key) is None and (key in ("strategy", "min_new_tokens", "max_new_tokens")
+                                                     or (strategy == "beam" and settings.get(key) == value)))
+    if taken:
+        sys.stderr.write(f"{folder}/generation_config.json: {taken} (as transformers' generate; a flag overrides "
+                         "each)\n")
+    return strategy, sampler, decoding

@@ -49,7 +49,12 @@ An encoder-decoder's run (trained on pairs) writes one output line per
 source: the lines of --source_file (or each --prompt, read as a source), in
 their order, with --strategy greedy (its default there), sample, top_k, top_p
 or beam (--beam_width, --length_penalty); --max_new_tokens bounds an output
-(default: the model's max_positions - 1), --batch_size sources are decoded
+(default: the model's max_positions - 1), --min_new_tokens holds its end
+back. A Hugging Face folder's generation_config.json (BART's summarizers)
+decodes as transformers' generate does: num_beams gives transformers' beam
+search (--beam_scoring transformers: its length_penalty, early_stopping and
+no_repeat_ngram_size, forced first and last tokens), min_length and
+max_length the new tokens' bounds; each flag overrides its value, --batch_size sources are decoded
 side by side (docs/seq2seq.md). With --num_samples N above 1 (a sampling
 strategy, or beam: its N best) each source gets N lines, "[source.sample]
 text", sources counted from 0.
@@ -65,12 +70,21 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from lmkit.cli.common import OutputClosed, check_model_dir, model_dir_parser, user_modules_importable
+from lmkit.cli.common import (OutputClosed, add_beam_flags, check_model_dir, model_dir_parser,
+                              user_modules_importable)
 from lmkit.decoding.registry import DEFAULTS, SAMPLER_NAMES, resolve_settings, sampler_of_settings
 from lmkit.errors import UsageError
 from lmkit.hf import is_hf_folder, model_generation_preset
 
 __all__ = ["build_parser", "check_args", "main"]
+
+
+def _early_stopping(text: str) -> Any:
+    """``--early_stopping``'s value: true, false or never (as in a generation_config.json)."""
+    value = {"true": True, "false": False, "never": "never"}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of true, false, never")
+    return value
 
 
 def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
@@ -90,8 +104,13 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                    help="top_k's k (default 40); with top_p, the nucleus is taken among the top_k tokens "
                         "(default: no limit)")
     p.add_argument("--top_p", type=float, default=None, help="top_p's p (default 0.9)")
-    p.add_argument("--beam_width", type=int, default=None, help="default 4")
-    p.add_argument("--length_penalty", type=float, default=None, help="GNMT alpha for beam search (default 0.6)")
+    add_beam_flags(p)
+    p.add_argument("--early_stopping", type=_early_stopping, default=None, metavar="{true,false,never}",
+                   help="beam search with --beam_scoring transformers: transformers' early_stopping "
+                        "(default false)")
+    p.add_argument("--no_repeat_ngram_size", type=int, default=None, metavar="N",
+                   help="beam search: no n-gram of N tokens twice in an output (default 0: off)")
+    p.set_defaults(forced_first_id=None, forced_last_id=None)  # a folder's generation_config.json only
     p.add_argument("--num_samples", type=int, default=1,
                    help="samples per prompt (encoder-decoders: per source, as [source.sample] lines)")
     p.add_argument("--max_length", type=int, default=None,
@@ -116,9 +135,10 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
     p.add_argument("--repetition_penalty", type=float, default=None,
                    help="> 1 makes tokens already in a sample less likely (CTRL's penalty; 1 = off, the "
                         "default; not with beam)")
-    p.add_argument("--min_new_tokens", type=int, default=0,
+    p.add_argument("--min_new_tokens", type=int, default=None,
                    help="new tokens before a sample may end at an end token (a Hugging Face model's "
-                        "eos_token_id, or with --stop_at_eos a line break)")
+                        "eos_token_id, or with --stop_at_eos a line break; an encoder-decoder's end id; "
+                        "default 0, or an encoder-decoder folder's min_length - 1)")
     p.add_argument("--stream", dest="stream", action="store_const", const=True, default=None,
                    help="write the sample while it is generated (the default on a terminal when there "
                         "is one sample; runs the decode loop without XLA)")
@@ -190,10 +210,10 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
-    if args.strategy == "beam" and (args.repetition_penalty != 1.0 or args.min_new_tokens):
+    if args.strategy == "beam" and args.repetition_penalty != 1.0:
         chosen = (f" (chosen by {args.preset_source}/generation_config.json's num_beams; give --strategy to "
                   "choose another)") if "strategy" in args.preset_used else ""
-        raise UsageError("--repetition_penalty and --min_new_tokens apply to the per-token strategies "
+        raise UsageError("--repetition_penalty applies to the per-token strategies "
                          f"(greedy, sample, top_k, top_p), not to --strategy beam{chosen}")
     single = len(args.prompt or [None]) == 1 and (args.num_samples == 1 or args.strategy == "beam")
     if args.stream and (args.strategy == "beam" or not single or args.one_line):
@@ -253,20 +273,30 @@ def resolve_flags(args: argparse.Namespace, preset: Dict[str, Any], default_stra
     :func:`preset_note` writes.
     """
     given = {key: getattr(args, key) for key in DEFAULTS}
-    args.preset_used = {key: value for key, value in preset.items()
-                        if (args.strategy if key == "strategy" else given.get(key)) is None}
+    given_strategy = args.strategy
     args.strategy, settings = resolve_settings(args.strategy, given, preset, default_strategy)
+    args.preset_used = {key: value for key, value in preset.items() if key == "strategy" or key in DEFAULTS
+                        if (given_strategy if key == "strategy" else given.get(key)) is None
+                        and settings.get(key, value) == value}
     for key, value in settings.items():
         setattr(args, key, value)
+    for key in ("min_new_tokens", "max_new_tokens"):  # an encoder-decoder folder's lengths
+        if getattr(args, key) is None and key in preset:
+            setattr(args, key, preset[key])
+            args.preset_used[key] = preset[key]
+    if args.min_new_tokens is None:
+        args.min_new_tokens = 0
 
 
 def preset_note(args: argparse.Namespace, sampler: Any) -> Optional[str]:
     """``<folder>/generation_config.json: strategy top_p, temperature 0.6, ...``: the preset's values the
     decode uses (no flag gave them), or None when it uses none."""
     config = sampler.get_config()
+    beam = "beam_width" in config
     uses = {"top_k": "k" in config, "top_p": "p" in config, "temperature": "temperature" in config,
-            "beam_width": "beam_width" in config, "strategy": True,
-            "repetition_penalty": args.strategy != "beam"}
+            "beam_width": beam, "strategy": True, "repetition_penalty": args.strategy != "beam",
+            "beam_scoring": beam, "length_penalty": beam, "early_stopping": beam, "no_repeat_ngram_size": beam,
+            "forced_first_id": beam, "forced_last_id": beam, "min_new_tokens": True, "max_new_tokens": True}
     used = [f"{key} {value}" for key, value in args.preset_used.items() if uses.get(key)]
     if not used:
         return None
@@ -335,13 +365,13 @@ def check_transduction_args(args: argparse.Namespace) -> None:
                ("--stop", bool(args.stop)), ("--stop_at_eos", args.stop_at_eos), ("--chat", args.chat),
                ("--system", args.system is not None), ("--stream", bool(args.stream)),
                ("--start_token/--no_start_token", args.start_token is not None),
-               ("--repetition_penalty", args.repetition_penalty is not None),
-               ("--min_new_tokens", args.min_new_tokens != 0), ("--one_line", args.one_line)]
+               ("--repetition_penalty", args.repetition_penalty is not None), ("--one_line", args.one_line)]
     for flag, given in only_lm:
         if given:
             raise UsageError(f"{flag} applies to language models; {args.model_dir} holds an encoder-decoder, which "
                              "writes one line per source (--max_new_tokens bounds it)")
-    resolve_flags(args, {}, "greedy")
+    preset, args.preset_source = model_generation_preset(args.model_dir)
+    resolve_flags(args, preset, "greedy")
     limits = [("--batch_size", args.batch_size, args.batch_size >= 1, "must be >= 1"),
               ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
               ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
@@ -350,7 +380,10 @@ def check_transduction_args(args: argparse.Namespace) -> None:
               ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
               ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
               ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
-               "must be >= 1")]
+               "must be >= 1"),
+              ("--min_new_tokens", args.min_new_tokens, args.min_new_tokens >= 0, "must be >= 0"),
+              ("--no_repeat_ngram_size", args.no_repeat_ngram_size, args.no_repeat_ngram_size >= 0,
+               "must be >= 0 (0 = off)")]
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
@@ -382,6 +415,8 @@ def _transduce_main(args: argparse.Namespace) -> int:
         seed = check_seed(None)
         sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
     limit = run.model.max_positions - 1
+    if args.preset_used.get("max_new_tokens", 0) > limit:  # the folder's max_length: what the decoder holds
+        args.max_new_tokens = args.preset_used["max_new_tokens"] = limit
     if args.max_new_tokens is not None and args.max_new_tokens > limit:
         raise UsageError(f"--max_new_tokens {args.max_new_tokens} exceeds what the decoder holds: {limit} "
                          f"(max_positions {run.model.max_positions}, the start id included)")
@@ -390,11 +425,13 @@ def _transduce_main(args: argparse.Namespace) -> int:
     # Many sources take a while: a progress line every 5 s on stderr (none for a few).
     update = rate_progress(stderr_line, f"decoding {args.source_file or '--prompt'}", len(sources), unit="sources",
                            every=5.0)
-    outputs = transduce_samples(run, sources, num_samples=args.num_samples, strategy=strategy,
-                                beam_width=args.beam_width, length_penalty=args.length_penalty,
-                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=seed,
-                                on_batch=lambda done, _: update(done))
+    sampler = build_sampler(args)
+    note = preset_note(args, sampler)
+    if note:
+        sys.stderr.write(note + "\n")
+    outputs = transduce_samples(run, sources, num_samples=args.num_samples, strategy=strategy, sampler=sampler,
+                                max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+                                batch_size=args.batch_size, seed=seed, on_batch=lambda done, _: update(done))
     seconds = time.perf_counter() - start
     try:
         for i, texts in enumerate(outputs):

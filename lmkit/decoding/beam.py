@@ -22,6 +22,13 @@ where ``log_prob`` sums the log-probabilities of the generated tokens (not the
 prompt) and ``length`` counts them, ``eos_id`` included. A sequence stops
 early once no alive hypothesis can still beat its worst finished one, which
 never changes the result.
+
+``scoring="transformers"`` runs ``transformers``' beam search instead
+(:mod:`lmkit.decoding.beam_hf`: its length normalization and
+``early_stopping``), as a model folder's ``generation_config.json`` tunes it.
+Both searches take the folder's rules on tokens
+(:class:`~lmkit.decoding.constraints.Constraints`: no repeated n-grams, forced
+first and last tokens) and ``min_new_tokens``.
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from lmkit.decoding.constraints import Constraints
 from lmkit.decoding.prompts import DecodeResult, EndIds, end_ids, prepare_prompts
 from lmkit.decoding.sampler import Sampler, is_end, pick_loop
 from lmkit.errors import UsageError
 
-__all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty"]
+__all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty", "SCORINGS"]
+SCORINGS = ("gnmt", "transformers")
 _NEG_INF = float("-inf")
 
 
@@ -73,20 +82,41 @@ class BeamSampler(Sampler):
 
     Args:
       beam_width: hypotheses kept per sequence, >= 1.
-      length_penalty: GNMT alpha; scores are ``log_prob / ((5 + len) / 6) ** alpha``.
+      length_penalty: with ``scoring="gnmt"`` GNMT's alpha: scores are
+        ``log_prob / ((5 + len) / 6) ** alpha``; with ``"transformers"`` the
+        power of the length: ``log_prob / len ** length_penalty``.
+      scoring: ``"gnmt"`` (lmkit's search) or ``"transformers"`` (``transformers``' search,
+        :mod:`lmkit.decoding.beam_hf`).
+      early_stopping: ``transformers``' setting (True, False or ``"never"``); only with
+        ``scoring="transformers"``.
+      no_repeat_ngram_size, forced_first_id, forced_last_id: rules on tokens
+        (:class:`~lmkit.decoding.constraints.Constraints`).
     """
 
-    def __init__(self, beam_width: int = 4, length_penalty: float = 0.0) -> None:
+    def __init__(self, beam_width: int = 4, length_penalty: float = 0.0, *, scoring: str = "gnmt",
+                 early_stopping: Any = False, no_repeat_ngram_size: int = 0, forced_first_id: Optional[int] = None,
+                 forced_last_id: Optional[int] = None) -> None:
         if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
             raise UsageError(f"beam_width = {beam_width!r} must be an integer >= 1")
         if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
             raise UsageError(f"length_penalty = {length_penalty!r} must be a number "
                              f"(0 = none, 0.6-1.0 favours longer outputs)")
+        if scoring not in SCORINGS:
+            raise UsageError(f"scoring = {scoring!r} must be one of {', '.join(SCORINGS)}")
+        if not (early_stopping is True or early_stopping is False or early_stopping == "never"):
+            raise UsageError(f"early_stopping = {early_stopping!r} must be true, false or \"never\"")
+        if early_stopping is not False and scoring != "transformers":
+            raise UsageError(f"early_stopping = {early_stopping!r} is a setting of transformers' beam search; "
+                             "pass scoring=\"transformers\" (lmkit's own search stops when nothing can improve)")
         self.beam_width = int(beam_width)
         self.length_penalty = float(length_penalty)
+        self.scoring = scoring
+        self.early_stopping = early_stopping
+        self.constraints = Constraints(no_repeat_ngram_size, forced_first_id, forced_last_id)
 
     def get_config(self) -> Dict[str, Any]:
-        return {"beam_width": self.beam_width, "length_penalty": self.length_penalty}
+        return {"beam_width": self.beam_width, "length_penalty": self.length_penalty, "scoring": self.scoring,
+                "early_stopping": self.early_stopping, **self.constraints.get_config()}
 
     def get_next_token(self, logits: tf.Tensor, step: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         raise NotImplementedError("beam search keeps several hypotheses per row; it runs its "
@@ -109,18 +139,28 @@ class BeamSampler(Sampler):
         del pad_id  # unused slots are marked by score -inf, not padding
         if on_token is not None:
             raise UsageError("beam search cannot stream: its best hypothesis is known only at the end")
-        if repetition_penalty != 1.0 or (min_new_tokens is not None and np.any(np.asarray(min_new_tokens) > 0)):
-            raise UsageError("beam search scores whole hypotheses: repetition_penalty and "
-                             "min_new_tokens apply to the per-token strategies (greedy, sample, top_k, top_p)")
+        if repetition_penalty != 1.0:
+            raise UsageError("beam search scores whole hypotheses: repetition_penalty applies to the per-token "
+                             "strategies (greedy, sample, top_k, top_p)")
         if seed is not None or not use_cache:
             raise UsageError("beam search is deterministic and always uses the cache; "
                              "drop seed and use_cache when sampler is a BeamSampler")
-        search = pick_loop(_beam_search, _beam_search_compiled, _beam_search_xla, compiled, use_cache,
-                           jit_compile)
+        min_new = None
+        if min_new_tokens is not None and np.any(np.asarray(min_new_tokens) > 0):
+            min_new = tf.constant(np.broadcast_to(np.asarray(min_new_tokens, np.int32), [len(prompt_lengths)]))
+        common = dict(beam_width=self.beam_width, max_length=max_length, eos_id=end_ids(eos_id),
+                      constraints=self.constraints, min_new_tokens=min_new, condition=condition)
+        if self.scoring == "transformers":
+            from lmkit.decoding import beam_hf
+            search = pick_loop(beam_hf.beam_search_transformers, beam_hf._beam_search_transformers_compiled,
+                               beam_hf._beam_search_transformers_xla, compiled, use_cache, jit_compile)
+            common.update(length_penalty=self.length_penalty, early_stopping=self.early_stopping)
+        else:
+            search = pick_loop(_beam_search, _beam_search_compiled, _beam_search_xla, compiled, use_cache,
+                               jit_compile)
+            common.update(alpha=self.length_penalty)
         ids, lengths, scores, log_probs = search(
-            model, tf.constant(prompt_ids), tf.constant(prompt_lengths), beam_width=self.beam_width,
-            max_length=max_length, alpha=self.length_penalty,
-            eos_id=end_ids(eos_id), condition=condition)
+            model, tf.constant(prompt_ids), tf.constant(prompt_lengths), **common)
         ids, lengths, scores, log_probs = ids.numpy(), lengths.numpy(), scores.numpy(), log_probs.numpy()
         return BeamSearchResult(ids=ids[:, 0], lengths=lengths[:, 0], prompt_lengths=prompt_lengths,
                                 log_probs=log_probs[:, 0], seed=None, scores=scores[:, 0],
@@ -177,6 +217,8 @@ def _beam_search(model: Any,
                  max_length: int,
                  alpha: float,
                  eos_id: Tuple[int, ...],
+                 constraints: Constraints = Constraints(),
+                 min_new_tokens: Optional[tf.Tensor] = None,
                  condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """The search itself; returns the finished set ``(ids, lengths, scores, log_probs)``."""
     batch_size = prompt_ids.shape[0]
@@ -213,6 +255,7 @@ def _beam_search(model: Any,
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
         log_probs = tf.reshape(log_probs, [batch_size, width, vocab_size])  # [batch, width, vocab]
         pos = t + 1  # the position being chosen
+        log_probs = constraints.apply(log_probs, alive_ids, pos, prompt_lengths, max_length, eos_id, min_new_tokens)
 
         # Inside a prompt the only continuation is the prompt token, at no cost:
         # the prompt's own probability does not count in the score.

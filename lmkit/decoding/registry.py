@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from lmkit.errors import UsageError
 from lmkit.registry import import_object, lookup
 
-__all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "get_sampler", "resolve_settings", "sampler_from_flags",
+__all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "SCORED_BY", "get_sampler", "resolve_settings", "sampler_from_flags",
            "sampler_of_settings"]
 
 SAMPLERS: Dict[str, str] = {
@@ -27,7 +27,12 @@ SAMPLER_NAMES: Tuple[str, ...] = tuple(SAMPLERS)
 #: The settings a caller leaves out (None) and a model folder does not give. ``top_k`` is the
 #: ``top_k`` strategy's; lmkit's ``top_p`` takes the whole nucleus unless a ``top_k`` is given.
 DEFAULTS: Dict[str, Any] = {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "beam_width": 4,
-                            "length_penalty": 0.6, "repetition_penalty": 1.0}
+                            "length_penalty": 0.6, "repetition_penalty": 1.0, "beam_scoring": "gnmt",
+                            "early_stopping": False, "no_repeat_ngram_size": 0, "forced_first_id": None,
+                            "forced_last_id": None}
+#: What a beam search's ``length_penalty`` and ``early_stopping`` mean depends on its scoring: a preset's
+#: values of these are taken only for the preset's own scoring.
+SCORED_BY: Tuple[str, ...] = ("length_penalty", "early_stopping")
 
 
 def get_sampler(name: str, **kwargs: Any):
@@ -63,7 +68,9 @@ def resolve_settings(strategy: Optional[str], given: Mapping[str, Any],
     ``"strategy"``, ``default_strategy``). ``top_k`` limits ``top_p`` only where it
     is given or preset (``transformers`` samples with temperature, top-k and
     top-p together). A preset's ``repetition_penalty`` is left out of beam search,
-    which scores whole hypotheses.
+    which scores whole hypotheses, and its ``length_penalty`` and
+    ``early_stopping`` when the search scores otherwise than the preset's
+    (``beam_scoring``; :data:`SCORED_BY`).
 
     Returns:
       ``(strategy, settings)``: every key of :data:`DEFAULTS`; ``top_k`` None
@@ -73,6 +80,10 @@ def resolve_settings(strategy: Optional[str], given: Mapping[str, Any],
     name = strategy or preset.pop("strategy", None) or default_strategy
     if name == "beam":
         preset.pop("repetition_penalty", None)
+    scoring = given.get("beam_scoring") or preset.get("beam_scoring") or DEFAULTS["beam_scoring"]
+    if scoring != (preset.get("beam_scoring") or DEFAULTS["beam_scoring"]):
+        for key in SCORED_BY:
+            preset.pop(key, None)
     settings: Dict[str, Any] = {}
     for key, default in DEFAULTS.items():
         value = given.get(key)
@@ -104,4 +115,7 @@ def sampler_of_settings(name: str, settings: Mapping[str, Any]):
     """The sampler ``name`` with :func:`resolve_settings`' ``settings`` (``top_k`` reaches top_k's ``k`` and
     top_p's limit, ``top_p`` its ``p``)."""
     return sampler_from_flags(name, temperature=settings["temperature"], k=settings["top_k"], p=settings["top_p"],
-                              beam_width=settings["beam_width"], length_penalty=settings["length_penalty"])
+                              beam_width=settings["beam_width"], length_penalty=settings["length_penalty"],
+                              scoring=settings["beam_scoring"], early_stopping=settings["early_stopping"],
+                              no_repeat_ngram_size=settings["no_repeat_ngram_size"],
+                              forced_first_id=settings["forced_first_id"], forced_last_id=settings["forced_last_id"])

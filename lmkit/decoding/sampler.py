@@ -252,6 +252,7 @@ def pick_loop(eager: Any, graph: Any, xla: Any, compiled: bool, use_cache: bool,
 
 def trace_count() -> int:
     """How many times the decode loops were traced (compiled) in this process (tests, benchmarks)."""
-    from lmkit.decoding import beam
-    loops = (_decode_loop_compiled, _decode_loop_xla, beam._beam_search_compiled, beam._beam_search_xla)
+    from lmkit.decoding import beam, beam_hf
+    loops = (_decode_loop_compiled, _decode_loop_xla, beam._beam_search_compiled, beam._beam_search_xla,
+             beam_hf._beam_search_transformers_compiled, beam_hf._beam_search_transformers_xla)
     return sum(int(f.experimental_get_tracing_count()) for f in loops)

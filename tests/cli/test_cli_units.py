@@ -77,7 +77,7 @@ def test_one_line_keeps_a_sample_on_its_line():
 @pytest.mark.parametrize("flags, match", [
     (["--stream", "--num_samples", "2"], "--stream writes one sample as it comes"),
     (["--stream", "--strategy", "beam"], "--stream writes one sample as it comes"),
-    (["--strategy", "beam", "--repetition_penalty", "1.2"], "apply to the per-token strategies"),
+    (["--strategy", "beam", "--repetition_penalty", "1.2"], "--repetition_penalty applies to the per-token strategies"),
     (["--repetition_penalty", "0"], "--repetition_penalty 0.0 must be > 0"),
     (["--min_new_tokens", "-1"], "--min_new_tokens -1 must be >= 0"),
     (["--max_new_tokens", "0"], "--max_new_tokens 0 must be >= 1"),
@@ -143,4 +143,5 @@ def test_help_shows_defaults_but_not_absent_ones():
         text = " ".join(parser.format_help().split())
         assert "(default: None)" not in text and "(default: False)" not in text
     text = " ".join(generate_parser().format_help().split())
-    assert "top_p's p (default 0.9)" in text and "(default: 0)" in text  # --min_new_tokens keeps its default
+    assert "top_p's p (default 0.9)" in text and "(default: 32)" in text  # --batch_size keeps its default
+    assert "default 0, or an encoder-decoder folder's min_length - 1)" in text  # --min_new_tokens says its own

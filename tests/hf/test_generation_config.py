@@ -61,7 +61,13 @@ def write_generation_config(folder, **values):
     (dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
      dict(strategy="top_p", temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05), "sample"),
     (dict(do_sample=True, top_k=0), dict(strategy="top_p", temperature=1.0, top_k=None, top_p=1.0), "sample"),
-    (dict(num_beams=4, length_penalty=2.0), dict(strategy="beam", beam_width=4), "beam_search"),
+    # transformers' beam search, its early_stopping at transformers' default
+    (dict(num_beams=4, length_penalty=2.0), dict(strategy="beam", beam_width=4, beam_scoring="transformers",
+                                                 length_penalty=2.0, early_stopping=False), "beam_search"),
+    # a language model's min_length / max_length count its prompt: not read (an encoder-decoder's are)
+    (dict(num_beams=2, early_stopping="never", no_repeat_ngram_size=3, min_length=9, max_length=30),
+     dict(strategy="beam", beam_width=2, beam_scoring="transformers", length_penalty=1.0, early_stopping="never",
+          no_repeat_ngram_size=3), "beam_search"),
     # GPT-2's: no choice made, so lmkit keeps its own default
     (dict(bos_token_id=0, eos_token_id=0), {}, "greedy_search"),
     (dict(do_sample=False, temperature=0.6), {}, "greedy_search"),
@@ -120,8 +126,13 @@ def test_generate_flags_take_the_folders_preset_and_override_it(tmp_path):
     args = parsed(*base, "--num_samples", "3")
     assert (args.strategy, args.beam_width) == ("beam", 3)
     with pytest.raises(UsageError, match=r"not to --strategy beam \(chosen by .*generation_config.json's num_beams"):
-        parsed(*base, "--min_new_tokens", "2")
-    assert parsed(*base, "--min_new_tokens", "2", "--strategy", "greedy").strategy == "greedy"
+        parsed(*base, "--repetition_penalty", "1.3")
+    assert parsed(*base, "--repetition_penalty", "1.3", "--strategy", "greedy").strategy == "greedy"
+    args = parsed(*base, "--min_new_tokens", "2")  # beam search holds the end back too
+    assert (args.strategy, args.min_new_tokens, args.beam_scoring, args.length_penalty) == \
+        ("beam", 2, "transformers", 1.0)
+    args = parsed(*base, "--beam_scoring", "gnmt")  # lmkit's search: its own alpha, not transformers' exponent
+    assert (args.beam_scoring, args.length_penalty, args.early_stopping) == ("gnmt", 0.6, False)
 
 
 def test_lmkit_generate_samples_as_the_folders_generation_config_asks(tmp_path):
