@@ -294,7 +294,8 @@ def generate_samples(model: Any,
                      min_new_tokens: int = 0,
                      stream: Any = None,
                      jit_compile: Optional[bool] = None,
-                     context: Optional[int] = None) -> Tuple[List[Generation], Optional[int]]:
+                     context: Optional[int] = None,
+                     rules: Any = None) -> Tuple[List[Generation], Optional[int]]:
     """Samples from token-id prompts; the engine of :func:`generate` and ``lmkit generate``.
 
     Args:
@@ -311,6 +312,10 @@ def generate_samples(model: Any,
       context: the positions a transformer reads before its window slides
         (at most its ``max_positions``, the default; :func:`trained_context`
         gives a run's). RNNs have no window.
+      rules: a :class:`lmkit.decoding.constraints.Constraints` (a model folder's
+        ``no_repeat_ngram_size`` and forced tokens). Past a slide the n-grams are
+        those of the window, the forced first token is not forced again, and a
+        forced last token is forced only where no window slides.
 
     Returns:
       ``(samples, seed)``: the samples in prompt order, then sample order,
@@ -367,7 +372,10 @@ def generate_samples(model: Any,
 
     if not isinstance(min_new_tokens, int) or min_new_tokens < 0:
         raise UsageError(f"min_new_tokens = {min_new_tokens!r} must be an integer >= 0")
-    rules: dict = dict(repetition_penalty=repetition_penalty)  # beam search refuses what it cannot do
+    rules_of_window: Any = None if rules is None or not rules.active else rules
+    if rules_of_window is not None and window is not None and longest > window:  # the window slides
+        rules_of_window = dataclasses.replace(rules_of_window, forced_last_id=None)
+    options: dict = dict(repetition_penalty=repetition_penalty, rules=rules_of_window)
     streamer = None
     if stream is not None:
         if beam or len(rows) != 1:
@@ -375,11 +383,11 @@ def generate_samples(model: Any,
                              "(not beam search), or turn streaming off")
         streamer = _TextStreamer(tokenizer, list(prompts[0]), targets[0] - lead - len(prompts[0]), ends,
                                  stop, stream)
-        rules["on_token"] = streamer
+        options["on_token"] = streamer
     if min_new_tokens:
-        rules["min_new_tokens"] = [min_new_tokens] * len(rows)
+        options["min_new_tokens"] = [min_new_tokens] * len(rows)
     result = decoding.decode(model, longest if window is None else min(window, longest), sampler,
-                             prompts=rows, eos_id=eos_id, seed=seed, jit_compile=jit_compile, **rules)
+                             prompts=rows, eos_id=eos_id, seed=seed, jit_compile=jit_compile, **options)
     samples: List[Tuple[int, int, List[int], str]] = []  # (prompt, sample, generated ids, why)
     if beam:
         for i in range(len(prompts)):
@@ -399,9 +407,11 @@ def generate_samples(model: Any,
                        for n, g in enumerate(generated)]
             chunk += 1
             if min_new_tokens:  # what each row still owes, counted from this window's prompt
-                rules["min_new_tokens"] = [max(0, min_new_tokens - len(g)) for g in generated]
+                options["min_new_tokens"] = [max(0, min_new_tokens - len(g)) for g in generated]
+            if rules_of_window is not None:  # the first new token came in the first window
+                options["rules"] = dataclasses.replace(rules_of_window, forced_first_id=None)
             more = decoding.decode(model, window, sampler, prompts=context, eos_id=eos_id,
-                                   seed=_chunk_seed(seed, chunk), jit_compile=jit_compile, **rules)
+                                   seed=_chunk_seed(seed, chunk), jit_compile=jit_compile, **options)
             for n, seq in enumerate(more.sequences(include_prompt=True)):
                 if not ended[n]:
                     generated[n] = generated[n] + seq[keep:]
@@ -456,6 +466,7 @@ def generate(model: Any,
              start_token: Optional[bool] = None,
              repetition_penalty: Optional[float] = None,
              min_new_tokens: int = 0,
+             no_repeat_ngram_size: Optional[int] = None,
              checkpoint: Optional[str] = None,
              context: Optional[int] = None,
              return_samples: bool = False) -> Union[List[str], List[Generation]]:
@@ -492,6 +503,8 @@ def generate(model: Any,
         (CTRL's penalty, as in ``transformers``); 1 (the default unless the
         folder's ``generation_config.json`` sets one) = off.
       min_new_tokens: new tokens before the end token may be chosen.
+      no_repeat_ngram_size: n > 0: no n-gram twice in a sample, its prompt included (default 0, or the
+        folder's ``generation_config.json``'s, with its forced first and last tokens).
       checkpoint: a ``ckpt-<step>`` folder of a run (default the latest).
       context: positions a transformer reads before its window slides
         (default: a run's ``num_steps``, see :func:`trained_context`; a
@@ -532,19 +545,19 @@ def generate(model: Any,
         if b < 1:
             raise UsageError(f"prompt {text!r} has {len(p)} tokens, leaving none to generate within "
                              f"max_length {max_length}; use max_length {len(p) + 1} or more, or max_new_tokens")
-    from lmkit.decoding.registry import resolve_settings, sampler_of_settings
+    from lmkit.decoding.registry import resolve_settings, rules_of_settings, sampler_of_settings
     from lmkit.decoding.sampler import Sampler
     from lmkit.hf import model_generation_preset
     own = isinstance(strategy, Sampler)
     preset = model_generation_preset(folder)[0] if folder is not None and not own else {}
     name, settings = resolve_settings(None if own else strategy, dict(
         temperature=temperature, top_k=top_k, top_p=top_p, beam_width=beam_width, length_penalty=length_penalty,
-        repetition_penalty=repetition_penalty), preset)
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size), preset)
     sampler = strategy if own else sampler_of_settings(name, settings)
     if context is None and folder is not None:
         context = default_context(folder, sampler)
     samples, _ = generate_samples(model, tokenizer, ids, max_new_tokens=budget, sampler=sampler,
                                   num_samples=num_samples, seed=seed, stop=stop, stop_at_eos=stop_at_eos,
                                   start_token=start_token, repetition_penalty=settings["repetition_penalty"],
-                                  min_new_tokens=min_new_tokens, context=context)
+                                  min_new_tokens=min_new_tokens, context=context, rules=rules_of_settings(settings))
     return samples if return_samples else [s.text for s in samples]

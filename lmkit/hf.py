@@ -181,14 +181,15 @@ def generation_preset(folder: str) -> Dict[str, Any]:
     ``repetition_penalty``. ``num_beams`` above 1 without sampling gives
     ``transformers``' beam search (``{"strategy": "beam", "beam_width":
     num_beams, "beam_scoring": "transformers"}``) with the file's
-    ``length_penalty`` (default 1.0) and ``early_stopping`` (default false),
-    and the rules on tokens it sets (``no_repeat_ngram_size``,
-    ``forced_bos_token_id`` as ``forced_first_id``, ``forced_eos_token_id`` as
-    ``forced_last_id``). An encoder-decoder's folder (BART's) also gives its
+    ``length_penalty`` (default 1.0) and ``early_stopping`` (default false).
+    Whatever the strategy, the rules on tokens it sets come too
+    (``no_repeat_ngram_size``, ``forced_bos_token_id`` as ``forced_first_id``,
+    ``forced_eos_token_id`` as ``forced_last_id``; :func:`lmkit.decoding.registry.rules_of_settings`),
+    and an encoder-decoder's folder (BART's) also gives its
     ``min_length`` and ``max_length`` as ``min_new_tokens`` and
     ``max_new_tokens`` (its decoder starts from one token, which
     ``transformers`` counts). A folder that asks for neither sampling nor beams
-    (GPT-2's, or none at all) gives ``{}``: ``transformers`` would decode
+    (GPT-2's, or none at all) gives no strategy: ``transformers`` would decode
     greedily there, and lmkit keeps its own default.
 
     Raises:
@@ -218,7 +219,7 @@ def generation_preset(folder: str) -> Dict[str, Any]:
             raise UsageError(f"{path}: {key} = {value!r} must be a token id")
         return value
 
-    lengths: Dict[str, int] = {}
+    lengths: Dict[str, Any] = {}  # and rules: what every strategy takes
     if _is_encoder_decoder(folder):  # transformers counts the decoder's start token in these lengths
         min_length = count("min_length")
         max_length = number("max_length", None, lambda v: isinstance(v, int) and v >= 2, "must be an integer >= 2")
@@ -227,6 +228,12 @@ def generation_preset(folder: str) -> Dict[str, Any]:
             lengths["min_new_tokens"] = min_length - 1
         if max_new is not None or max_length is not None:
             lengths["max_new_tokens"] = max_new if max_new is not None else max_length - 1
+    # Rules on tokens, for every strategy (as transformers applies its logits processors).
+    if count("no_repeat_ngram_size"):
+        lengths["no_repeat_ngram_size"] = count("no_repeat_ngram_size")
+    for key, name in (("forced_first_id", "forced_bos_token_id"), ("forced_last_id", "forced_eos_token_id")):
+        if token(name) is not None:
+            lengths[key] = token(name)
     sample = config.get("do_sample")
     if sample not in (None, True, False):
         raise UsageError(f"{path}: do_sample = {sample!r} must be true or false")
@@ -249,11 +256,6 @@ def generation_preset(folder: str) -> Dict[str, Any]:
     preset = {"strategy": "beam", "beam_width": beams, "beam_scoring": "transformers",
               "length_penalty": float(number("length_penalty", 1.0, lambda v: True, "must be a number")),
               "early_stopping": stopping}
-    if count("no_repeat_ngram_size"):
-        preset["no_repeat_ngram_size"] = count("no_repeat_ngram_size")
-    for key, name in (("forced_first_id", "forced_bos_token_id"), ("forced_last_id", "forced_eos_token_id")):
-        if token(name) is not None:
-            preset[key] = token(name)
     return {**preset, **lengths}
 
 

@@ -98,7 +98,7 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
               length_penalty: float = 0.6, temperature: float = 1.0, top_k: Optional[int] = None, top_p: float = 0.9,
               max_new_tokens: Optional[int] = None, min_new_tokens: int = 0, batch_size: int = 32,
               seed: Optional[int] = None, jit_compile: Optional[bool] = None, sampler: Any = None,
-              on_batch: Optional[Callable[[int, int], None]] = None) -> List[str]:
+              rules: Any = None, on_batch: Optional[Callable[[int, int], None]] = None) -> List[str]:
     """One output text per source text, in the sources' order.
 
     Args:
@@ -117,6 +117,8 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
       sampler: a sampler built already (``lmkit generate`` builds one from the flags and the model
         folder's ``generation_config.json``, e.g. ``BeamSampler(scoring="transformers", ...)``); it wins
         over ``beam_width`` to ``top_p``, and ``strategy`` names its kind.
+      rules: a :class:`lmkit.decoding.constraints.Constraints` (a folder's ``no_repeat_ngram_size`` and
+        forced first and last tokens), for every strategy; None for none.
       on_batch: called with ``(sources done, sources in all)`` after every batch (progress).
 
     Raises:
@@ -126,14 +128,14 @@ def transduce(run: Seq2SeqRun, sources: Sequence[str], *, strategy: str = "greed
         run, sources, num_samples=1, strategy=strategy, beam_width=beam_width, length_penalty=length_penalty,
         temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens, batch_size=batch_size, seed=seed, jit_compile=jit_compile,
-        sampler=sampler, on_batch=on_batch)]
+        sampler=sampler, rules=rules, on_batch=on_batch)]
 
 
 def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: int = 1, strategy: str = "greedy",
                       beam_width: int = 4, length_penalty: float = 0.6, temperature: float = 1.0,
                       top_k: Optional[int] = None, top_p: float = 0.9, max_new_tokens: Optional[int] = None,
                       min_new_tokens: int = 0, batch_size: int = 32, seed: Optional[int] = None,
-                      jit_compile: Optional[bool] = None, sampler: Any = None,
+                      jit_compile: Optional[bool] = None, sampler: Any = None, rules: Any = None,
                       on_batch: Optional[Callable[[int, int], None]] = None) -> List[List[str]]:
     """``num_samples`` output texts per source text, in the sources' order.
 
@@ -214,7 +216,7 @@ def transduce_samples(run: Seq2SeqRun, sources: Sequence[str], *, num_samples: i
             options["min_new_tokens"] = min_new_tokens
         result = decode(model, new_tokens + 1, sampler, prompts=[[special.bos]] * len(filled),
                         eos_id=special.eos, pad_id=special.pad, condition=condition, jit_compile=jit_compile,
-                        **options)
+                        rules=rules, **options)
         for row, i in enumerate(rows):
             if beam and num_samples > 1:
                 found = [result.beam_ids[row, k, 1:result.beam_lengths[row, k]].tolist()

@@ -240,6 +240,7 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     from lmkit.data.paired import SpecialIds
     from lmkit.train.evaluation import PairEvaluator
     from lmkit.train.metrics import perplexity
+    from lmkit.decoding.registry import rules_of_settings
     from lmkit.transduction import load_seq2seq, transduce
 
     dist.init(backend="local")
@@ -255,7 +256,8 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     loss = total / max(tokens, 1)
     update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)
     strategy, sampler, decoding = _pair_decoding(args, run.model.max_positions - 1)
-    outputs = transduce(run, sources, strategy=strategy, sampler=sampler, max_new_tokens=decoding["max_new_tokens"],
+    outputs = transduce(run, sources, strategy=strategy, sampler=sampler, rules=rules_of_settings(decoding),
+                        max_new_tokens=decoding["max_new_tokens"],
                         min_new_tokens=decoding["min_new_tokens"], batch_size=batch,
                         on_batch=lambda done, _: update(done))
     if args.output:
@@ -287,11 +289,12 @@ def _pair_decoding(args: argparse.Namespace, limit: int) -> Tuple[str, Any, Dict
     """
     import sys
 
-    from lmkit.decoding.registry import resolve_settings, sampler_of_settings
+    from lmkit.decoding.registry import RULE_KEYS, resolve_settings, sampler_of_settings
     from lmkit.hf import model_generation_preset
     preset, folder = model_generation_preset(args.model_dir)
-    if preset.get("strategy") not in (None, "beam"):
-        preset = {key: value for key, value in preset.items() if key in ("min_new_tokens", "max_new_tokens")}
+    if preset.get("strategy") not in (None, "beam"):  # sampling: its rules and lengths, decoded greedily
+        preset = {key: value for key, value in preset.items()
+                  if key in ("min_new_tokens", "max_new_tokens", *RULE_KEYS)}
     strategy, settings = resolve_settings(args.strategy, dict(
         beam_width=args.beam_width, length_penalty=args.length_penalty, beam_scoring=args.beam_scoring),
         preset, "greedy")
@@ -299,12 +302,12 @@ def _pair_decoding(args: argparse.Namespace, limit: int) -> Tuple[str, Any, Dict
     max_new = args.max_new_tokens
     if max_new is None and "max_new_tokens" in preset:
         max_new = min(preset["max_new_tokens"], limit)
-    decoding = {**sampler.get_config(), "min_new_tokens": preset.get("min_new_tokens", 0),
-                "max_new_tokens": max_new}
+    decoding = {**sampler.get_config(), **{key: settings[key] for key in RULE_KEYS},
+                "min_new_tokens": preset.get("min_new_tokens", 0), "max_new_tokens": max_new}
     given = {"strategy": args.strategy, "beam_width": args.beam_width, "length_penalty": args.length_penalty,
              "beam_scoring": args.beam_scoring, "max_new_tokens": args.max_new_tokens}
     taken = ", ".join(f"{key} {value}" for key, value in preset.items()
-                      if given.get(key) is None and (key in ("strategy", "min_new_tokens", "max_new_tokens")
+                      if given.get(key) is None and (key in ("strategy", "min_new_tokens", "max_new_tokens", *RULE_KEYS)
                                                      or (strategy == "beam" and settings.get(key) == value)))
     if taken:
         sys.stderr.write(f"{folder}/generation_config.json: {taken} (as transformers' generate; a flag overrides "

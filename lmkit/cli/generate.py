@@ -52,9 +52,10 @@ or beam (--beam_width, --length_penalty); --max_new_tokens bounds an output
 (default: the model's max_positions - 1), --min_new_tokens holds its end
 back. A Hugging Face folder's generation_config.json (BART's summarizers)
 decodes as transformers' generate does: num_beams gives transformers' beam
-search (--beam_scoring transformers: its length_penalty, early_stopping and
-no_repeat_ngram_size, forced first and last tokens), min_length and
-max_length the new tokens' bounds; each flag overrides its value, --batch_size sources are decoded
+search (--beam_scoring transformers: its length_penalty and early_stopping),
+its no_repeat_ngram_size (--no_repeat_ngram_size) and forced first and last
+tokens apply to every strategy, min_length and max_length are the new
+tokens' bounds; each flag overrides its value; --batch_size sources are decoded
 side by side (docs/seq2seq.md). With --num_samples N above 1 (a sampling
 strategy, or beam: its N best) each source gets N lines, "[source.sample]
 text", sources counted from 0.
@@ -72,7 +73,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lmkit.cli.common import (OutputClosed, add_beam_flags, check_model_dir, model_dir_parser,
                               user_modules_importable)
-from lmkit.decoding.registry import DEFAULTS, SAMPLER_NAMES, resolve_settings, sampler_of_settings
+from lmkit.decoding.registry import (DEFAULTS, RULE_KEYS, SAMPLER_NAMES, resolve_settings, rules_of_settings,
+                                    sampler_of_settings)
 from lmkit.errors import UsageError
 from lmkit.hf import is_hf_folder, model_generation_preset
 
@@ -109,7 +111,7 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                    help="beam search with --beam_scoring transformers: transformers' early_stopping "
                         "(default false)")
     p.add_argument("--no_repeat_ngram_size", type=int, default=None, metavar="N",
-                   help="beam search: no n-gram of N tokens twice in an output (default 0: off)")
+                   help="no n-gram of N tokens twice in an output, its prompt included (default 0: off)")
     p.set_defaults(forced_first_id=None, forced_last_id=None)  # a folder's generation_config.json only
     p.add_argument("--num_samples", type=int, default=1,
                    help="samples per prompt (encoder-decoders: per source, as [source.sample] lines)")
@@ -206,6 +208,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
         ("--repetition_penalty", args.repetition_penalty, args.repetition_penalty > 0, "must be > 0 (1 = off)"),
         ("--min_new_tokens", args.min_new_tokens, args.min_new_tokens >= 0, "must be >= 0"),
+        ("--no_repeat_ngram_size", args.no_repeat_ngram_size, args.no_repeat_ngram_size >= 0, "must be >= 0 (0 = off)"),
     ]
     for flag, value, ok, need in limits:
         if not ok:
@@ -295,8 +298,8 @@ def preset_note(args: argparse.Namespace, sampler: Any) -> Optional[str]:
     beam = "beam_width" in config
     uses = {"top_k": "k" in config, "top_p": "p" in config, "temperature": "temperature" in config,
             "beam_width": beam, "strategy": True, "repetition_penalty": args.strategy != "beam",
-            "beam_scoring": beam, "length_penalty": beam, "early_stopping": beam, "no_repeat_ngram_size": beam,
-            "forced_first_id": beam, "forced_last_id": beam, "min_new_tokens": True, "max_new_tokens": True}
+            "beam_scoring": beam, "length_penalty": beam, "early_stopping": beam,
+            "min_new_tokens": True, "max_new_tokens": True, **{key: True for key in RULE_KEYS}}
     used = [f"{key} {value}" for key, value in args.preset_used.items() if uses.get(key)]
     if not used:
         return None
@@ -335,6 +338,11 @@ def _describe_unknown(unknown: Sequence[str], vocab: Any) -> str:
 def build_sampler(args: argparse.Namespace):
     """The --strategy sampler, from the registry, with the (resolved) flags its constructor takes."""
     return sampler_of_settings(args.strategy, {key: getattr(args, key) for key in DEFAULTS})
+
+
+def build_rules(args: argparse.Namespace):
+    """The rules on tokens of the (resolved) flags: ``decode(..., rules=)``."""
+    return rules_of_settings({key: getattr(args, key) for key in RULE_KEYS})
 
 
 def _sources(args: argparse.Namespace) -> List[str]:
@@ -430,7 +438,8 @@ def _transduce_main(args: argparse.Namespace) -> int:
     if note:
         sys.stderr.write(note + "\n")
     outputs = transduce_samples(run, sources, num_samples=args.num_samples, strategy=strategy, sampler=sampler,
-                                max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+                                rules=build_rules(args), max_new_tokens=args.max_new_tokens,
+                                min_new_tokens=args.min_new_tokens,
                                 batch_size=args.batch_size, seed=seed, on_batch=lambda done, _: update(done))
     seconds = time.perf_counter() - start
     try:
@@ -498,7 +507,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
                                 stop_at_eos=args.stop_at_eos, start_token=args.start_token,
                                 repetition_penalty=args.repetition_penalty,
                                 min_new_tokens=args.min_new_tokens, stream=write if stream else None,
-                                context=context)
+                                context=context, rules=build_rules(args))
 
     start = time.perf_counter()
     if args.stream:

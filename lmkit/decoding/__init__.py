@@ -2,7 +2,10 @@
 
 * :mod:`lmkit.decoding.sampler`: the :class:`Sampler` interface and the loop;
 * :mod:`lmkit.decoding.samplers`: greedy, sampling, top-k, top-p;
-* :mod:`lmkit.decoding.beam`: :class:`BeamSampler` (overrides the loop);
+* :mod:`lmkit.decoding.beam`: :class:`BeamSampler` (overrides the loop; ``scoring="transformers"``
+  runs :mod:`lmkit.decoding.beam_hf`);
+* :mod:`lmkit.decoding.constraints`: :class:`Constraints`, rules on tokens for every strategy
+  (``decode(..., rules=)``);
 * :mod:`lmkit.decoding.registry`: names -> samplers (:func:`get_sampler`);
 * :func:`decode`: the entry point. See ``docs/generation.md``.
 
@@ -18,6 +21,7 @@ from typing import Any
 __all__ = [
     "BeamSampler",
     "BeamSearchResult",
+    "Constraints",
     "DecodeResult",
     "GreedySampler",
     "RandomSampler",
@@ -35,7 +39,7 @@ __all__ = [
 
 _HOMES = {
     "BeamSampler": "beam", "BeamSearchResult": "beam", "beam_search": "beam",
-    "gnmt_length_penalty": "beam",
+    "gnmt_length_penalty": "beam", "Constraints": "constraints",
     "DecodeResult": "prompts", "prepare_prompts": "prompts",
     "GreedySampler": "samplers", "RandomSampler": "samplers", "TopKSampler": "samplers",
     "TopPSampler": "samplers",

@@ -26,7 +26,7 @@ never changes the result.
 ``scoring="transformers"`` runs ``transformers``' beam search instead
 (:mod:`lmkit.decoding.beam_hf`: its length normalization and
 ``early_stopping``), as a model folder's ``generation_config.json`` tunes it.
-Both searches take the folder's rules on tokens
+Both searches take ``decode``'s rules on tokens
 (:class:`~lmkit.decoding.constraints.Constraints`: no repeated n-grams, forced
 first and last tokens) and ``min_new_tokens``.
 """
@@ -89,13 +89,10 @@ class BeamSampler(Sampler):
         :mod:`lmkit.decoding.beam_hf`).
       early_stopping: ``transformers``' setting (True, False or ``"never"``); only with
         ``scoring="transformers"``.
-      no_repeat_ngram_size, forced_first_id, forced_last_id: rules on tokens
-        (:class:`~lmkit.decoding.constraints.Constraints`).
     """
 
     def __init__(self, beam_width: int = 4, length_penalty: float = 0.0, *, scoring: str = "gnmt",
-                 early_stopping: Any = False, no_repeat_ngram_size: int = 0, forced_first_id: Optional[int] = None,
-                 forced_last_id: Optional[int] = None) -> None:
+                 early_stopping: Any = False) -> None:
         if isinstance(beam_width, bool) or not isinstance(beam_width, (int, np.integer)) or beam_width < 1:
             raise UsageError(f"beam_width = {beam_width!r} must be an integer >= 1")
         if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
@@ -112,11 +109,10 @@ class BeamSampler(Sampler):
         self.length_penalty = float(length_penalty)
         self.scoring = scoring
         self.early_stopping = early_stopping
-        self.constraints = Constraints(no_repeat_ngram_size, forced_first_id, forced_last_id)
 
     def get_config(self) -> Dict[str, Any]:
         return {"beam_width": self.beam_width, "length_penalty": self.length_penalty, "scoring": self.scoring,
-                "early_stopping": self.early_stopping, **self.constraints.get_config()}
+                "early_stopping": self.early_stopping}
 
     def get_next_token(self, logits: tf.Tensor, step: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         raise NotImplementedError("beam search keeps several hypotheses per row; it runs its "
@@ -127,7 +123,7 @@ class BeamSampler(Sampler):
                  use_cache: bool = True, compiled: bool = True,
                  jit_compile: Optional[bool] = None, repetition_penalty: float = 1.0,
                  min_new_tokens: Optional[np.ndarray] = None, on_token: Any = None,
-                 condition: Any = None) -> "BeamSearchResult":
+                 condition: Any = None, rules: Optional[Constraints] = None) -> "BeamSearchResult":
         """Finds high-scoring continuations of the prompts (arguments as in ``Sampler.generate``).
 
         The model state is built for ``batch * beam_width`` rows.
@@ -149,7 +145,7 @@ class BeamSampler(Sampler):
         if min_new_tokens is not None and np.any(np.asarray(min_new_tokens) > 0):
             min_new = tf.constant(np.broadcast_to(np.asarray(min_new_tokens, np.int32), [len(prompt_lengths)]))
         common = dict(beam_width=self.beam_width, max_length=max_length, eos_id=end_ids(eos_id),
-                      constraints=self.constraints, min_new_tokens=min_new, condition=condition)
+                      constraints=rules or Constraints(), min_new_tokens=min_new, condition=condition)
         if self.scoring == "transformers":
             from lmkit.decoding import beam_hf
             search = pick_loop(beam_hf.beam_search_transformers, beam_hf._beam_search_transformers_compiled,

@@ -1,4 +1,4 @@
-"""Rules on the next token that a model folder's generation settings ask for (beam search applies them).
+"""Rules on the next token that a model folder's generation settings ask for (``decode(..., rules=)``).
 
 :class:`Constraints` holds what ``transformers``' ``generate`` calls logits
 processors and a ``generation_config.json`` sets for encoder-decoders such as
@@ -7,8 +7,9 @@ first token (``forced_bos_token_id``) and a forced end at the last position
 (``forced_eos_token_id``); with the decode's ``min_new_tokens`` (its
 ``min_length``, counted without the decoder's prompt) no end before that
 many new tokens. :meth:`Constraints.apply` turns
-the log-probabilities of the next token of every hypothesis into those of
-the allowed tokens (``-inf`` elsewhere), inside the compiled search, with the
+the log-probabilities (or logits) of the next token of every hypothesis of
+beam search, or of every row of the per-token loop, into those of the allowed
+tokens (``-inf`` elsewhere), inside the compiled loop, with the
 shapes fixed: the n-grams are compared over the whole id buffer and masked to
 the tokens written so far.
 """

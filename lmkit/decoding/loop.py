@@ -35,7 +35,8 @@ def decode(model: Any,
            repetition_penalty: float = 1.0,
            min_new_tokens: Union[int, Sequence[int]] = 0,
            on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
-           condition: Any = None) -> DecodeResult:
+           condition: Any = None,
+           rules: Any = None) -> DecodeResult:
     """Generates a batch of sequences with one sampler.
 
     Args:
@@ -80,6 +81,9 @@ def decode(model: Any,
         ``model.encode(source_ids, source_mask)``, one row per sequence), given
         to ``model.initial_state(..., condition=)`` and, without the cache, to
         ``model(ids, condition=)``; None for a language model.
+      rules: a :class:`~lmkit.decoding.constraints.Constraints`: tokens no strategy may choose (no
+        n-gram twice, a forced first or last token), as a model folder's ``generation_config.json``
+        asks; None for none.
 
     Returns:
       A :class:`DecodeResult`.
@@ -93,6 +97,10 @@ def decode(model: Any,
     if not isinstance(sampler, Sampler):
         raise UsageError(f"sampler = {sampler!r} is not an lmkit.decoding Sampler; "
                          f"build one with lmkit.decoding.get_sampler(name, ...)")
+    if rules is not None:
+        from lmkit.decoding.constraints import Constraints
+        if not isinstance(rules, Constraints):
+            raise UsageError(f"rules = {rules!r} is not an lmkit.decoding.constraints.Constraints")
     prompt_ids, prompt_lengths, pad_id = prepare_prompts(
         model, max_length, batch_size=batch_size, prompts=prompts, eos_id=eos_id,
         start_id=start_id, pad_id=pad_id)
@@ -109,6 +117,8 @@ def decode(model: Any,
         extra["on_token"] = on_token
     if condition is not None:
         extra["condition"] = condition
+    if rules is not None and rules.active:
+        extra["rules"] = rules
     return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
                             pad_id=pad_id, seed=seed, use_cache=use_cache, compiled=compiled,
                             jit_compile=jit_compile, **extra)

@@ -12,8 +12,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from lmkit.errors import UsageError
 from lmkit.registry import import_object, lookup
 
-__all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "SCORED_BY", "get_sampler", "resolve_settings", "sampler_from_flags",
-           "sampler_of_settings"]
+__all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "RULE_KEYS", "SCORED_BY", "get_sampler", "resolve_settings",
+           "rules_of_settings", "sampler_from_flags", "sampler_of_settings"]
 
 SAMPLERS: Dict[str, str] = {
     "greedy": "lmkit.decoding.samplers:GreedySampler",
@@ -116,6 +116,15 @@ def sampler_of_settings(name: str, settings: Mapping[str, Any]):
     top_p's limit, ``top_p`` its ``p``)."""
     return sampler_from_flags(name, temperature=settings["temperature"], k=settings["top_k"], p=settings["top_p"],
                               beam_width=settings["beam_width"], length_penalty=settings["length_penalty"],
-                              scoring=settings["beam_scoring"], early_stopping=settings["early_stopping"],
-                              no_repeat_ngram_size=settings["no_repeat_ngram_size"],
-                              forced_first_id=settings["forced_first_id"], forced_last_id=settings["forced_last_id"])
+                              scoring=settings["beam_scoring"], early_stopping=settings["early_stopping"])
+
+
+#: The settings that are rules on tokens, for every strategy (:class:`lmkit.decoding.constraints.Constraints`).
+RULE_KEYS: Tuple[str, ...] = ("no_repeat_ngram_size", "forced_first_id", "forced_last_id")
+
+
+def rules_of_settings(settings: Mapping[str, Any]):
+    """The :class:`~lmkit.decoding.constraints.Constraints` of :func:`resolve_settings`' ``settings``
+    (``decode(..., rules=)``)."""
+    from lmkit.decoding.constraints import Constraints
+    return Constraints(**{key: settings.get(key, DEFAULTS[key]) for key in RULE_KEYS})

@@ -66,7 +66,7 @@ class Sampler:
                  use_cache: bool, compiled: bool, jit_compile: Optional[bool] = None,
                  repetition_penalty: float = 1.0, min_new_tokens: Optional[np.ndarray] = None,
                  on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
-                 condition: Any = None) -> DecodeResult:
+                 condition: Any = None, rules: Any = None) -> DecodeResult:
         """Runs the decode loop with this sampler (``lmkit.decoding.decode`` checks the arguments).
 
         Args:
@@ -92,6 +92,8 @@ class Sampler:
             and whether each row generated its token (NumPy ``[batch]`` int32
             and bool): streaming. It runs the loop without XLA (a host
             callback cannot be compiled) and waits for each token.
+          rules: a :class:`~lmkit.decoding.constraints.Constraints` (tokens the sampler may not
+            choose), or None.
 
         Returns:
           A :class:`DecodeResult`.
@@ -111,7 +113,7 @@ class Sampler:
             tf.constant([seed, 0], tf.int64), tf.constant(np.asarray(min_new, np.int32)),
             max_length=max_length, eos_id=ends, pad_id=pad_id,
             use_cache=use_cache, repetition_penalty=float(repetition_penalty), hold_eos=hold_eos,
-            on_token=on_token, condition=condition)
+            on_token=on_token, condition=condition, rules=rules)
         return DecodeResult(ids=ids.numpy(), lengths=lengths.numpy(), prompt_lengths=prompt_lengths,
                             log_probs=log_probs.numpy(), seed=seed)
 
@@ -156,7 +158,8 @@ def _decode_loop(model: Any,
                  repetition_penalty: float = 1.0,
                  hold_eos: bool = False,
                  on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
-                 condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                 condition: Any = None,
+                 rules: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The per-token loop of :meth:`Sampler.generate`; compiled by ``_decode_loop_compiled``.
 
     Returns:
@@ -193,6 +196,9 @@ def _decode_loop(model: Any,
             early = (pos - prompt_lengths) < min_new_tokens  # [batch]
             is_eos = is_end(tf.range(vocab_size), eos_id)  # [vocab]
             choice = tf.where(tf.logical_and(early[:, tf.newaxis], is_eos[tf.newaxis, :]), -1e30, choice)
+        if rules is not None:  # forbidden tokens at -inf (one hypothesis a row)
+            choice = rules.apply(choice[:, tf.newaxis], ids[:, tf.newaxis], pos, prompt_lengths, max_length,
+                                 eos_id)[:, 0]
         # The position in the seed's second word: plain integers, the same compiled or not
         # (stateless_fold_in is a random op, and under XLA it gives other seeds for seeds >= 2^32).
         step_seed = tf.stack([seed[0], seed[1] + tf.cast(pos, tf.int64)])

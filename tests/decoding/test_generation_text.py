@@ -287,3 +287,32 @@ class _Chars:
 
     def decode(self, ids):
         return "".join("\n" if i == 1 else chr(i - 4 + ord("a")) if i >= 4 else "" for i in ids)
+
+
+def _bigrams(ids):
+    return [tuple(ids[i:i + 2]) for i in range(len(ids) - 1)]
+
+
+@pytest.mark.parametrize("kind", ["lstm", "transformer"])
+def test_rules_on_tokens_hold_through_generation_and_its_sliding_window(tokenizer, kind):
+    """no_repeat_ngram_size keeps every bigram of a sample (prompt included) unique; the forced first token comes
+    once, where the sample starts, also when a transformer's window slides (8 positions here, 20 new tokens)."""
+    from lmkit.decoding.constraints import Constraints
+    model = tiny(kind, tokenizer.vocab_size)
+    prompt = tokenizer.encode("ab")
+    free, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[20], sampler=GreedySampler())
+    assert len(set(_bigrams(free[0].ids))) < len(_bigrams(free[0].ids))  # greedy alone repeats itself
+    first = tokenizer.encode("J")[0]
+    rules = Constraints(no_repeat_ngram_size=2, forced_first_id=first, forced_last_id=tokenizer.encode("c")[0])
+    held, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[20], sampler=GreedySampler(), rules=rules)
+    new = held[0].ids[len(prompt):]
+    assert new[0] == first
+    # Forced once: the same sample as the prompt with that token after it, and no forced first token.
+    after, _ = generate_samples(model, tokenizer, [prompt + [first]], max_new_tokens=[19], sampler=GreedySampler(),
+                                rules=Constraints(no_repeat_ngram_size=2, forced_last_id=rules.forced_last_id))
+    assert after[0].ids == held[0].ids
+    if kind == "lstm":  # no window: all of the sample is seen, and the last token is forced
+        assert len(set(_bigrams(held[0].ids))) == len(_bigrams(held[0].ids))
+        assert new[-1] == tokenizer.encode("c")[0] and len(new) == 20
+    else:  # the bigrams of each window are unique
+        assert len(set(_bigrams(held[0].ids[:8]))) == len(_bigrams(held[0].ids[:8]))

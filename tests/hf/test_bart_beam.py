@@ -79,11 +79,15 @@ class Perturbed:
         return logits + self.delta * tf.sin(self.k * logits), state
 
 
+RULES = ("no_repeat_ngram_size", "forced_first_id", "forced_last_id")
+
+
 def lmkit_beam(model, memory, max_length, min_length, **settings):
+    rules = Constraints(**{key: settings.pop(key) for key in RULES if key in settings})
     sampler = BeamSampler(settings.pop("num_beams"), settings.pop("length_penalty"), **settings)
     rows = int(tf.shape(tf.nest.flatten(memory)[-1])[0])
     result = decode(model, max_length, sampler, prompts=[[2]] * rows, eos_id=2, pad_id=1,
-                    condition=memory, min_new_tokens=max(min_length - 1, 0))
+                    condition=memory, min_new_tokens=max(min_length - 1, 0), rules=rules)
     return [result.ids[row, :result.lengths[row]].tolist() for row in range(rows)]
 
 
@@ -150,11 +154,31 @@ def test_beam_search_equals_transformers_generate(bart, case):
     if min_length:
         assert all(len(row) - 1 >= min_length - 1 for row in got)
     if case == 1:  # XLA compiles the same search
-        sampler = BeamSampler(4, 2.0, scoring="transformers", early_stopping=True, no_repeat_ngram_size=3,
-                              forced_first_id=0, forced_last_id=2)
+        sampler = BeamSampler(4, 2.0, scoring="transformers", early_stopping=True)
         result = decode(model, max_length, sampler, prompts=[[2], [2]], eos_id=2, pad_id=1, condition=memory,
-                        min_new_tokens=min_length - 1, jit_compile=False)
+                        min_new_tokens=min_length - 1, jit_compile=False,
+                        rules=Constraints(no_repeat_ngram_size=3, forced_first_id=0, forced_last_id=2))
         assert [result.ids[r, :result.lengths[r]].tolist() for r in range(2)] == got
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_greedy_decoding_takes_the_rules_as_transformers_does(bart, n):
+    """The rules apply to every strategy, as transformers' logits processors do: greedy outputs equal
+    transformers' with the same rules (decidable on any CPU), and differ from greedy without them."""
+    from lmkit.decoding.samplers import GreedySampler
+    from tests.helpers import decidable_greedy
+    torch_model, model, memory = bart
+    expected = decidable_greedy(torch_model, stop_id=2, input_ids=torch.tensor(SOURCES),
+                                attention_mask=torch.tensor(SOURCE_MASK), max_length=12, min_length=5,
+                                no_repeat_ngram_size=n, forced_bos_token_id=0, forced_eos_token_id=2,
+                                decoder_start_token_id=2)
+    rules = Constraints(no_repeat_ngram_size=n, forced_first_id=0, forced_last_id=2)
+    for jit in (True, False):
+        result = decode(model, 12, GreedySampler(), prompts=[[2], [2]], eos_id=2, pad_id=1, condition=memory,
+                        min_new_tokens=4, rules=rules, jit_compile=jit)
+        assert [result.ids[r, :result.lengths[r]].tolist() for r in range(2)] == expected
+    plain = decode(model, 12, GreedySampler(), prompts=[[2], [2]], eos_id=2, pad_id=1, condition=memory)
+    assert [plain.ids[r, :plain.lengths[r]].tolist() for r in range(2)] != expected
 
 
 def test_lmkit_own_search_chooses_otherwise_on_these_settings(bart):
@@ -187,6 +211,10 @@ def test_a_bart_folders_generation_config_gives_transformers_search(tmp_path):
         no_repeat_ngram_size=config.no_repeat_ngram_size, forced_first_id=config.forced_bos_token_id,
         forced_last_id=config.forced_eos_token_id, min_new_tokens=config.min_length - 1,
         max_new_tokens=config.max_length - 1)
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:  # greedy, with its rules and lengths
+        json.dump({**values, "num_beams": 1, "max_new_tokens": 60}, f)
+    assert generation_preset(folder) == dict(no_repeat_ngram_size=3, forced_first_id=0, forced_last_id=2,
+                                             min_new_tokens=55, max_new_tokens=60)
     with open(os.path.join(folder, "generation_config.json"), "w") as f:
         json.dump(dict(num_beams=2, decoder_start_token_id=2), f)
     assert generation_preset(folder) == dict(strategy="beam", beam_width=2, beam_scoring="transformers",
@@ -259,8 +287,16 @@ def test_lmkit_generate_on_a_bart_folder_searches_as_its_generation_config_asks(
     (dict(scoring="transformers", early_stopping=1), "early_stopping = 1 must be true, false or \"never\""),
     (dict(scoring="transformers", early_stopping="always"), "early_stopping = 'always' must be"),
     (dict(early_stopping=True), "early_stopping = True is a setting of transformers' beam search"),
-    (dict(forced_first_id=-1), "forced_first_id = -1 must be a token id"),
 ])
 def test_bad_beam_settings_are_named(settings, message):
     with pytest.raises(UsageError, match=message):
         BeamSampler(3, 1.0, **settings)
+    with pytest.raises(UsageError, match="forced_first_id = -1 must be a token id"):
+        Constraints(forced_first_id=-1)
+    with pytest.raises(UsageError, match="rules = 3 is not an lmkit.decoding.constraints.Constraints"):
+        decode(_Tiny(), 4, batch_size=1, rules=3)
+
+
+class _Tiny:
+    """Enough of a model for decode's checks."""
+    vocab_size, max_positions = 5, 8
