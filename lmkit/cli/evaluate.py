@@ -302,8 +302,10 @@ def _pair_decoding(args: argparse.Namespace, limit: int) -> Tuple[str, Any, Dict
     max_new = args.max_new_tokens
     if max_new is None and "max_new_tokens" in preset:
         max_new = min(preset["max_new_tokens"], limit)
+    # the file's min_length at or past the bound: the end comes only last (as in transformers)
+    min_new = min(preset.get("min_new_tokens", 0), (limit if max_new is None else max_new) - 1)
     decoding = {**sampler.get_config(), **{key: settings[key] for key in RULE_KEYS},
-                "min_new_tokens": preset.get("min_new_tokens", 0), "max_new_tokens": max_new}
+                "min_new_tokens": min_new, "max_new_tokens": max_new}
     given = {"strategy": args.strategy, "beam_width": args.beam_width, "length_penalty": args.length_penalty,
              "beam_scoring": args.beam_scoring, "max_new_tokens": args.max_new_tokens}
     taken = ", ".join(f"{key} {value}" for key, value in preset.items()

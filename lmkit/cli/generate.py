@@ -401,6 +401,23 @@ def check_transduction_args(args: argparse.Namespace) -> None:
     check_beam_samples(args)
 
 
+def fit_lengths(args: argparse.Namespace, max_positions: int) -> None:
+    """An encoder-decoder's output bounds, fitted to its decoder (``max_positions``, the start id included).
+
+    A folder's ``max_length`` past what the decoder holds becomes that; its ``min_length`` at or past the
+    bound lets the end come only last (as in ``transformers``). A flag past the decoder is an error.
+    """
+    limit = max_positions - 1
+    if args.preset_used.get("max_new_tokens", 0) > limit:  # the folder's max_length: what the decoder holds
+        args.max_new_tokens = args.preset_used["max_new_tokens"] = limit
+    if args.max_new_tokens is not None and args.max_new_tokens > limit:
+        raise UsageError(f"--max_new_tokens {args.max_new_tokens} exceeds what the decoder holds: {limit} "
+                         f"(max_positions {max_positions}, the start id included)")
+    bound = limit if args.max_new_tokens is None else args.max_new_tokens
+    if "min_new_tokens" in args.preset_used and args.min_new_tokens >= bound:
+        args.min_new_tokens = args.preset_used["min_new_tokens"] = bound - 1
+
+
 def _transduce_main(args: argparse.Namespace) -> int:
     """``lmkit generate`` for an encoder-decoder: one output line per source."""
     check_transduction_args(args)
@@ -422,12 +439,7 @@ def _transduce_main(args: argparse.Namespace) -> int:
         from lmkit.decoding.prompts import check_seed
         seed = check_seed(None)
         sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
-    limit = run.model.max_positions - 1
-    if args.preset_used.get("max_new_tokens", 0) > limit:  # the folder's max_length: what the decoder holds
-        args.max_new_tokens = args.preset_used["max_new_tokens"] = limit
-    if args.max_new_tokens is not None and args.max_new_tokens > limit:
-        raise UsageError(f"--max_new_tokens {args.max_new_tokens} exceeds what the decoder holds: {limit} "
-                         f"(max_positions {run.model.max_positions}, the start id included)")
+    fit_lengths(args, run.model.max_positions)
     from lmkit.progress import rate_progress, stderr_line
     start = time.perf_counter()
     # Many sources take a while: a progress line every 5 s on stderr (none for a few).

@@ -273,7 +273,8 @@ def test_lmkit_generate_on_a_bart_folder_searches_as_its_generation_config_asks(
             report["decoding"]["min_new_tokens"], report["decoding"]["max_new_tokens"]) == \
         ("beam", "transformers", 2, 4, 11)
     # A flag overrides its own value (the flags resolved as lmkit generate resolves them, in this process).
-    from lmkit.cli.generate import _early_stopping, build_parser, build_rules, build_sampler, check_transduction_args
+    from lmkit.cli.generate import (_early_stopping, build_parser, build_rules, build_sampler,
+                                    check_transduction_args, fit_lengths)
 
     def resolved(*flags):
         args = build_parser().parse_args(["--model_dir", folder, "--source_file", str(source_file), *flags])
@@ -284,8 +285,15 @@ def test_lmkit_generate_on_a_bart_folder_searches_as_its_generation_config_asks(
     assert (sampler.scoring, sampler.length_penalty, sampler.early_stopping, rules.no_repeat_ngram_size,
             rules.forced_first_id, args.min_new_tokens) == ("gnmt", 0.6, False, 0, 0, 4)
     assert "length_penalty" not in args.preset_used and "no_repeat_ngram_size" not in args.preset_used
-    args, sampler, _ = resolved("--strategy", "greedy", "--max_new_tokens", "6")
-    assert (args.strategy, args.max_new_tokens, type(sampler).__name__) == ("greedy", 6, "GreedySampler")
+    args, sampler, _ = resolved("--strategy", "greedy", "--max_new_tokens", "3")
+    assert (args.strategy, args.max_new_tokens, type(sampler).__name__) == ("greedy", 3, "GreedySampler")
+    fit_lengths(args, 24)  # the file's min_length (4 new tokens) past --max_new_tokens 3: the end comes last
+    assert (args.max_new_tokens, args.min_new_tokens) == (3, 2)
+    args, _, _ = resolved("--min_new_tokens", "1")
+    fit_lengths(args, 9)  # the file's max_length (11 new tokens) past the decoder's 8; a flag stays as given
+    assert (args.max_new_tokens, args.min_new_tokens) == (8, 1)
+    with pytest.raises(UsageError, match="--max_new_tokens 30 exceeds what the decoder holds: 23"):
+        fit_lengths(resolved("--max_new_tokens", "30")[0], 24)
     assert [_early_stopping(text) for text in ("true", "False", "never")] == [True, False, "never"]
     with pytest.raises(argparse.ArgumentTypeError, match="'maybe' is not one of true, false, never"):
         _early_stopping("maybe")  # (lmkit's parser exits with status 2 on it: not in this process)
