@@ -24,8 +24,10 @@
 #             buffers on and off (LMKIT_ENV of train_throughput.py)
 #   cudnn     cuDNN's fused attention (attention_kernel = "cudnn"; run benchmarks/gpu_cudnn.sh install
 #             first): benchmarks/attention.py at GPT-2 124M's attention shape (float32_probs, 4 causal
-#             blocks, cudnn; its gradients' differences recorded), then the GPT-2 shape's bf16 step with
-#             it (lmkit_bf16_cudnn) and in fit's loop with device_prefetch = 2 (lmkit_bf16_cudnn_loop_prefetch)
+#             blocks, cudnn; its gradients' differences recorded), then the GPT-2 shape's bf16 step as the
+#             default "auto" takes it (lmkit_bf16: cudnn where it runs) and in fit's loop (lmkit_bf16_loop),
+#             against the matmuls (lmkit_bf16_matmul). As run on the H200 (2026-11-27), before "auto" was
+#             the default: --frameworks lmkit_bf16,lmkit_bf16_cudnn,lmkit_bf16_cudnn_loop_prefetch
 #   profile   benchmarks/profile_step.py's trace of the mixed_bfloat16 GPT-2-shaped trainer step: the
 #             GPU's kernels by kind, the biggest ones, the busy share, the idle gaps by length; traced
 #             twice, the second time with the step's batches and flags placed on the GPU beforehand (is
@@ -73,7 +75,7 @@ case $stage in
     timeout 300 "$py" benchmarks/attention.py --shape 8,12,1024,64 --steps 50 --repeats 5 --blocks 4 \
       --variants float32_probs,causal_blocks,cudnn --output "$out/attention_gpu_cudnn.json" || rc=1
     "${bench[@]}" --repeats 3 --peak_probe --configs config_gpt2_124m_shape \
-      --frameworks lmkit_bf16,lmkit_bf16_cudnn,lmkit_bf16_cudnn_loop_prefetch || rc=1
+      --frameworks lmkit_bf16_matmul,lmkit_bf16,lmkit_bf16_loop || rc=1
     exit $rc ;;
   profile)
     if ls .gpu/cupti/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/nvidia/cuda_cupti ]; then

@@ -137,8 +137,10 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_bf16_devin": {"precision": "mixed_bfloat16"},
     # the trainer's own feed: windows copied two steps ahead on a thread, flags kept on the device
     "lmkit_bf16_prefetch": {"precision": "mixed_bfloat16", "device_prefetch": 2},
-    # cuDNN's fused (flash) attention instead of the scores through matmuls (lmkit.attention_kernels)
+    # cuDNN's fused (flash) attention instead of the scores through matmuls (lmkit.attention_kernels);
+    # the default ("auto") takes it where it runs, so the matmuls are a variant of their own
     "lmkit_bf16_cudnn": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn"},
+    "lmkit_bf16_matmul": {"precision": "mixed_bfloat16", "attention_kernel": "matmul"},
     "lmkit_bf16_cudnn_prefetch": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn", "device_prefetch": 2},
     # Trainer.fit's own epoch loop (LOOP_VARIANTS) instead of the bare step: its per-step bookkeeping and
     # flags, its feed; one loss read per run, as a long epoch reads them once per progress line
@@ -165,6 +167,8 @@ PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "
                  ("lmkit_bf16_nocmdbuf", "lmkit_bf16"), ("lmkit_bf16_cmdbuf", "lmkit_bf16"),
                  ("lmkit_bf16_devin", "lmkit_bf16"), ("lmkit_bf16_prefetch", "lmkit_bf16"),
                  ("lmkit_bf16_cudnn", "lmkit_bf16"), ("lmkit_bf16_cudnn_prefetch", "lmkit_bf16"),
+                 ("lmkit_bf16", "lmkit_bf16_matmul"), ("lmkit_bf16_cudnn", "lmkit_bf16_matmul"),
+                 ("lmkit_bf16_loop", "lmkit_bf16_matmul"),
                  ("lmkit_bf16_loop", "lmkit_bf16"), ("lmkit_bf16_loop_prefetch", "lmkit_bf16_loop"),
                  ("lmkit_bf16_cudnn_loop_prefetch", "lmkit_bf16_loop"))
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from lmkit.errors import UsageError
 from lmkit.precision import PRECISIONS, get as precision_policy
 from lmkit.registry import lookup
 
-__all__ = ["AUTO", "KERNELS", "MATMUL", "SETTINGS", "active", "check_setting", "get", "resolve", "scope"]
+__all__ = ["AUTO", "KERNELS", "MATMUL", "SETTINGS", "active", "check_setting", "declined", "get", "resolve",
+           "scope"]
 
 MATMUL = "matmul"  # the scores materialized: two matmuls and a float32 softmax (lmkit.modules.transformer)
 AUTO = "auto"
@@ -98,6 +99,18 @@ def _unmet(device_type: str, xla: bool, precision: str) -> Optional[str]:
         sixteen_bit = " or ".join(repr(p.name) for p in PRECISIONS.values() if p.compute_dtype != "float32")
         return f"it needs precision {sixteen_bit} (this run: {precision!r})"
     return None
+
+
+def declined(name: str) -> List[str]:
+    """One line per kind of call the kernel ``name`` left to the matmuls so far, saying why.
+
+    A kernel may keep a ``declined`` mapping (what -> why) of calls it could
+    not take on this machine (:meth:`lmkit.modules.cudnn_attention.CudnnAttention.fits`).
+    """
+    if name == MATMUL:
+        return []
+    found = getattr(get(name), "declined", None) or {}
+    return [f"attention_kernel {name!r}: the matmuls for {what} ({why})" for what, why in found.items()]
 
 
 @contextlib.contextmanager

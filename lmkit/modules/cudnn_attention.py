@@ -32,18 +32,23 @@ tests check the program the calls make (tests/modules/test_attention_kernels.py)
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import sys
+import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 __all__ = ["BACKWARD_TARGET", "FORWARD_TARGET", "KERNEL", "CudnnAttention", "backend_config",
-           "check_against_matmul"]
+           "check_against_matmul", "cudnn_library", "compile_check"]
 
 FORWARD_TARGET = "__cudnn$fmhaSoftmax"
 BACKWARD_TARGET = "__cudnn$fmhaSoftmaxBackward"
 MAX_HEAD_DIM = 128  # cuDNN's flash attention: head_dim a multiple of 8, at most 128
+LIBRARY = "libcudnn.so.9"  # what TensorFlow 2.21's CUDA 12 build loads
 _DTYPE_NAMES = {tf.bfloat16: "BF16", tf.float16: "F16"}
 
 # (lhs contracting, rhs contracting, lhs batch, rhs batch) of each matmul of attention over
@@ -117,9 +122,40 @@ def _backward(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, stats: tf.
 
 
 class CudnnAttention:
-    """The ``"cudnn"`` attention kernel (:mod:`lmkit.attention_kernels`)."""
+    """The ``"cudnn"`` attention kernel (:mod:`lmkit.attention_kernels`).
+
+    Args:
+      shape_check: ``(time, head_dim, dtype) -> None or why not``, asked once
+        per kind of call while tracing, on a machine with a GPU only:
+        :func:`compile_check` by default (cuDNN compiles that length and head
+        size here). A call it declines keeps the matmuls, and
+        :attr:`declined` says why (the trainer prints it once).
+    """
 
     name = "cudnn"
+
+    def __init__(self, shape_check: Optional[Callable[[int, int, tf.DType], Optional[str]]] = None) -> None:
+        self._shape_check = shape_check or compile_check
+        self._lock = threading.Lock()  # the native backend traces each replica in its own thread
+        self._shapes: Dict[Tuple[int, int, str], Optional[str]] = {}
+        self.declined: Dict[str, str] = {}  # the kind of call -> why it keeps the matmuls, as asked so far
+
+    def fits(self, time: int, head_dim: int, dtype: tf.DType) -> bool:
+        """Whether cuDNN takes attention over ``time`` positions of ``head_dim`` in ``dtype`` here.
+
+        Without a GPU nothing runs, so every such call fits (the program is
+        only traced). With one, :attr:`_shape_check` decides, once per kind.
+        """
+        if not _gpu_visible():
+            return True
+        key = (int(time), int(head_dim), tf.as_dtype(dtype).name)
+        with self._lock:
+            if key not in self._shapes:
+                with tf.init_scope():  # eagerly, also while a step is being traced
+                    self._shapes[key] = why = self._shape_check(int(time), int(head_dim), tf.as_dtype(dtype))
+                if why is not None:
+                    self.declined[f"windows of {key[0]} positions, head size {key[1]}, {key[2]}"] = why
+            return self._shapes[key] is None
 
     def applies(self, queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, rate: float, training: Any,
                 window: Optional[int]) -> bool:
@@ -127,8 +163,9 @@ class CudnnAttention:
 
         It needs bf16 or f16 arrays of static shape, key/value heads that
         divide the query heads (grouped-query attention), a head size that is
-        a multiple of 8 up to 128, no sliding window and no dropout on the
-        probabilities while training.
+        a multiple of 8 up to 128, no sliding window, no dropout on the
+        probabilities while training, and (on a GPU) a length and head size
+        that cuDNN compiles here (:meth:`fits`).
         """
         shapes = [t.shape for t in (queries, keys, values)]
         if any(s.rank != 4 or not s.is_fully_defined() for s in shapes):
@@ -140,7 +177,9 @@ class CudnnAttention:
             return False
         if head_dim % 8 or head_dim > MAX_HEAD_DIM or window:
             return False
-        return not (rate > 0 and _maybe_training(training))
+        if rate > 0 and _maybe_training(training):
+            return False
+        return self.fits(time, head_dim, queries.dtype)
 
     def __call__(self, queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
         """Causal attention ``[batch, heads, time, head_dim]`` of already scaled queries (keys and values
@@ -171,14 +210,68 @@ class CudnnAttention:
         return self._probed
 
     def _probe(self) -> Optional[str]:
-        if not tf.config.list_logical_devices("GPU"):
+        if not _gpu_visible():
             return "no GPU is visible to TensorFlow"
+        missing = cudnn_library()
+        if missing is not None:  # nothing to compile against (and nothing to fail inside XLA)
+            return missing
         try:
             with tf.device("/GPU:0"):
                 return check_against_matmul(self)
         except Exception as exc:  # a missing cuDNN, an XLA that rejects the call: all mean "not here"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return f"compiling it failed ({type(exc).__name__}: {first[:300]})"
+
+
+def _gpu_visible() -> bool:
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def cudnn_library(paths: Optional[Sequence[str]] = None) -> Optional[str]:
+    """None when cuDNN 9 can be loaded in this process, else why not (what to install).
+
+    Looks where TensorFlow does: the library path and the linker's cache
+    (``dlopen``), and the ``nvidia/cudnn/lib`` folder of the ``nvidia-cudnn-cu12``
+    wheel that ``tensorflow[and-cuda]`` brings, in ``paths`` (default:
+    ``sys.path``).
+    """
+    try:
+        ctypes.CDLL(LIBRARY)
+        return None
+    except OSError:
+        pass
+    for folder in sys.path if paths is None else paths:
+        if folder and os.path.isfile(os.path.join(folder, "nvidia", "cudnn", "lib", LIBRARY)):
+            return None
+    return (f"cuDNN 9 ({LIBRARY}) is not installed: pip install 'tensorflow[and-cuda]' brings it, or put its "
+            "folder on LD_LIBRARY_PATH")
+
+
+def compile_check(time: int, head_dim: int, dtype: tf.DType) -> Optional[str]:
+    """None when cuDNN compiles and runs causal attention over ``time`` positions of ``head_dim`` here.
+
+    Runs the forward and backward calls once on zeros of ``[1, 1, time,
+    head_dim]`` on the first GPU (the values were checked by the probe): a
+    length or head size this cuDNN has no engine for fails here rather than
+    in the training step's compilation.
+    """
+    zeros = tf.zeros([1, 1, time, head_dim], dtype)
+
+    @tf.function(jit_compile=True)
+    def both(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = KERNEL(q, k, v)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32))
+        return [out] + tape.gradient(loss, [q, k, v])
+
+    try:
+        with tf.device("/GPU:0"):
+            [t.numpy() for t in both(zeros, zeros, zeros)]
+    except Exception as exc:  # an engine cuDNN does not have for this length or head size
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"cuDNN did not compile {time} positions x head size {head_dim} ({type(exc).__name__}: {first[:200]})"
+    return None
 
 
 def _maybe_training(training: Any) -> bool:

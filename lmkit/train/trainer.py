@@ -581,6 +581,8 @@ class Trainer:
                     kernel = "" if self.attention_kernel == "matmul" else f" ({self.attention_kernel} attention)"
                     self.log(f"compiled the training step{' with XLA' if self.xla else ''}{kernel} in "
                              f"{self.compile_time:.1f} s")
+                    for line in attention_kernels.declined(self.attention_kernel):
+                        self.log(line)
                     t0 = time.perf_counter()
                     run.timed_from = run.steps
                 # Reading values back costs a host sync: only every few steps.

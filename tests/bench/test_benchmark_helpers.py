@@ -412,6 +412,9 @@ def test_the_cudnn_variants_ask_for_cudnn_and_a_cpu_worker_says_it_cannot(monkey
     assert variants["lmkit_bf16_cudnn"] == {"precision": "mixed_bfloat16", "attention_kernel": "cudnn"}
     assert variants["lmkit_bf16_cudnn_prefetch"] == {**variants["lmkit_bf16_cudnn"], "device_prefetch": 2}
     assert ("lmkit_bf16_cudnn", "lmkit_bf16") in train_throughput.PAIRED_RATIOS
+    # the default takes cuDNN where it runs: the matmuls are a baseline of their own
+    assert variants["lmkit_bf16_matmul"] == {"precision": "mixed_bfloat16", "attention_kernel": "matmul"}
+    assert ("lmkit_bf16", "lmkit_bf16_matmul") in train_throughput.PAIRED_RATIOS
     cfg = load_config("config_tiny_transformer", {"batch_size": 2, "num_steps": 8, "num_layers": 1})
     ids, inputs, targets = train_throughput.synthetic_batches(cfg, 4)
     with pytest.raises(UsageError, match="attention_kernel = 'cudnn' cannot run here: it needs a GPU"):

@@ -377,6 +377,101 @@ def test_a_bad_attention_kernel_is_named_with_the_choices(value):
         attention_kernels.check_setting(value)
 
 
-def test_the_default_kernel_is_the_matmuls():
-    assert _config().attention_kernel == "matmul"
-    assert _config(attention_kernel="auto").attention_kernel == "auto"
+def test_the_default_kernel_is_auto_and_a_cpu_run_keeps_the_matmuls_without_probing(monkeypatch):
+    """"auto" by default (measured on a GPU); on a CPU it resolves to the matmuls before any probe."""
+    from lmkit.models import build_model
+    from lmkit.train import Trainer
+
+    assert TrainConfig.__dataclass_fields__["attention_kernel"].default == "auto"
+    assert _config().attention_kernel == "auto"
+    assert _config(attention_kernel="matmul").attention_kernel == "matmul"
+
+    def no_probe():
+        raise AssertionError("a CPU run must not probe cuDNN")
+
+    monkeypatch.setattr(KERNEL, "probe", no_probe)
+    lines = []
+    trainer = Trainer(build_model(_config().model_config()), _config(), log=lines.append)
+    trainer.fit(np.arange(200, dtype=np.int32) % 40, max_steps=1)
+    assert trainer.attention_kernel == "matmul"
+    assert not any("attention_kernel" in line for line in lines)  # nothing to say without a GPU
+    monkeypatch.setattr(KERNEL, "probe", lambda: None)  # a GPU run where cuDNN checks out takes it
+    assert attention_kernels.resolve(_config().attention_kernel, **GPU_RUN) == "cudnn"
+
+
+# --- which lengths cuDNN takes on a GPU ---------------------------------------------------------------
+
+def test_on_a_gpu_each_kind_of_call_is_checked_once_eagerly_and_a_declined_one_keeps_the_matmuls(monkeypatch):
+    asked = []
+
+    def shape_check(time, head_dim, dtype):
+        asked.append((time, head_dim, dtype, tf.executing_eagerly()))
+        return "no engine for this length" if time == 24 else None
+
+    kernel = cudnn_attention.CudnnAttention(shape_check=shape_check)
+    monkeypatch.setattr(cudnn_attention, "_gpu_visible", lambda: True)
+    monkeypatch.setattr(cudnn_attention, "KERNEL", kernel)  # what the registry hands out
+    seen = []
+
+    def trace(time, head_dim=8):
+        spec = tf.TensorSpec([2, 4, time, head_dim], tf.bfloat16)
+        tf.function(lambda q, k, v: seen.append(kernel.applies(q, k, v, 0.0, True, None)) or q,
+                    input_signature=[spec] * 3).get_concrete_function()
+
+    for time in (16, 24, 16, 24):
+        trace(time)
+    assert seen == [True, False, True, False]
+    # asked once per kind, outside the trace (eagerly), with the call's length, head size and dtype
+    assert asked == [(16, 8, tf.bfloat16, True), (24, 8, tf.bfloat16, True)]
+    assert kernel.applies(*(tf.zeros([2, 4, 16, 16], tf.float16),) * 3, 0.0, True, None) is True
+    assert asked[-1][:3] == (16, 16, tf.float16)
+    assert attention_kernels.declined("cudnn") == [
+        "attention_kernel 'cudnn': the matmuls for windows of 24 positions, head size 8, bfloat16 "
+        "(no engine for this length)"]
+    assert attention_kernels.declined("matmul") == []
+    # without a GPU nothing is compiled: the program is only traced, and every such call fits
+    monkeypatch.setattr(cudnn_attention, "_gpu_visible", lambda: False)
+    assert kernel.fits(40, 8, tf.bfloat16) and len(asked) == 3
+
+
+def test_the_trainer_says_once_compiled_which_calls_the_kernel_left_to_the_matmuls(recorder, monkeypatch):
+    from lmkit.models import build_model
+    from lmkit.train import Trainer
+
+    monkeypatch.setattr(attention_kernels, "resolve", lambda setting, **kwargs: "recorder")
+    monkeypatch.setattr(recorder, "declined", {"windows of 8 positions": "a reason"}, raising=False)
+    lines = []
+    trainer = Trainer(build_model(_config().model_config()), _config(), log=lines.append)
+    trainer.fit(np.arange(200, dtype=np.int32) % 40, max_steps=2)
+    said = [line for line in lines if "the matmuls for" in line]
+    assert said == ["attention_kernel 'recorder': the matmuls for windows of 8 positions (a reason)"]
+    compiled = next(i for i, line in enumerate(lines) if line.startswith("compiled the training step"))
+    assert lines.index(said[0]) == compiled + 1
+
+
+def test_the_probe_looks_for_cudnn_before_compiling_anything(monkeypatch, tmp_path):
+    def no_library(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(cudnn_attention.ctypes, "CDLL", no_library)
+    why = cudnn_attention.cudnn_library(paths=[str(tmp_path)])
+    assert why == ("cuDNN 9 (libcudnn.so.9) is not installed: pip install 'tensorflow[and-cuda]' brings it, "
+                   "or put its folder on LD_LIBRARY_PATH")
+    wheel = tmp_path / "nvidia" / "cudnn" / "lib"  # where the nvidia-cudnn-cu12 wheel puts it
+    wheel.mkdir(parents=True)
+    (wheel / "libcudnn.so.9").write_bytes(b"")
+    assert cudnn_attention.cudnn_library(paths=["", str(tmp_path)]) is None
+    # on a GPU without cuDNN the probe says so and compiles nothing
+    monkeypatch.setattr(cudnn_attention, "_gpu_visible", lambda: True)
+    monkeypatch.setattr(cudnn_attention, "cudnn_library", lambda: why)
+    monkeypatch.setattr(cudnn_attention, "check_against_matmul",
+                        lambda kernel: pytest.fail("compiled without cuDNN"))
+    assert cudnn_attention.CudnnAttention().probe() == why
+
+
+def test_a_length_cudnn_cannot_compile_is_a_reason_not_an_error():
+    """On this CPU nothing compiles the cuDNN calls: compile_check returns why, as a GPU whose cuDNN lacks
+    an engine for the length would, instead of raising."""
+    why = cudnn_attention.compile_check(16, 8, tf.bfloat16)
+    assert why.startswith("cuDNN did not compile 16 positions x head size 8 (")
+    assert "fmhaSoftmax" in why
