@@ -229,11 +229,13 @@ def generation_preset(folder: str) -> Dict[str, Any]:
         if max_new is not None or max_length is not None:
             lengths["max_new_tokens"] = max_new if max_new is not None else max_length - 1
     # Rules on tokens, for every strategy (as transformers applies its logits processors).
-    if count("no_repeat_ngram_size"):
-        lengths["no_repeat_ngram_size"] = count("no_repeat_ngram_size")
+    no_repeat = count("no_repeat_ngram_size")
+    if no_repeat:
+        lengths["no_repeat_ngram_size"] = no_repeat
     for key, name in (("forced_first_id", "forced_bos_token_id"), ("forced_last_id", "forced_eos_token_id")):
-        if token(name) is not None:
-            lengths[key] = token(name)
+        forced = token(name)
+        if forced is not None:
+            lengths[key] = forced
     sample = config.get("do_sample")
     if sample not in (None, True, False):
         raise UsageError(f"{path}: do_sample = {sample!r} must be true or false")

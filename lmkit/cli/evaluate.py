@@ -255,7 +255,7 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     total, tokens = PairEvaluator(run.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)
     update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)
-    strategy, sampler, decoding = _pair_decoding(args, run.model.max_positions - 1)
+    strategy, sampler, decoding = _pair_decoding(args, run.model.max_positions)
     outputs = transduce(run, sources, strategy=strategy, sampler=sampler, rules=rules_of_settings(decoding),
                         max_new_tokens=decoding["max_new_tokens"],
                         min_new_tokens=decoding["min_new_tokens"], batch_size=batch,
@@ -280,38 +280,30 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pair_decoding(args: argparse.Namespace, limit: int) -> Tuple[str, Any, Dict[str, Any]]:
-    """``(strategy, sampler, settings)`` of an encoder-decoder's outputs: the flags, else what the model
-    folder's generation_config.json asks for (beam search or not, and the lengths), else greedy.
+def _pair_decoding(args: argparse.Namespace, max_positions: int) -> Tuple[str, Any, Dict[str, Any]]:
+    """``(strategy, sampler, settings)`` of an encoder-decoder's outputs, resolved as ``lmkit generate``
+    resolves them: the flags, else what the model folder's generation_config.json asks for (beam search
+    or not, its rules on tokens and its lengths, fitted to the decoder's ``max_positions``), else greedy.
 
-    Decoding stays deterministic: a folder that asks for sampling is decoded greedily (with its lengths).
-    The settings (the sampler's, and ``min_new_tokens`` / ``max_new_tokens``) go into the report.
+    Decoding stays deterministic: a folder that asks for sampling is decoded greedily (with its rules and
+    lengths). The settings (the sampler's, the rules, ``min_new_tokens`` / ``max_new_tokens``) go into
+    the report.
     """
     import sys
 
-    from lmkit.decoding.registry import RULE_KEYS, resolve_settings, sampler_of_settings
+    from lmkit.cli.generate import build_sampler, fit_lengths, preset_note, resolve_flags
+    from lmkit.decoding.registry import RULE_KEYS
     from lmkit.hf import model_generation_preset
-    preset, folder = model_generation_preset(args.model_dir)
+    preset, args.preset_source = model_generation_preset(args.model_dir)
     if preset.get("strategy") not in (None, "beam"):  # sampling: its rules and lengths, decoded greedily
         preset = {key: value for key, value in preset.items()
                   if key in ("min_new_tokens", "max_new_tokens", *RULE_KEYS)}
-    strategy, settings = resolve_settings(args.strategy, dict(
-        beam_width=args.beam_width, length_penalty=args.length_penalty, beam_scoring=args.beam_scoring),
-        preset, "greedy")
-    sampler = sampler_of_settings(strategy, settings)
-    max_new = args.max_new_tokens
-    if max_new is None and "max_new_tokens" in preset:
-        max_new = min(preset["max_new_tokens"], limit)
-    # the file's min_length at or past the bound: the end comes only last (as in transformers)
-    min_new = min(preset.get("min_new_tokens", 0), (limit if max_new is None else max_new) - 1)
-    decoding = {**sampler.get_config(), **{key: settings[key] for key in RULE_KEYS},
-                "min_new_tokens": min_new, "max_new_tokens": max_new}
-    given = {"strategy": args.strategy, "beam_width": args.beam_width, "length_penalty": args.length_penalty,
-             "beam_scoring": args.beam_scoring, "max_new_tokens": args.max_new_tokens}
-    taken = ", ".join(f"{key} {value}" for key, value in preset.items()
-                      if given.get(key) is None and (key in ("strategy", "min_new_tokens", "max_new_tokens", *RULE_KEYS)
-                                                     or (strategy == "beam" and settings.get(key) == value)))
-    if taken:
-        sys.stderr.write(f"{folder}/generation_config.json: {taken} (as transformers' generate; a flag overrides "
-                         "each)\n")
-    return strategy, sampler, decoding
+    resolve_flags(args, preset, "greedy")
+    fit_lengths(args, max_positions)
+    sampler = build_sampler(args)
+    note = preset_note(args, sampler)
+    if note:
+        sys.stderr.write(note + "\n")
+    decoding = {**sampler.get_config(), **{key: getattr(args, key) for key in RULE_KEYS},
+                "min_new_tokens": args.min_new_tokens, "max_new_tokens": args.max_new_tokens}
+    return args.strategy, sampler, decoding

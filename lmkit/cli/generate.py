@@ -273,9 +273,10 @@ def resolve_flags(args: argparse.Namespace, preset: Dict[str, Any], default_stra
     """Fills in the strategy and the sampling flags left out: the model folder's ``preset``, else lmkit's defaults.
 
     ``args.preset_used`` keeps the preset's values that were taken (no flag gave them), for the note
-    :func:`preset_note` writes.
+    :func:`preset_note` writes. A flag the command does not have (``lmkit evaluate`` has fewer) counts as
+    left out.
     """
-    given = {key: getattr(args, key) for key in DEFAULTS}
+    given = {key: getattr(args, key, None) for key in DEFAULTS}
     given_strategy = args.strategy
     args.strategy, settings = resolve_settings(args.strategy, given, preset, default_strategy)
     args.preset_used = {key: value for key, value in preset.items() if key == "strategy" or key in DEFAULTS
@@ -284,9 +285,10 @@ def resolve_flags(args: argparse.Namespace, preset: Dict[str, Any], default_stra
     for key, value in settings.items():
         setattr(args, key, value)
     for key in ("min_new_tokens", "max_new_tokens"):  # an encoder-decoder folder's lengths
-        if getattr(args, key) is None and key in preset:
-            setattr(args, key, preset[key])
-            args.preset_used[key] = preset[key]
+        if getattr(args, key, None) is None:
+            setattr(args, key, preset.get(key))
+            if key in preset:
+                args.preset_used[key] = preset[key]
     if args.min_new_tokens is None:
         args.min_new_tokens = 0
 

@@ -39,6 +39,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from lmkit.decoding.beam_step import extend, gather_beams, reorder
 from lmkit.decoding.constraints import Constraints
 from lmkit.decoding.prompts import DecodeResult, EndIds, end_ids, prepare_prompts
 from lmkit.decoding.sampler import Sampler, is_end, pick_loop
@@ -222,14 +223,10 @@ def _beam_search(model: Any,
     vocab_size = int(model.vocab_size)
     # 2 * width candidates hold at most width <eos> endings, so width stay alive.
     num_candidates = min(2 * width, width * vocab_size)
-    positions = tf.range(max_length, dtype=tf.int32)  # [max_length]
     neg_inf = tf.constant(_NEG_INF, tf.float32)
 
     def penalised(log_prob, generated_length):
         return log_prob / gnmt_length_penalty(tf.cast(generated_length, tf.float32), alpha)
-
-    def gather_beams(values, beams):
-        return tf.gather(values, beams, batch_dims=1)  # [batch, n, ...] from [batch, width, ...]
 
     def not_done(t, alive_ids, alive_log_probs, state, fin_ids, fin_lengths, fin_scores, fin_log_probs):
         del alive_ids, state, fin_ids, fin_lengths, fin_log_probs
@@ -246,40 +243,18 @@ def _beam_search(model: Any,
         return tf.logical_and(t < max_length - 1, tf.logical_not(tf.reduce_all(done)))
 
     def body(t, alive_ids, alive_log_probs, state, fin_ids, fin_lengths, fin_scores, fin_log_probs):
-        inputs = tf.reshape(alive_ids[:, :, t], [batch_size * width])  # [batch * width]
-        logits, state = model.step(inputs, state)  # [batch * width, vocab]
-        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
-        log_probs = tf.reshape(log_probs, [batch_size, width, vocab_size])  # [batch, width, vocab]
-        pos = t + 1  # the position being chosen
-        log_probs = constraints.apply(log_probs, alive_ids, pos, prompt_lengths, max_length, eos_id, min_new_tokens)
+        step = extend(model, state, alive_ids, alive_log_probs, t, prompt_ids=prompt_ids,
+                      prompt_lengths=prompt_lengths, max_length=max_length, eos_id=eos_id, constraints=constraints,
+                      min_new_tokens=min_new_tokens, num_candidates=num_candidates)
+        pos, cand_log_probs, cand_ids, ends = step.pos, step.log_probs, step.ids, step.ends
 
-        # Inside a prompt the only continuation is the prompt token, at no cost:
-        # the prompt's own probability does not count in the score.
-        in_prompt = pos < prompt_lengths  # [batch]
-        forced = tf.one_hot(prompt_ids[:, pos], vocab_size,
-                            on_value=0.0, off_value=_NEG_INF)  # [batch, vocab]
-        log_probs = tf.where(in_prompt[:, tf.newaxis, tf.newaxis], forced[:, tf.newaxis, :], log_probs)
-
-        totals = alive_log_probs[:, :, tf.newaxis] + log_probs  # [batch, width, vocab]
-        cand_log_probs, flat = tf.math.top_k(
-            tf.reshape(totals, [batch_size, width * vocab_size]), k=num_candidates)  # [batch, cand]
-        cand_beams = flat // vocab_size  # [batch, cand]
-        cand_tokens = flat % vocab_size  # [batch, cand]
-        write = tf.equal(positions, pos)[tf.newaxis, tf.newaxis, :]  # [1, 1, max_length]
-        cand_ids = tf.where(write, cand_tokens[:, :, tf.newaxis],
-                            gather_beams(alive_ids, cand_beams))  # [batch, cand, max_length]
-
-        # Ended hypotheses: an <eos> outside the prompt, or anything at the last position.
-        ends = tf.logical_or(
-            tf.logical_and(is_end(cand_tokens, eos_id), tf.logical_not(in_prompt)[:, tf.newaxis]),
-            tf.equal(pos, max_length - 1))  # [batch, cand]
         generated_length = tf.maximum(pos + 1 - prompt_lengths, 0)  # [batch]
         cand_scores = tf.where(ends, penalised(cand_log_probs, generated_length[:, tf.newaxis]), neg_inf)
 
         # Merge the ended candidates into the finished set; top_k keeps it sorted.
         all_scores = tf.concat([fin_scores, cand_scores], axis=1)  # [batch, width + cand]
         fin_scores, keep = tf.math.top_k(all_scores, k=width)  # [batch, width]
-        cand_lengths = tf.broadcast_to(pos + 1, tf.shape(cand_tokens))  # [batch, cand]
+        cand_lengths = tf.broadcast_to(pos + 1, tf.shape(step.tokens))  # [batch, cand]
         fin_ids = gather_beams(tf.concat([fin_ids, cand_ids], axis=1), keep)
         fin_lengths = gather_beams(tf.concat([fin_lengths, cand_lengths], axis=1), keep)
         fin_log_probs = gather_beams(tf.concat([fin_log_probs, cand_log_probs], axis=1), keep)
@@ -288,9 +263,7 @@ def _beam_search(model: Any,
         alive_scores = tf.where(ends, neg_inf, cand_log_probs)  # [batch, cand]
         alive_log_probs, survivors = tf.math.top_k(alive_scores, k=width)  # [batch, width]
         alive_ids = gather_beams(cand_ids, survivors)  # [batch, width, max_length]
-        parents = gather_beams(cand_beams, survivors)  # [batch, width]
-        rows = tf.range(batch_size, dtype=tf.int32)[:, tf.newaxis] * width + parents
-        state = model.reorder_state(state, tf.reshape(rows, [batch_size * width]))
+        state = reorder(model, step.state, gather_beams(step.beams, survivors))
         return t + 1, alive_ids, alive_log_probs, state, fin_ids, fin_lengths, fin_scores, fin_log_probs
 
     alive_ids = tf.tile(prompt_ids[:, tf.newaxis, :], [1, width, 1])  # [batch, width, max_length]

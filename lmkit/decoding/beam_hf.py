@@ -29,8 +29,8 @@ from typing import Any, Optional, Tuple, Union
 
 import tensorflow as tf
 
+from lmkit.decoding.beam_step import extend, gather_beams, reorder
 from lmkit.decoding.constraints import Constraints
-from lmkit.decoding.sampler import is_end
 
 __all__ = ["EarlyStopping", "beam_search_transformers"]
 
@@ -54,11 +54,7 @@ def beam_search_transformers(model: Any, prompt_ids: tf.Tensor, prompt_lengths: 
     vocab_size = int(model.vocab_size)
     num_candidates = min(max(2, 1 + len(eos_id)) * width, width * vocab_size)
     top_width = tf.range(num_candidates) < width  # [cand]: the extensions that may finish
-    positions = tf.range(max_length, dtype=tf.int32)
     last = max_length - 1
-
-    def gather_beams(values, beams):
-        return tf.gather(values, beams, batch_dims=1)
 
     def not_done(t, run_ids, run_scores, state, fin_ids, fin_lengths, fin_scores, fin_log_probs, fin_done,
                  improvable, all_ended):
@@ -69,28 +65,16 @@ def beam_search_transformers(model: Any, prompt_ids: tf.Tensor, prompt_lengths: 
     def body(t, run_ids, run_scores, state, fin_ids, fin_lengths, fin_scores, fin_log_probs, fin_done,
              improvable, all_ended):
         del all_ended
-        inputs = tf.reshape(run_ids[:, :, t], [batch_size * width])
-        logits, state = model.step(inputs, state)
-        log_probs = tf.reshape(tf.nn.log_softmax(tf.cast(logits, tf.float32)), [batch_size, width, vocab_size])
-        pos = t + 1  # the position being chosen; pos tokens are written
-        log_probs = constraints.apply(log_probs, run_ids, pos, prompt_lengths, max_length, eos_id, min_new_tokens)
-        in_prompt = pos < prompt_lengths  # [batch]: the prompt's token, at no cost
-        forced = tf.one_hot(prompt_ids[:, pos], vocab_size, on_value=0.0, off_value=float("-inf"))
-        log_probs = tf.where(in_prompt[:, tf.newaxis, tf.newaxis], forced[:, tf.newaxis, :], log_probs)
-
-        totals = tf.reshape(run_scores[:, :, tf.newaxis] + log_probs, [batch_size, width * vocab_size])
-        cand_log_probs, flat = tf.math.top_k(totals, k=num_candidates)  # [batch, cand]
-        cand_beams, cand_tokens = flat // vocab_size, flat % vocab_size
-        write = tf.equal(positions, pos)[tf.newaxis, tf.newaxis, :]
-        cand_ids = tf.where(write, cand_tokens[:, :, tf.newaxis], gather_beams(run_ids, cand_beams))
-        ends = (is_end(cand_tokens, eos_id) & tf.logical_not(in_prompt)[:, tf.newaxis]) | tf.equal(pos, last)
+        step = extend(model, state, run_ids, run_scores, t, prompt_ids=prompt_ids, prompt_lengths=prompt_lengths,
+                      max_length=max_length, eos_id=eos_id, constraints=constraints, min_new_tokens=min_new_tokens,
+                      num_candidates=num_candidates)
+        pos, cand_log_probs, cand_ids, ends = step.pos, step.log_probs, step.ids, step.ends
 
         # The best width extensions that did not end go on.
         going = cand_log_probs + tf.cast(ends, tf.float32) * _MASK
         _, survivors = tf.math.top_k(going, k=width)
         new_run_ids = gather_beams(cand_ids, survivors)
         new_run_scores = gather_beams(going, survivors)
-        parents = gather_beams(cand_beams, survivors)
 
         # Extensions among the best width that ended join the finished set while it can improve.
         new_tokens = tf.maximum(pos + 1 - prompt_lengths, 1)  # [batch]
@@ -103,12 +87,11 @@ def beam_search_transformers(model: Any, prompt_ids: tf.Tensor, prompt_lengths: 
         merged = tf.concat([fin_scores, scores], axis=1)
         fin_scores, keep = tf.math.top_k(merged, k=width)
         fin_ids = gather_beams(tf.concat([fin_ids, cand_ids], axis=1), keep)
-        fin_lengths = gather_beams(tf.concat([fin_lengths, tf.fill(tf.shape(cand_tokens), pos + 1)], axis=1), keep)
+        fin_lengths = gather_beams(tf.concat([fin_lengths, tf.fill(tf.shape(step.tokens), pos + 1)], axis=1), keep)
         fin_log_probs = gather_beams(tf.concat([fin_log_probs, cand_log_probs], axis=1), keep)
         fin_done = gather_beams(tf.concat([fin_done, finishing], axis=1), keep)
 
-        rows = tf.range(batch_size, dtype=tf.int32)[:, tf.newaxis] * width + parents
-        state = model.reorder_state(state, tf.reshape(rows, [batch_size * width]))
+        state = reorder(model, step.state, gather_beams(step.beams, survivors))
 
         # Can the best alive hypothesis still beat the worst finished one?
         if early_stopping == "never" and length_penalty > 0.0:
