@@ -558,7 +558,8 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
         "n_positions": model.max_positions, "n_embd": model.hidden_size, "n_layer": model.decoder.num_layers,
         "n_head": model.decoder.num_heads,
         "n_inner": None if model.decoder.ffn_dim == 4 * model.hidden_size else model.decoder.ffn_dim,
-        "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout,
+        "activation_function": "gelu_new", "resid_pdrop": dropout, "embd_pdrop": dropout,
+        "attn_pdrop": dropout if getattr(model, "attention_dropout", None) is None else model.attention_dropout,
         "layer_norm_epsilon": layer.attention_norm.epsilon, "initializer_range": model.init_scale,
         "tie_word_embeddings": True, "use_cache": True, **ids}
     tensors = {f"transformer.{name}": np.ascontiguousarray(v.numpy(), dtype=np.float32)

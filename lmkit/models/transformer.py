@@ -58,6 +58,7 @@ class TransformerLanguageModel(LanguageModel):
                  layer_norm_epsilon: float = 1e-5,
                  output_bias: bool = True,
                  attention_blocks: Union[int, str] = "auto",
+                 attention_dropout: Optional[float] = None,
                  name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 
@@ -80,6 +81,11 @@ class TransformerLanguageModel(LanguageModel):
             blocks that skip the masked keys after them (speed only; the results
             are the same; ``model_params = {"attention_blocks": 4}`` in a config);
             ``"auto"`` (default): 4 blocks for windows of at least 1024 positions, else 1.
+          attention_dropout: dropout on the attention probabilities while
+            training; None (default): ``dropout``. 0 keeps the rest of the
+            dropout and lets a fused attention kernel take training windows
+            (``model_params = {"attention_dropout": 0.0}`` in a config;
+            :mod:`lmkit.attention_kernels`).
           name: module name.
 
         Raises:
@@ -99,6 +105,8 @@ class TransformerLanguageModel(LanguageModel):
                              f"{', '.join(_POSITION_EMBEDDINGS)}")
         self.position_embedding = position_embedding
         self.dropout = check_rate("dropout", dropout)
+        self.attention_dropout = None if attention_dropout is None else check_rate("attention_dropout",
+                                                                                    attention_dropout)
         self.init_scale = check_positive_float("init_scale", init_scale)
         self.tie_weights = bool(tie_weights)
         initializer = uniform_initializer(init_scale)
@@ -111,7 +119,8 @@ class TransformerLanguageModel(LanguageModel):
             else:
                 self.position_embedder = SinusoidsPositionEmbedder(dim=hidden_size, name="position_embedder")
             self.decoder = TransformerDecoder(num_layers=num_layers, dim=hidden_size, num_heads=num_heads,
-                                              ffn_dim=ffn_dim, dropout=dropout, pre_layer_norm=pre_layer_norm,
+                                              ffn_dim=ffn_dim, dropout=dropout, attention_dropout=attention_dropout,
+                                              pre_layer_norm=pre_layer_norm,
                                               max_positions=max_positions, init_scale=init_scale,
                                               layer_norm_epsilon=layer_norm_epsilon,
                                               attention_blocks=attention_blocks, name="decoder")
@@ -174,8 +183,8 @@ class TransformerLanguageModel(LanguageModel):
 
     def get_config(self) -> Dict[str, Any]:
         """``TrainConfig.model_config()`` keys (model ``gpt2`` for GPT-2's architecture), plus
-        ``position_embedding``, ``layer_norm_epsilon``, ``output_bias`` and ``attention_blocks`` when not
-        the defaults."""
+        ``position_embedding``, ``layer_norm_epsilon``, ``output_bias``, ``attention_blocks`` and
+        ``attention_dropout`` when not the defaults."""
         config = {"model": "gpt2" if self.is_gpt2 else "transformer", "vocab_size": self.vocab_size,
                   "hidden_size": self.hidden_size,
                   "num_layers": self.decoder.num_layers, "init_scale": self.init_scale,
@@ -193,4 +202,6 @@ class TransformerLanguageModel(LanguageModel):
         blocks = self.decoder.layers[0].attention_blocks
         if blocks != "auto":
             config["attention_blocks"] = blocks
+        if self.attention_dropout is not None:
+            config["attention_dropout"] = self.attention_dropout
         return config

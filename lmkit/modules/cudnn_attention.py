@@ -178,6 +178,11 @@ class CudnnAttention:
         if head_dim % 8 or head_dim > MAX_HEAD_DIM or window:
             return False
         if rate > 0 and _maybe_training(training):
+            with self._lock:
+                self.declined[f"training windows with attention dropout {rate:g}"] = (
+                    "cuDNN's fused attention runs here without dropout; a dropout of 0 on the attention "
+                    "probabilities lets it take them: keep_prob = 1.0, or for the transformer and gpt2 models "
+                    "model_params = {'attention_dropout': 0.0}, which keeps the rest of the dropout")
             return False
         return self.fits(time, head_dim, queries.dtype)
 

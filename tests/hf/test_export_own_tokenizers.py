@@ -84,6 +84,21 @@ def test_a_bpe_sentencepiece_has_no_form_and_its_export_writes_nothing(corpus, t
     assert not os.path.exists(out) and not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]
 
 
+def test_a_gpt2_with_its_own_attention_dropout_exports_it_as_attn_pdrop(corpus, tmp_path):
+    from lmkit import hf
+    from lmkit.models import build_model
+    tokenizer = train_tokenizer("byte", [corpus["train"]], str(tmp_path / "run"))
+    for attention, want in ((None, 0.1), (0.0, 0.0)):
+        model = build_model(dict(model="gpt2", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
+                                 num_heads=2, ffn_dim=32, max_positions=16, keep_prob=0.9,
+                                 **({} if attention is None else {"attention_dropout": attention})))
+        out = str(tmp_path / f"hf_{attention}")
+        hf.export_gpt2(model, tokenizer, out, dropout=0.1)
+        with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        assert (config["resid_pdrop"], config["embd_pdrop"], config["attn_pdrop"]) == (0.1, 0.1, want)
+
+
 def _lmkit(*args, timeout=300):
     return run([sys.executable, "-m", "lmkit", *args], timeout=timeout)
 

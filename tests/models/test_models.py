@@ -23,6 +23,24 @@ def _ids(batch, time, seed=0):
     return tf.constant(np.random.RandomState(seed).randint(0, VOCAB, size=(batch, time)).astype(np.int32))
 
 
+def test_attention_dropout_from_a_config_keeps_the_rest_of_the_dropout():
+    """model_params = {"attention_dropout": 0.0}: no dropout on the attention probabilities (what lets a fused
+    attention kernel take training windows), the model's other dropout as keep_prob says; stored with the run."""
+    config = _config("transformer", keep_prob=0.8, model_params={"attention_dropout": 0.0})
+    model = build_model(config.model_config())
+    assert model.dropout == pytest.approx(0.2) and model.attention_dropout == 0.0
+    for layer in model.decoder.layers:
+        assert (layer.attention_dropout, layer.attention.dropout) == (0.0, 0.0)
+        assert layer.dropout == pytest.approx(0.2)
+    assert model.get_config()["attention_dropout"] == 0.0
+    assert build_model(model.get_config()).decoder.layers[1].attention.dropout == 0.0
+    plain = build_model(_config("transformer", keep_prob=0.8).model_config())
+    assert "attention_dropout" not in plain.get_config() and plain.attention_dropout is None
+    assert plain.decoder.layers[0].attention.dropout == pytest.approx(0.2)  # None: the model's dropout
+    with pytest.raises(Exception, match="attention_dropout"):
+        build_model(_config("transformer", model_params={"attention_dropout": 1.5}).model_config())
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_build_model_from_train_config(kind):
     config = _config(kind, keep_prob=0.8)

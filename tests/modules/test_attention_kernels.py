@@ -475,3 +475,14 @@ def test_a_length_cudnn_cannot_compile_is_a_reason_not_an_error():
     why = cudnn_attention.compile_check(16, 8, tf.bfloat16)
     assert why.startswith("cuDNN did not compile 16 positions x head size 8 (")
     assert "fmhaSoftmax" in why
+
+
+def test_training_windows_with_attention_dropout_keep_the_matmuls_and_say_how_to_change_that():
+    kernel = cudnn_attention.CudnnAttention(shape_check=lambda *shape: None)
+    q = tf.zeros([2, 4, 16, 8], tf.bfloat16)
+    assert kernel.applies(q, q, q, 0.1, True, None) is False
+    assert kernel.applies(q, q, q, 0.1, False, None) is True  # evaluation: no dropout, cuDNN takes it
+    assert kernel.applies(q, q, q, 0.0, True, None) is True
+    (what, why), = kernel.declined.items()
+    assert what == "training windows with attention dropout 0.1"
+    assert "keep_prob = 1.0" in why and "model_params = {'attention_dropout': 0.0}" in why
