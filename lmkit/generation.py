@@ -457,6 +457,7 @@ def generate(model: Any,
              temperature: Optional[float] = None,
              top_k: Optional[int] = None,
              top_p: Optional[float] = None,
+             min_p: Optional[float] = None,
              beam_width: Optional[int] = None,
              length_penalty: Optional[float] = None,
              num_samples: int = 1,
@@ -483,7 +484,8 @@ def generate(model: Any,
         ``max_length``; default 50 new tokens when neither is given).
       strategy: ``greedy``, ``sample``, ``top_k``, ``top_p``, ``beam``, or a
         :class:`lmkit.decoding.Sampler`; ``temperature``, ``top_k``,
-        ``top_p``, ``beam_width``, ``length_penalty`` set the named ones.
+        ``top_p``, ``min_p`` (top_p's), ``beam_width``, ``length_penalty`` set
+        the named ones.
         Left out (None), each is what a Hugging Face folder's (or, for a
         run fine-tuned from one, that folder's) ``generation_config.json``
         asks for (:func:`lmkit.hf.model_generation_preset`:
@@ -551,8 +553,9 @@ def generate(model: Any,
     own = isinstance(strategy, Sampler)
     preset = model_generation_preset(folder)[0] if folder is not None and not own else {}
     name, settings = resolve_settings(None if own else strategy, dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, beam_width=beam_width, length_penalty=length_penalty,
-        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size), preset)
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, beam_width=beam_width,
+        length_penalty=length_penalty, repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size), preset)
     sampler = strategy if own else sampler_of_settings(name, settings)
     if context is None and folder is not None:
         context = default_context(folder, sampler)

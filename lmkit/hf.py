@@ -177,8 +177,8 @@ def generation_preset(folder: str) -> Dict[str, Any]:
 
     ``do_sample: true`` gives ``{"strategy": "top_p"}`` with its ``temperature``,
     ``top_k`` and ``top_p``, each at ``transformers``' default where the file has
-    none (1.0, 50, 1.0; a ``top_k`` of 0 is no limit) and its
-    ``repetition_penalty``. ``num_beams`` above 1 without sampling gives
+    none (1.0, 50, 1.0; a ``top_k`` of 0 is no limit), its ``min_p`` (where set
+    above 0) and its ``repetition_penalty``. ``num_beams`` above 1 without sampling gives
     ``transformers``' beam search (``{"strategy": "beam", "beam_width":
     num_beams, "beam_scoring": "transformers"}``) with the file's
     ``length_penalty`` (default 1.0) and ``early_stopping`` (default false).
@@ -246,6 +246,9 @@ def generation_preset(folder: str) -> Dict[str, Any]:
                   "temperature": float(number("temperature", 1.0, lambda v: v > 0, "must be > 0 when do_sample")),
                   "top_k": top_k or None,
                   "top_p": float(number("top_p", 1.0, lambda v: 0 < v <= 1, "must be in (0, 1]"))}
+        min_p = number("min_p", None, lambda v: 0 <= v <= 1, "must be in [0, 1] (0 or null: off)")
+        if min_p:
+            preset["min_p"] = float(min_p)
         penalty = float(number("repetition_penalty", 1.0, lambda v: v > 0, "must be > 0 (1 = off)"))
         if penalty != 1.0:
             preset["repetition_penalty"] = penalty

@@ -106,6 +106,9 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
                    help="top_k's k (default 40); with top_p, the nucleus is taken among the top_k tokens "
                         "(default: no limit)")
     p.add_argument("--top_p", type=float, default=None, help="top_p's p (default 0.9)")
+    p.add_argument("--min_p", type=float, default=None,
+                   help="top_p: keep a token only if its probability is at least this share of the most likely "
+                        "token's (transformers' min_p; default: off); with --top_p 1.0, min-p sampling alone")
     add_beam_flags(p)
     p.add_argument("--early_stopping", type=_early_stopping, default=None, metavar="{true,false,never}",
                    help="beam search with --beam_scoring transformers: transformers' early_stopping "
@@ -205,6 +208,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         ("--temperature", args.temperature, args.temperature > 0, "must be > 0 (use 1e-3 for near-greedy)"),
         ("--top_k", args.top_k, args.top_k is None or args.top_k >= 1, "must be >= 1"),
         ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
+        ("--min_p", args.min_p, args.min_p is None or 0 <= args.min_p <= 1, "must be in [0, 1] (0: off)"),
         ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
         ("--repetition_penalty", args.repetition_penalty, args.repetition_penalty > 0, "must be > 0 (1 = off)"),
         ("--min_new_tokens", args.min_new_tokens, args.min_new_tokens >= 0, "must be >= 0"),
@@ -213,6 +217,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
+    check_min_p(args)
     if args.strategy == "beam" and args.repetition_penalty != 1.0:
         chosen = (f" (chosen by {args.preset_source}/generation_config.json's num_beams; give --strategy to "
                   "choose another)") if "strategy" in args.preset_used else ""
@@ -298,7 +303,8 @@ def preset_note(args: argparse.Namespace, sampler: Any) -> Optional[str]:
     decode uses (no flag gave them), or None when it uses none."""
     config = sampler.get_config()
     beam = "beam_width" in config
-    uses = {"top_k": "k" in config, "top_p": "p" in config, "temperature": "temperature" in config,
+    uses = {"top_k": "k" in config, "top_p": "p" in config, "min_p": config.get("min_p") is not None,
+            "temperature": "temperature" in config,
             "beam_width": beam, "strategy": True, "repetition_penalty": args.strategy != "beam",
             "beam_scoring": beam, "length_penalty": beam, "early_stopping": beam,
             "min_new_tokens": True, "max_new_tokens": True, **{key: True for key in RULE_KEYS}}
@@ -358,6 +364,13 @@ def _sources(args: argparse.Namespace) -> List[str]:
     return read_lines(args.source_file, "source") if args.source_file is not None else list(args.prompt)
 
 
+def check_min_p(args: argparse.Namespace) -> None:
+    """``--min_p`` filters top_p's candidates: another strategy would ignore it, so it is refused there."""
+    if args.min_p and args.strategy != "top_p" and "min_p" not in args.preset_used:
+        raise UsageError(f"--min_p applies to --strategy top_p (with --top_p 1.0 for min-p sampling alone), not "
+                         f"to --strategy {args.strategy}")
+
+
 def check_beam_samples(args: argparse.Namespace) -> None:
     """Beam search returns at most ``--beam_width`` hypotheses: ``--num_samples`` above it is refused."""
     if args.strategy == "beam" and args.num_samples > args.beam_width:
@@ -388,6 +401,7 @@ def check_transduction_args(args: argparse.Namespace) -> None:
               ("--temperature", args.temperature, args.temperature > 0, "must be > 0"),
               ("--top_k", args.top_k, args.top_k is None or args.top_k >= 1, "must be >= 1"),
               ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
+              ("--min_p", args.min_p, args.min_p is None or 0 <= args.min_p <= 1, "must be in [0, 1] (0: off)"),
               ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
               ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
                "must be >= 1"),
@@ -397,6 +411,7 @@ def check_transduction_args(args: argparse.Namespace) -> None:
     for flag, value, ok, need in limits:
         if not ok:
             raise UsageError(f"{flag} {value} {need}")
+    check_min_p(args)
     if args.num_samples > 1 and args.strategy == "greedy":
         raise UsageError(f"--num_samples {args.num_samples}: greedy decoding writes one output per source; "
                          "add --strategy sample, top_k, top_p or beam")

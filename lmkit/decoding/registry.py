@@ -26,7 +26,7 @@ SAMPLER_NAMES: Tuple[str, ...] = tuple(SAMPLERS)
 
 #: The settings a caller leaves out (None) and a model folder does not give. ``top_k`` is the
 #: ``top_k`` strategy's; lmkit's ``top_p`` takes the whole nucleus unless a ``top_k`` is given.
-DEFAULTS: Dict[str, Any] = {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "beam_width": 4,
+DEFAULTS: Dict[str, Any] = {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "min_p": None, "beam_width": 4,
                             "length_penalty": 0.6, "repetition_penalty": 1.0, "beam_scoring": "gnmt",
                             "early_stopping": False, "no_repeat_ngram_size": 0, "forced_first_id": None,
                             "forced_last_id": None}
@@ -113,9 +113,9 @@ def sampler_from_flags(name: str, **flags: Any):
 
 def sampler_of_settings(name: str, settings: Mapping[str, Any]):
     """The sampler ``name`` with :func:`resolve_settings`' ``settings`` (``top_k`` reaches top_k's ``k`` and
-    top_p's limit, ``top_p`` its ``p``)."""
+    top_p's limit, ``top_p`` its ``p``, ``min_p`` top_p's ``min_p``)."""
     return sampler_from_flags(name, temperature=settings["temperature"], k=settings["top_k"], p=settings["top_p"],
-                              beam_width=settings["beam_width"], length_penalty=settings["length_penalty"],
+                              min_p=settings["min_p"], beam_width=settings["beam_width"], length_penalty=settings["length_penalty"],
                               scoring=settings["beam_scoring"], early_stopping=settings["early_stopping"])
 
 

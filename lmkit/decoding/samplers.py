@@ -93,36 +93,45 @@ class TopPSampler(Sampler):
     equal probabilities by lower id, so the kept set is deterministic. With
     ``k`` the nucleus is taken among the ``k`` most likely tokens only, their
     probabilities renormalized first: ``transformers``' sampling (its
-    temperature, then top-k, then top-p), which Hugging Face folders ask for.
+    temperature, then top-k, then top-p, then min-p), which Hugging Face
+    folders ask for. With ``min_p`` a token stays only if its probability is
+    at least ``min_p`` times the most likely token's (Nguyen et al., 2024).
 
     Args:
       p: in (0, 1]; ``p = 1`` keeps the full distribution (of the top ``k``).
       temperature: > 0, applied before the probabilities are computed.
       k: None (no limit) or >= 1: the candidates before the nucleus is taken.
+      min_p: None or 0 (off), or in (0, 1]: the share of the top token's
+        probability a token needs, among those the top-k and the nucleus kept.
     """
 
-    def __init__(self, p: float = 0.9, temperature: float = 1.0, k: Optional[int] = None) -> None:
+    def __init__(self, p: float = 0.9, temperature: float = 1.0, k: Optional[int] = None,
+                 min_p: Optional[float] = None) -> None:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
             raise UsageError(f"p = {p!r} must be in (0, 1]; use p = 1.0 to keep every token")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise UsageError(f"k = {k!r} must be None (no limit) or an integer >= 1")
+        if min_p is not None and (isinstance(min_p, bool) or not isinstance(min_p, (int, float))
+                                  or not 0.0 <= min_p <= 1.0):
+            raise UsageError(f"min_p = {min_p!r} must be in [0, 1] (0 or None: off)")
         self.p = float(p)
         self.temperature = _check_temperature(temperature)
         self.k = k
+        self.min_p = float(min_p) if min_p else None
 
     def get_config(self) -> Dict[str, Any]:
-        return {"p": self.p, "temperature": self.temperature, "k": self.k}
+        return {"p": self.p, "temperature": self.temperature, "k": self.k, "min_p": self.min_p}
 
     def candidates(self, logits: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
         """The tokens a draw chooses among, most likely first: ``(ids, scaled logits)``, each ``[batch, n]``.
 
-        A token outside the top ``k`` or the nucleus has logit ``-inf``; the
-        draw is the softmax of the rest.
+        A token outside the top ``k``, the nucleus or the ``min_p`` share has
+        logit ``-inf``; the draw is the softmax of the rest.
         """
         scaled = tf.cast(logits, tf.float32) / self.temperature  # [batch, vocab]
         vocab = scaled.shape[-1]
         limited = self.k is not None and (vocab is None or self.k < vocab)
-        if self.p >= 1.0 and not limited:  # the full distribution, in vocabulary order
+        if self.p >= 1.0 and not limited and self.min_p is None:  # the full distribution, in vocabulary order
             return tf.broadcast_to(tf.range(tf.shape(scaled)[-1]), tf.shape(scaled)), scaled
         if limited:
             # top_k ranks equal scores by lower id, as the stable sort below does.
@@ -132,14 +141,20 @@ class TopPSampler(Sampler):
             # A stable descending sort ranks equal scores by lower id.
             order = tf.argsort(scaled, axis=-1, direction="DESCENDING", stable=True)  # [batch, vocab]
             sorted_logits = tf.gather(scaled, order, batch_dims=1)  # [batch, vocab]
-        if self.p >= 1.0:  # rounding in the cumulative sum could drop the tail; p = 1 means all
-            return order, sorted_logits
-        sorted_probs = tf.nn.softmax(sorted_logits, axis=-1)  # [batch, n]
-        # Keep a token while the mass of the tokens ranked above it is < p:
-        # that is the smallest prefix reaching p, and always the top token.
-        mass_before = tf.cumsum(sorted_probs, axis=-1, exclusive=True)  # [batch, n]
-        keep = mass_before < self.p  # [batch, n]
-        return order, tf.where(keep, sorted_logits, tf.fill(tf.shape(sorted_logits), -float("inf")))
+        if self.p < 1.0:  # (at p = 1 rounding in the cumulative sum could drop the tail; p = 1 means all)
+            sorted_probs = tf.nn.softmax(sorted_logits, axis=-1)  # [batch, n]
+            # Keep a token while the mass of the tokens ranked above it is < p:
+            # that is the smallest prefix reaching p, and always the top token.
+            mass_before = tf.cumsum(sorted_probs, axis=-1, exclusive=True)  # [batch, n]
+            keep = mass_before < self.p  # [batch, n]
+            sorted_logits = tf.where(keep, sorted_logits, tf.fill(tf.shape(sorted_logits), -float("inf")))
+        if self.min_p is not None:
+            # p_i >= min_p * p_top over the tokens still kept, as transformers' MinPLogitsWarper compares
+            # them (the top token, ranked first, always stays).
+            probs = tf.nn.softmax(sorted_logits, axis=-1)  # [batch, n]
+            keep = probs >= self.min_p * probs[:, :1]
+            sorted_logits = tf.where(keep, sorted_logits, tf.fill(tf.shape(sorted_logits), -float("inf")))
+        return order, sorted_logits
 
     def get_next_token(self, logits: tf.Tensor, step: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
         del step

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402  (a test dependency of the main environment: make setup)
 from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
-from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,  # noqa: E402
-                                                    TopPLogitsWarper)
+from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,  # noqa: E402
+                                                    TopKLogitsWarper, TopPLogitsWarper)
 
 from lmkit.decoding import TopPSampler  # noqa: E402
 from lmkit.errors import UsageError  # noqa: E402
@@ -22,14 +22,8 @@ from tests.hf.test_llama import _lmkit, make_llama_folder  # noqa: E402
 pytestmark = pytest.mark.transformers
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.6, 50, 0.9), (1.0, 50, 1.0), (1.3, 4, 0.7), (0.8, 1, 0.9),
-                                                        (0.7, None, 0.8)])
-def test_top_p_with_k_keeps_what_transformers_warpers_keep(temperature, top_k, top_p):
-    """transformers samples from temperature, then top-k, then top-p (that order in its generate): lmkit's
-    TopPSampler(p, temperature, k) draws among the same tokens with the same probabilities."""
-    rng = np.random.default_rng(3)
-    logits = rng.normal(0, 3.0, (5, 257)).astype(np.float32)
-    check_decidable_nucleus(logits, top_p, temperature, top_k)
+def warped(logits, temperature, top_k, top_p):
+    """transformers' sampling scores of ``logits``: its temperature, then top-k, then top-p warpers."""
     scores = torch.tensor(logits)
     warpers = [TemperatureLogitsWarper(temperature)]
     if top_k is not None:
@@ -38,12 +32,57 @@ def test_top_p_with_k_keeps_what_transformers_warpers_keep(temperature, top_k, t
         warpers.append(TopPLogitsWarper(top_p))
     for warper in warpers:
         scores = warper(None, scores)
-    expected = torch.softmax(scores, dim=-1).numpy()
+    return scores
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.6, 50, 0.9), (1.0, 50, 1.0), (1.3, 4, 0.7), (0.8, 1, 0.9),
+                                                        (0.7, None, 0.8)])
+def test_top_p_with_k_keeps_what_transformers_warpers_keep(temperature, top_k, top_p):
+    """transformers samples from temperature, then top-k, then top-p (that order in its generate): lmkit's
+    TopPSampler(p, temperature, k) draws among the same tokens with the same probabilities."""
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0, 3.0, (5, 257)).astype(np.float32)
+    check_decidable_nucleus(logits, top_p, temperature, top_k)
+    expected = torch.softmax(warped(logits, temperature, top_k, top_p), dim=-1).numpy()
     ids, candidate_logits = TopPSampler(p=top_p, temperature=temperature, k=top_k).candidates(tf.constant(logits))
     got = np.zeros_like(expected)
     np.put_along_axis(got, ids.numpy(), tf.nn.softmax(candidate_logits, axis=-1).numpy(), axis=-1)
     np.testing.assert_array_equal(got > 0, expected > 0)  # the same tokens kept
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [(1.0, None, 1.0, 0.05), (0.7, 20, 0.8, 0.1),
+                                                               (1.3, 50, 1.0, 0.2), (0.9, None, 0.85, 0.5)])
+def test_min_p_keeps_what_transformers_min_p_keeps(temperature, top_k, top_p, min_p):
+    """transformers' min-p comes after its top-k and top-p: a token stays when its probability is at least
+    min_p times the top token's. lmkit's TopPSampler(..., min_p) keeps the same tokens, with the same
+    probabilities, and fewer than without min_p."""
+    rng = np.random.default_rng(11)
+    logits = rng.normal(0, 3.0, (6, 257)).astype(np.float32)
+    check_decidable_nucleus(logits, top_p, temperature, top_k)
+    scores = warped(logits, temperature, top_k, top_p)
+    # Decidable: no kept token's probability within 1e-4 (relative) of the threshold, where float32 rounding
+    # of either framework could move it across. The ratio to the top token is exp of the logits' difference.
+    scaled = scores.double().numpy()
+    ratio = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    assert np.min(np.abs(ratio[np.isfinite(scaled)] - min_p)) > 1e-4 * min_p, "min-p boundary within rounding"
+    expected = torch.softmax(MinPLogitsWarper(min_p)(None, scores), dim=-1).numpy()
+    sampler = TopPSampler(p=top_p, temperature=temperature, k=top_k, min_p=min_p)
+    ids, candidate_logits = sampler.candidates(tf.constant(logits))
+    got = np.zeros_like(expected)
+    np.put_along_axis(got, ids.numpy(), tf.nn.softmax(candidate_logits, axis=-1).numpy(), axis=-1)
+    np.testing.assert_array_equal(got > 0, expected > 0)  # the same tokens kept
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+    without = TopPSampler(p=top_p, temperature=temperature, k=top_k).candidates(tf.constant(logits))[1]
+    assert np.sum(np.isfinite(candidate_logits.numpy())) < np.sum(np.isfinite(without.numpy()))
+    assert sampler.get_config()["min_p"] == min_p
+
+
+def test_min_p_out_of_range_is_one_error():
+    for value in (-0.1, 1.5, True, "0.1"):
+        with pytest.raises(UsageError, match=r"min_p = .* must be in \[0, 1\] \(0 or None: off\)"):
+            TopPSampler(min_p=value)
+    assert TopPSampler(min_p=0).min_p is None and TopPSampler(min_p=None).get_config()["min_p"] is None
 
 
 def write_generation_config(folder, **values):
@@ -61,6 +100,10 @@ def write_generation_config(folder, **values):
     (dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
      dict(strategy="top_p", temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05), "sample"),
     (dict(do_sample=True, top_k=0), dict(strategy="top_p", temperature=1.0, top_k=None, top_p=1.0), "sample"),
+    # min-p sampling (0 is off, as in transformers)
+    (dict(do_sample=True, min_p=0.05, top_k=0), dict(strategy="top_p", temperature=1.0, top_k=None, top_p=1.0,
+                                                     min_p=0.05), "sample"),
+    (dict(do_sample=True, min_p=0), dict(strategy="top_p", temperature=1.0, top_k=50, top_p=1.0), "sample"),
     # transformers' beam search, its early_stopping at transformers' default
     (dict(num_beams=4, length_penalty=2.0), dict(strategy="beam", beam_width=4, beam_scoring="transformers",
                                                  length_penalty=2.0, early_stopping=False), "beam_search"),
@@ -90,6 +133,7 @@ def test_generation_preset_without_a_file_and_with_bad_values(tmp_path):
     for values, message in [(dict(do_sample=True, temperature=0), "temperature = 0 must be > 0"),
                             (dict(do_sample=True, top_p=1.5), r"top_p = 1.5 must be in \(0, 1\]"),
                             (dict(do_sample=True, top_k=-1), "top_k = -1 must be an integer >= 0"),
+                            (dict(do_sample=True, min_p=1.5), r"min_p = 1.5 must be in \[0, 1\]"),
                             (dict(num_beams=0), "num_beams = 0 must be an integer >= 1"),
                             (dict(do_sample="yes"), "do_sample = 'yes' must be true or false")]:
         path = write_generation_config(folder, **values)
@@ -128,6 +172,22 @@ def test_generate_flags_take_the_folders_preset_and_override_it(tmp_path):
     with pytest.raises(UsageError, match=r"not to --strategy beam \(chosen by .*generation_config.json's num_beams"):
         parsed(*base, "--repetition_penalty", "1.3")
     assert parsed(*base, "--repetition_penalty", "1.3", "--strategy", "greedy").strategy == "greedy"
+    # min_p: the folder's, a flag's, and refused where the strategy would ignore it
+    from lmkit.cli.generate import build_sampler, preset_note
+    write_generation_config(folder, do_sample=True, min_p=0.1, top_p=1.0)
+    args = parsed(*base)
+    sampler = build_sampler(args)
+    assert (args.strategy, sampler.min_p, sampler.p) == ("top_p", 0.1, 1.0)
+    assert "min_p 0.1" in preset_note(args, sampler)
+    assert build_sampler(parsed(*base, "--min_p", "0.3")).min_p == 0.3
+    assert build_sampler(parsed(*base, "--min_p", "0")).min_p is None
+    assert parsed(*base, "--strategy", "greedy").strategy == "greedy"  # the folder's min_p goes unused there
+    with pytest.raises(UsageError, match=r"--min_p applies to --strategy top_p \(with --top_p 1.0 for min-p "
+                                         r"sampling alone\), not to --strategy top_k"):
+        parsed(*base, "--min_p", "0.2", "--strategy", "top_k")
+    with pytest.raises(UsageError, match=r"--min_p 1.2 must be in \[0, 1\]"):
+        parsed(*base, "--min_p", "1.2")
+    write_generation_config(folder, num_beams=3)
     args = parsed(*base, "--min_new_tokens", "2")  # beam search holds the end back too
     assert (args.strategy, args.min_new_tokens, args.beam_scoring, args.length_penalty) == \
         ("beam", 2, "transformers", 1.0)
@@ -162,6 +222,10 @@ def test_lmkit_generate_samples_as_the_folders_generation_config_asks(tmp_path):
     res = _lmkit("generate", "--model_dir", folder, "--prompt", prompt, "--max_new_tokens", "3", "--strategy",
                  "greedy")
     assert res.returncode == 0 and "generation_config.json: strategy" not in res.stderr, res.stderr[-2000:]
+    # min_p = 1.0 keeps the top token alone: greedy again, now among transformers' top_k 50 at temperature 1.
+    write_generation_config(folder, do_sample=True, eos_token_id=10 ** 6)
+    [sample] = lmkit.generate(folder, prompt, max_new_tokens=12, seed=5, min_p=1.0, return_samples=True)
+    assert sample.ids == expected
 
 
 def test_a_run_fine_tuned_from_a_folder_samples_as_the_folder_asks(tmp_path):
