@@ -42,7 +42,7 @@ import tensorflow as tf
 from lmkit.decoding.beam_step import extend, gather_beams, reorder
 from lmkit.decoding.constraints import Constraints
 from lmkit.decoding.prompts import DecodeResult, EndIds, end_ids, prepare_prompts
-from lmkit.decoding.sampler import Sampler, is_end, pick_loop
+from lmkit.decoding.sampler import Sampler, pick_loop
 from lmkit.errors import UsageError
 
 __all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty", "SCORINGS"]
