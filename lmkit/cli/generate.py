@@ -197,27 +197,11 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         args.max_length = 50
     preset, args.preset_source = model_generation_preset(args.model_dir)
     resolve_flags(args, preset, "top_p")
-    limits = [
-        ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
+    check_limits(args, [
         ("--max_length", args.max_length, args.max_length >= 1, "must be >= 1"),
-        ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
-         "must be >= 1"),
-        ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
         ("--context", args.context, args.context is None or args.context >= 2,
          "must be >= 2 (tokens the model reads before its window slides)"),
-        ("--temperature", args.temperature, args.temperature > 0, "must be > 0 (use 1e-3 for near-greedy)"),
-        ("--top_k", args.top_k, args.top_k is None or args.top_k >= 1, "must be >= 1"),
-        ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
-        ("--min_p", args.min_p, args.min_p is None or 0 <= args.min_p <= 1, "must be in [0, 1] (0: off)"),
-        ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
-        ("--repetition_penalty", args.repetition_penalty, args.repetition_penalty > 0, "must be > 0 (1 = off)"),
-        ("--min_new_tokens", args.min_new_tokens, args.min_new_tokens >= 0, "must be >= 0"),
-        ("--no_repeat_ngram_size", args.no_repeat_ngram_size, args.no_repeat_ngram_size >= 0, "must be >= 0 (0 = off)"),
-    ]
-    for flag, value, ok, need in limits:
-        if not ok:
-            raise UsageError(f"{flag} {value} {need}")
-    check_min_p(args)
+        ("--repetition_penalty", args.repetition_penalty, args.repetition_penalty > 0, "must be > 0 (1 = off)")])
     if args.strategy == "beam" and args.repetition_penalty != 1.0:
         chosen = (f" (chosen by {args.preset_source}/generation_config.json's num_beams; give --strategy to "
                   "choose another)") if "strategy" in args.preset_used else ""
@@ -364,6 +348,33 @@ def _sources(args: argparse.Namespace) -> List[str]:
     return read_lines(args.source_file, "source") if args.source_file is not None else list(args.prompt)
 
 
+def check_limits(args: argparse.Namespace, own: Sequence[Tuple[str, Any, bool, str]] = ()) -> None:
+    """The ranges of the flags every ``lmkit generate`` run has (after :func:`resolve_flags`), after the
+    command's ``own`` ``(flag, value, ok, need)``; the first one out of range is the error.
+
+    Raises:
+      UsageError: ``--flag value need``.
+    """
+    limits = [
+        *own,
+        ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
+        ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
+         "must be >= 1"),
+        ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
+        ("--temperature", args.temperature, args.temperature > 0, "must be > 0 (use 1e-3 for near-greedy)"),
+        ("--top_k", args.top_k, args.top_k is None or args.top_k >= 1, "must be >= 1"),
+        ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
+        ("--min_p", args.min_p, args.min_p is None or 0 <= args.min_p <= 1, "must be in [0, 1] (0: off)"),
+        ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
+        ("--min_new_tokens", args.min_new_tokens, args.min_new_tokens >= 0, "must be >= 0"),
+        ("--no_repeat_ngram_size", args.no_repeat_ngram_size, args.no_repeat_ngram_size >= 0, "must be >= 0 (0 = off)"),
+    ]
+    for flag, value, ok, need in limits:
+        if not ok:
+            raise UsageError(f"{flag} {value} {need}")
+    check_min_p(args)
+
+
 def check_min_p(args: argparse.Namespace) -> None:
     """``--min_p`` filters top_p's candidates: another strategy would ignore it, so it is refused there."""
     if args.min_p and args.strategy != "top_p" and "min_p" not in args.preset_used:
@@ -395,23 +406,7 @@ def check_transduction_args(args: argparse.Namespace) -> None:
                              "writes one line per source (--max_new_tokens bounds it)")
     preset, args.preset_source = model_generation_preset(args.model_dir)
     resolve_flags(args, preset, "greedy")
-    limits = [("--batch_size", args.batch_size, args.batch_size >= 1, "must be >= 1"),
-              ("--num_samples", args.num_samples, args.num_samples >= 1, "must be >= 1"),
-              ("--beam_width", args.beam_width, args.beam_width >= 1, "must be >= 1"),
-              ("--temperature", args.temperature, args.temperature > 0, "must be > 0"),
-              ("--top_k", args.top_k, args.top_k is None or args.top_k >= 1, "must be >= 1"),
-              ("--top_p", args.top_p, 0 < args.top_p <= 1, "must be in (0, 1]"),
-              ("--min_p", args.min_p, args.min_p is None or 0 <= args.min_p <= 1, "must be in [0, 1] (0: off)"),
-              ("--seed", args.seed, args.seed is None or args.seed >= 0, "must be >= 0"),
-              ("--max_new_tokens", args.max_new_tokens, args.max_new_tokens is None or args.max_new_tokens >= 1,
-               "must be >= 1"),
-              ("--min_new_tokens", args.min_new_tokens, args.min_new_tokens >= 0, "must be >= 0"),
-              ("--no_repeat_ngram_size", args.no_repeat_ngram_size, args.no_repeat_ngram_size >= 0,
-               "must be >= 0 (0 = off)")]
-    for flag, value, ok, need in limits:
-        if not ok:
-            raise UsageError(f"{flag} {value} {need}")
-    check_min_p(args)
+    check_limits(args, [("--batch_size", args.batch_size, args.batch_size >= 1, "must be >= 1")])
     if args.num_samples > 1 and args.strategy == "greedy":
         raise UsageError(f"--num_samples {args.num_samples}: greedy decoding writes one output per source; "
                          "add --strategy sample, top_k, top_p or beam")

@@ -90,6 +90,26 @@ def test_generate_flag_errors_name_the_flag(tmp_path, flags, match):
         generate.check_args(args)
 
 
+@pytest.mark.parametrize("flags, match", [
+    (["--batch_size", "0"], "--batch_size 0 must be >= 1"),
+    (["--temperature", "0"], r"--temperature 0.0 must be > 0 \(use 1e-3 for near-greedy\)"),
+    (["--min_p", "1.5"], r"--min_p 1.5 must be in \[0, 1\]"),
+    (["--no_repeat_ngram_size", "-2"], "--no_repeat_ngram_size -2 must be >= 0"),
+    (["--min_p", "0.1", "--strategy", "greedy"], "--min_p applies to --strategy top_p"),
+])
+def test_an_encoder_decoders_flags_are_checked_as_a_language_models(tmp_path, flags, match):
+    """The sampling and length flags have one set of ranges for both kinds of model (check_limits)."""
+    from lmkit.cli import generate
+    from lmkit.errors import UsageError
+    args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), "--source_file", "s.txt", *flags])
+    with pytest.raises(UsageError, match=match):
+        generate.check_transduction_args(args)
+    if flags[0] != "--batch_size":  # the same error for a language model
+        args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), *flags])
+        with pytest.raises(UsageError, match=match):
+            generate.check_args(args)
+
+
 def test_stop_flags_read_backslash_escapes():
     from lmkit.cli.generate import _unescape
     assert _unescape("\\n\\n") == "\n\n" and _unescape("ROMEO:") == "ROMEO:" and _unescape("caf\u00e9\\t") == "caf\u00e9\t"
