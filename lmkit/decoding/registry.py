@@ -115,8 +115,8 @@ def sampler_of_settings(name: str, settings: Mapping[str, Any]):
     """The sampler ``name`` with :func:`resolve_settings`' ``settings`` (``top_k`` reaches top_k's ``k`` and
     top_p's limit, ``top_p`` its ``p``, ``min_p`` top_p's ``min_p``)."""
     return sampler_from_flags(name, temperature=settings["temperature"], k=settings["top_k"], p=settings["top_p"],
-                              min_p=settings["min_p"], beam_width=settings["beam_width"], length_penalty=settings["length_penalty"],
-                              scoring=settings["beam_scoring"], early_stopping=settings["early_stopping"])
+                              min_p=settings["min_p"], beam_width=settings["beam_width"],
+                              length_penalty=settings["length_penalty"], scoring=settings["beam_scoring"], early_stopping=settings["early_stopping"])
 
 
 #: The settings that are rules on tokens, for every strategy (:class:`lmkit.decoding.constraints.Constraints`).

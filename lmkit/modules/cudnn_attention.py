@@ -224,8 +224,7 @@ class CudnnAttention:
             with tf.device("/GPU:0"):
                 return check_against_matmul(self)
         except Exception as exc:  # a missing cuDNN, an XLA that rejects the call: all mean "not here"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return f"compiling it failed ({type(exc).__name__}: {first[:300]})"
+            return f"compiling it failed ({_first_line(exc, 300)})"
 
 
 def _gpu_visible() -> bool:
@@ -261,22 +260,31 @@ def compile_check(time: int, head_dim: int, dtype: tf.DType) -> Optional[str]:
     in the training step's compilation.
     """
     zeros = tf.zeros([1, 1, time, head_dim], dtype)
-
-    @tf.function(jit_compile=True)
-    def both(q, k, v):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = KERNEL(q, k, v)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32))
-        return [out] + tape.gradient(loss, [q, k, v])
-
+    both = tf.function(lambda q, k, v: _with_gradients(KERNEL, q, k, v), jit_compile=True)
     try:
         with tf.device("/GPU:0"):
             [t.numpy() for t in both(zeros, zeros, zeros)]
     except Exception as exc:  # an engine cuDNN does not have for this length or head size
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"cuDNN did not compile {time} positions x head size {head_dim} ({type(exc).__name__}: {first[:200]})"
+        return f"cuDNN did not compile {time} positions x head size {head_dim} ({_first_line(exc, 200)})"
     return None
+
+
+def _with_gradients(attention: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.Tensor], q: tf.Tensor, k: tf.Tensor,
+                    v: tf.Tensor, weights: Optional[tf.Tensor] = None) -> List[tf.Tensor]:
+    """``[out, dQ, dK, dV]`` of ``attention(q, k, v)``, the gradients of the float32 sum of ``out``
+    (times ``weights`` where given)."""
+    with tf.GradientTape() as tape:
+        tape.watch([q, k, v])
+        out = attention(q, k, v)
+        total = tf.cast(out, tf.float32) if weights is None else tf.cast(out, tf.float32) * weights
+        loss = tf.reduce_sum(total)
+    return [out] + tape.gradient(loss, [q, k, v])
+
+
+def _first_line(exc: Exception, limit: int) -> str:
+    """``Type: the message's first line`` (at most ``limit`` characters of it) of an error."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {(text.splitlines()[0] if text else type(exc).__name__)[:limit]}"
 
 
 def _maybe_training(training: Any) -> bool:
@@ -299,22 +307,14 @@ def check_against_matmul(kernel: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.
 
     @tf.function(jit_compile=True)
     def fused(q, k, v):
-        q16, k16, v16 = (tf.cast(t, dtype) for t in (q, k, v))
-        with tf.GradientTape() as tape:
-            tape.watch([q16, k16, v16])
-            out = kernel(q16 * tf.cast(scale, dtype), k16, v16)
-            loss = tf.reduce_sum(tf.cast(out, tf.float32) * w)
-        return [out] + tape.gradient(loss, [q16, k16, v16])
+        return _with_gradients(lambda q, k, v: kernel(q * tf.cast(scale, dtype), k, v),
+                               *(tf.cast(t, dtype) for t in (q, k, v)), weights=w)
 
     @tf.function(jit_compile=True)
     def reference(q, k, v):  # lmkit's matmuls, one block, in float32
         from lmkit.modules.transformer import causal_attend
 
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            out = causal_attend(q * scale, k, v, 1, 0.0, False)
-            loss = tf.reduce_sum(out * w)
-        return [out] + tape.gradient(loss, [q, k, v])
+        return _with_gradients(lambda q, k, v: causal_attend(q * scale, k, v, 1, 0.0, False), q, k, v, weights=w)
 
     rounded = [tf.cast(tf.cast(t, dtype), tf.float32) for t in (q, k, v)]  # the inputs the kernel sees
     got = [None if t is None else tf.cast(t, tf.float32).numpy() for t in fused(q, k, v)]
