@@ -445,6 +445,27 @@ def _search_dirs() -> Tuple[str, ...]:
     return tuple(dict.fromkeys(os.path.realpath(d) for d in dirs))
 
 
+def _builtin_dir() -> str:
+    return os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"))
+
+
+def _note_shadowing(name: str, path: Optional[str]) -> None:
+    """One line (rank 0) when a config file found first hides the built-in config of that name.
+
+    A config file is Python that runs as the user: ``--config config_small``
+    inside someone else's checkout would run its ``configs/config_small.py``.
+    """
+    builtin = os.path.join(_builtin_dir(), name + ".py")
+    if path is None or not os.path.isfile(builtin) or os.path.realpath(path) == builtin:
+        return
+    from lmkit.distributed.env import launcher_rank
+    if launcher_rank() == 0:
+        import sys
+        sys.stderr.write(f"note: --config {name} is {os.path.realpath(path)}, which shadows lmkit's built-in "
+                         f"{name}; a config file is Python code that runs as you, so check it (lmkit's own: "
+                         f"--config {builtin})\n")
+
+
 def available_configs() -> Tuple[str, ...]:
     """Names of the configs found in the search folders."""
     names = set()
@@ -472,6 +493,7 @@ def load_config(name: str, overrides: Optional[Mapping[str, Any]] = None) -> Tra
             if os.path.isfile(candidate):
                 path = candidate
                 break
+        _note_shadowing(name, path)
     try:
         if path is not None:
             spec = importlib.util.spec_from_file_location(f"lmkit_config_{abs(hash(path))}", path)

@@ -27,7 +27,8 @@ class UsageError(LmkitError, ValueError):
 
 
 class CheckpointError(UsageError):
-    """A checkpoint that does not fit the config, vocabulary or model."""
+    """A checkpoint that does not fit the config, vocabulary or model, or one that cannot be read back
+    (corrupt) or written (a full disk)."""
 
 
 class NonFiniteError(LmkitError, FloatingPointError):

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.checks import is_token_id
 from lmkit.errors import UsageError
+from lmkit.fileio import TempFolder, sweep_temp_folders
 
 __all__ = ["FAMILIES", "build_pretrained", "check_new_folder", "check_pretrained", "end_token_ids", "export_gpt2",
            "family_of", "gpt2_model_config", "is_hf_folder", "load_gpt2", "load_gpt2_weights", "load_pretrained",
@@ -509,7 +508,7 @@ def check_vocabulary(tokenizer: Any, vocab_size: int, folder: str) -> None:
     """A tokenizer with ids beyond the model's vocabulary is refused (naming the tokenizer file)."""
     if tokenizer.vocab_size > vocab_size:
         name = "tokenizer.json" if os.path.isfile(os.path.join(folder, "tokenizer.json")) else "vocab.json"
-        raise UsageError(f"{os.path.join(folder, name)} has {tokenizer.vocab_size} tokens but the model's "
+        raise UsageError(f"{os.path.join(folder, name)} has ids up to {tokenizer.vocab_size - 1} but the model's "
                          f"vocab_size is {vocab_size} ({os.path.join(folder, HF_CONFIG)}); the tokenizer "
                          "belongs to another model")
 
@@ -587,16 +586,13 @@ def write_folder(output: str, fill: Any) -> List[str]:
       The names of the files written.
     """
     parent = os.path.dirname(os.path.abspath(output)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
-        fill(tmp)
+    # The folders of exports killed midway are swept; a live export's folder is locked.
+    sweep_temp_folders(parent, ".export-")
+    with TempFolder(parent, ".export-") as tmp:
+        fill(tmp.path)
         if os.path.isdir(output):
             os.rmdir(output)  # empty (checked by the caller)
-        os.rename(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        tmp.publish(output)
     return sorted(os.listdir(output))
 
 

@@ -16,7 +16,9 @@ and then
 
 * starts the workers of this host (``127.0.0.1``, ``localhost`` or its own
   name) as subprocesses and waits for them; when one fails the others are
-  stopped and its exit status is returned;
+  stopped, its exit status is returned, and the job's last line names the
+  worker that failed first, with its status or signal (the others' errors
+  that follow are mostly the consequence);
 * passes SIGTERM, SIGINT and SIGUSR1 on to the workers of this host, which
   then stop together at a step boundary after a checkpoint (exit status 75,
   "preempted, rerun to continue"), and waits for all of them;
@@ -60,12 +62,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV
-from lmkit.errors import UsageError
+from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host
+from lmkit.errors import NonFiniteError, UsageError
 from lmkit.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
 
 __all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "core_sets", "main",
@@ -76,7 +79,6 @@ DEFAULT_PORT = 23456
 FORWARDED_PREFIXES = ("NCCL_", "LMKIT_", "TF_", "CUDA_", "XLA_")
 # How long the other workers may take to finish a preemption stop after the first one left.
 PREEMPTION_WAIT = 120.0
-_LOCAL_NAMES = ("127.0.0.1", "localhost", "::1")
 # `python -m lmkit.launch --NAME ARGS...` runs launcher NAME with ARGS (a Horovod job).
 WRAPPED_LAUNCHERS = ("mpirun", "mpiexec", "horovodrun")
 # Process names of Open MPI's launcher (mpirun and mpiexec are links to orterun; 5.x: prterun).
@@ -104,16 +106,6 @@ class Worker:
     @property
     def address(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def is_local_host(host: str) -> bool:
-    """True for this machine's loopback addresses and its own host names."""
-    names = set(_LOCAL_NAMES)
-    try:
-        names.update({socket.gethostname(), socket.getfqdn()})
-    except OSError:
-        pass
-    return host in names
 
 
 def _free_ports(count: int) -> List[int]:
@@ -309,6 +301,13 @@ def _die_with_parent() -> None:
         pass
 
 
+def _own_group_dying_with_parent() -> None:
+    """In the launcher's child: its own process group (``Popen(process_group=0)`` is Python 3.11+
+    only), then :func:`_die_with_parent`."""
+    os.setpgid(0, 0)
+    _die_with_parent()
+
+
 def run_wrapped(command: Sequence[str], give_up_after: float = PREEMPTION_WAIT + 60.0) -> int:
     """Runs a Horovod launcher (``mpirun ...``, ``horovodrun ...``) with its ranks as a
     preemptible job: SIGTERM, SIGINT or SIGUSR1 to this process becomes SIGUSR1 to every
@@ -361,7 +360,7 @@ def run_wrapped(command: Sequence[str], give_up_after: float = PREEMPTION_WAIT +
         try:
             # Its own process group: Ctrl-C in a terminal reaches this wrapper only (mpirun
             # would abort on SIGINT); a terminal's stdin is not passed on (the ranks do not read it).
-            proc = subprocess.Popen(list(command), process_group=0, preexec_fn=_die_with_parent,
+            proc = subprocess.Popen(list(command), preexec_fn=_own_group_dying_with_parent,
                                     stdin=subprocess.DEVNULL if interactive else None)
         except FileNotFoundError:
             raise UsageError(f"python -m lmkit.launch --{os.path.basename(command[0])}: "
@@ -453,6 +452,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd, forwarded)}",
                   file=sys.stderr)
     procs: List[subprocess.Popen] = []
+    started: List[Worker] = []  # the worker of each of procs
     signalled: List[int] = []
     reached = [0]  # how many of procs the signals went to
 
@@ -473,13 +473,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 procs.append(subprocess.Popen(
                     command, env={**os.environ, **worker_env(w, workers)},
                     preexec_fn=(lambda c=bind: os.sched_setaffinity(0, c)) if bind else None))
+                started.append(w)
             elif agent:
                 procs.append(subprocess.Popen([*agent, w.host,
                                                remote_command(w, workers, command, cwd, forwarded)]))
+                started.append(w)
         if signalled:  # a notice while the workers started: the later ones get it too
             for p in procs[reached[0]:]:
                 p.send_signal(signalled[-1])
-        return _wait(procs, signalled)
+        return _wait(procs, signalled, started, len(workers))
     except KeyboardInterrupt:
         _stop(procs)
         return 130
@@ -488,28 +490,91 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(sig, handler)
 
 
-def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int]) -> int:
-    """The job's exit status: 0 when every worker succeeded, else the first failure's.
+# Statuses every lmkit rank exits with together, after rank 0 printed why (bad input, a
+# non-finite loss, a preemption): which worker's exit the launcher saw first says nothing.
+_EVERY_RANK_STATUSES = (UsageError.exit_code, NonFiniteError.exit_code, PREEMPTED_EXIT_STATUS)
+
+
+def _exit_text(code: int) -> str:
+    """``exit status N`` or ``killed by SIGNAME`` for a Popen return code."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _note_end(proc: subprocess.Popen, index: int, ended: List[int]) -> None:
+    """On its own thread: appends ``index`` to ``ended`` when ``proc`` ends, then reaps it.
+
+    Noted before reaped (``WNOWAIT``): a process that sees this one gone knows
+    that its own end, if it ends now, comes later in ``ended``.
+    """
+    if hasattr(os, "waitid"):
+        try:
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass  # reaped already (Popen.send_signal polls)
+    else:  # macOS: noted when reaped
+        proc.wait()
+    ended.append(index)
+    proc.wait()
+
+
+def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: Sequence[Worker],
+          size: int) -> int:
+    """The job's exit status: 0 when every worker succeeded, else that of the first to fail.
 
     A worker that fails while the others still run stops them, unless the job
     is stopping for a preemption (a signal, or a worker's preempted status):
-    then every worker finishes its own stop, within the grace period.
+    then every worker finishes its own stop, within the grace period. The
+    worker that failed first (in time: the others' errors after it are mostly
+    its consequence) is named on stderr, with its status or signal.
+
+    Args:
+      procs: the started workers' processes.
+      signalled: the preemption signals received so far (the list grows).
+      workers: the :class:`Worker` of each of ``procs`` (for the messages).
+      size: the job's number of workers (those of other hosts included).
     """
+    ended: List[int] = []  # indices into procs, in the order their processes ended
+    for i, p in enumerate(procs):
+        threading.Thread(target=_note_end, args=(p, i, ended), name=f"lmkit-launch-wait-{i}",
+                         daemon=True).start()
+
+    def running() -> bool:
+        return len(ended) < len(procs)
+
+    def name(i: int) -> str:
+        return f"worker {workers[i].rank} of {size} (on {workers[i].host}, pid {procs[i].pid})"
+
     while True:
-        codes = [p.poll() for p in procs]
-        failed = [c for c in codes if c not in (None, 0)]
+        done = list(ended)
+        if any(procs[i].returncode is None for i in done):  # noted, not reaped yet: a moment
+            time.sleep(0.01)
+            continue
+        failed = [i for i in done if procs[i].returncode != 0]
         if failed:
-            stopping = signalled or failed[0] == PREEMPTED_EXIT_STATUS
-            if stopping and any(c is None for c in codes):
+            first = failed[0]
+            code = procs[first].returncode
+            if (signalled or code == PREEMPTED_EXIT_STATUS) and running():
                 deadline = time.monotonic() + PREEMPTION_WAIT
-                while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                while running() and time.monotonic() < deadline:
                     time.sleep(0.2)
-            if any(p.poll() is None for p in procs):
-                print(f"[launch] a worker exited with status {failed[0]}; stopping the others",
-                      file=sys.stderr)
+            if running():
+                how = "stopped" if code == PREEMPTED_EXIT_STATUS else "failed"
+                print(f"[launch] {name(first)} {how} ({_exit_text(code)}); stopping the others",
+                      file=sys.stderr, flush=True)
                 _stop(procs)
-            return failed[0] if failed[0] > 0 else 1
-        if all(c == 0 for c in codes):
+            if len(procs) > 1 and code not in _EVERY_RANK_STATUSES:
+                # The job's last line names the cause, which the other workers' errors may have buried.
+                why = ("its own message above says why" if code > 0 else
+                       "a signal from outside, e.g. the kernel's when memory ran out")
+                print(f"[launch] the job failed: {name(first)} failed first ({_exit_text(code)}; {why}); "
+                      "the other workers' errors after it follow from it", file=sys.stderr, flush=True)
+            return code if code > 0 else 1
+        if len(done) == len(procs):
             return 0
         time.sleep(0.2)
 

@@ -39,6 +39,8 @@ CHECKPOINT_PREFIX = "ckpt"  # inside a checkpoint folder: ckpt.index, ckpt.data-
 META_FILE = "meta.json"  # written last: its presence marks a complete checkpoint
 
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")
+# What a re-save of a step that was killed between its two renames leaves: the previous copy of that step.
+_OLD_RE = re.compile(r"^ckpt-(\d+)\.old-\d+$")
 
 
 def checkpoint_folder_name(step: int) -> str:
@@ -47,16 +49,30 @@ def checkpoint_folder_name(step: int) -> str:
 
 
 def complete_checkpoints(directory: str) -> List[Tuple[int, str]]:
-    """The complete checkpoints in ``directory`` as ``(step, path)``, oldest first."""
+    """The complete checkpoints in ``directory`` as ``(step, path)``, oldest first.
+
+    A complete ``ckpt-<step>.old-<pid>`` counts for its step when no complete
+    ``ckpt-<step>`` exists: a re-save of that step killed between moving the
+    old copy aside and moving the new one in left it as the only copy
+    (:meth:`lmkit.train.checkpoint.CheckpointManager.recover` renames it back).
+    """
     if not os.path.isdir(directory):
         return []
-    found = []
-    for name in os.listdir(directory):
+    names = os.listdir(directory)
+    found: Dict[int, str] = {}
+    for name in names:
         m = _CKPT_RE.match(name)
-        path = os.path.join(directory, name)
-        if m and os.path.isfile(os.path.join(path, META_FILE)):
-            found.append((int(m.group(1)), path))
-    return sorted(found)
+        if m and _is_complete(os.path.join(directory, name)):
+            found[int(m.group(1))] = os.path.join(directory, name)
+    for name in sorted(names):
+        m = _OLD_RE.match(name)
+        if m and _is_complete(os.path.join(directory, name)):
+            found.setdefault(int(m.group(1)), os.path.join(directory, name))
+    return sorted(found.items())
+
+
+def _is_complete(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, META_FILE))
 
 
 def resolve_checkpoint(model_dir: str, checkpoint: Optional[str]) -> Optional[str]:

@@ -9,6 +9,8 @@
 # is named in the error message. Environment overrides:
 #   LMKIT_VENV        where the main venv lives (default: .venv)
 #   LMKIT_PYTHON      interpreter used to create the venv (default: python3.11 or python3)
+#   LMKIT_NATIVE_PYTHON  interpreter of the newest-TensorFlow environment (default: a Python 3.10 on
+#                     PATH or in pyenv, else the main one), so the suite runs on two Python versions
 #   LMKIT_TF_LATEST   TF version for the native environment (default: 2.21.*)
 #   LMKIT_GPU         1: GPU set-up (tensorflow[and-cuda], Horovod with NCCL), 0: CPU set-up,
 #                     auto (default): GPU when `nvidia-smi -L` lists a GPU
@@ -60,6 +62,25 @@ fi
 command -v "$PY" >/dev/null 2>&1 || fail "no '$PY' interpreter on PATH; install Python 3.11 or set LMKIT_PYTHON"
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3,9),(3,10),(3,11),(3,12)) else 1)' \
   || fail "$("$PY" --version 2>&1) is not supported by tensorflow ${TF_VERSION}; use Python 3.9-3.12 (LMKIT_PYTHON=...)"
+if [ "$MODE" = "native" ]; then
+  # The newest TensorFlow runs on a second Python (3.10 where there is one): lmkit supports
+  # 3.9-3.12, and a 3.11-only call (Popen(process_group=...)) once passed every test on 3.11.
+  NPY="${LMKIT_NATIVE_PYTHON:-}"
+  if [ -z "$NPY" ]; then
+    # (pyenv's shim on PATH exists even when it cannot run 3.10: each candidate is tried.)
+    for cand in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.10*/bin/python3.10 "$(command -v python3.10 || true)"; do
+      if [ -n "$cand" ] && [ -x "$cand" ] && "$cand" -c 'import venv' >/dev/null 2>&1; then NPY="$cand"; break; fi
+    done
+  fi
+  if [ -n "$NPY" ]; then
+    "$NPY" -c 'import sys, venv; sys.exit(0 if sys.version_info[:2] in ((3,10),(3,11),(3,12)) else 1)' \
+      || fail "$("$NPY" --version 2>&1) cannot run the newest TensorFlow; set LMKIT_NATIVE_PYTHON to Python 3.10-3.12"
+    PY="$NPY"
+  else
+    log "no Python 3.10 found (PATH, pyenv): the newest-TensorFlow environment uses $("$PY" --version 2>&1) too (LMKIT_NATIVE_PYTHON=...)"
+  fi
+fi
+PY_VERSION="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
 # --- 0. CPU or GPU ------------------------------------------------------------
 STEP="detect GPUs"
@@ -90,6 +111,7 @@ else
   log "CPU set-up (no GPU listed by nvidia-smi; LMKIT_GPU=1 forces the GPU set-up)"
 fi
 if [ -n "${LMKIT_SETUP_PLAN:-}" ]; then
+  log "plan: Python ${PY_VERSION} ($PY)"
   log "plan: ${TF_PACKAGE}==${TF_WANT}"
   if [ "$MODE" = "main" ]; then
     log "plan: horovod==${HOROVOD_VERSION} with MPI + Gloo${HOROVOD_GPU:+ + NCCL ($HOROVOD_GPU)}"
@@ -127,6 +149,11 @@ else
   VENV="${LMKIT_NATIVE_VENV:-.venv-tf-latest}"
 fi
 STEP="virtual environment $VENV"
+if [ -x "$VENV/bin/python" ] && \
+   [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$PY_VERSION" ]; then
+  log "$VENV is not Python ${PY_VERSION}: making it again"
+  rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
   "$PY" -m venv "$VENV" || fail "python -m venv $VENV failed (Debian: apt-get install python3-venv)"
@@ -137,7 +164,7 @@ PIP=("$VPY" -m pip --disable-pip-version-check -q)
 # The stamp records what was installed; when pyproject.toml or this script change,
 # the package steps run again (each still skips what is already there).
 STAMP="$VENV/.lmkit-setup"
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$MODE-gpu$GPU"
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$MODE-gpu$GPU-py$PY_VERSION"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   log "$VENV is up to date (delete $STAMP to force a re-check)"
   trap - EXIT

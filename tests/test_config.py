@@ -133,3 +133,20 @@ def test_text_data_takes_every_tokenizer_and_ptb_only_words():
         assert load_config("config_seq2seq", {"data": "pairs", **PAIRS, "tokenizer": tokenizer}).tokenizer == tokenizer
     with pytest.raises(ConfigError, match="tokenizer = 'char' applies to data = 'text'"):
         load_config("config_small", {"tokenizer": "char"})
+
+
+def test_a_local_config_that_shadows_a_built_in_one_is_named_once(tmp_path, monkeypatch, capsys):
+    """./configs/config_small.py of an untrusted checkout runs as code: lmkit says whose file it runs."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "config_small.py").write_text(
+        open(os.path.join(os.path.dirname(__import__("lmkit").__file__), "configs", "config_small.py")).read()
+        + "\nhidden_size = 7\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("config_small").hidden_size == 7
+    err = capsys.readouterr().err
+    assert err.count("shadows lmkit's built-in config_small") == 1
+    assert str(tmp_path / "configs" / "config_small.py") in err
+    assert load_config("config_medium").hidden_size == 650  # lmkit's own: no note
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    load_config("config_small")
+    assert capsys.readouterr().err == ""  # rank 0 alone says it

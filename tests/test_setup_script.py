@@ -60,3 +60,23 @@ def test_both_environments_are_planned_side_by_side(tmp_path):
     assert "plan: horovod==0.28.1" in res.stdout
     bad = _plan(tmp_path, "everything")
     assert bad.returncode == 2 and 'unknown mode "everything": main, native or both' in bad.stderr
+
+
+def test_the_newest_tensorflow_environment_runs_on_a_second_python(tmp_path):
+    """CI runs the suite on two Pythons: the native environment takes LMKIT_NATIVE_PYTHON (default 3.10)."""
+    import glob
+    import sys
+
+    other = [p for p in glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[02]*/bin/python3.1[02]"))
+             if not p.endswith(f"python{sys.version_info[0]}.{sys.version_info[1]}")]
+    if not other:
+        pytest.skip("no second Python 3.10/3.12 on this machine (pyenv)")
+    version = subprocess.run([other[0], "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    res = _plan(tmp_path, "native", nvidia_smi="exit 0", LMKIT_NATIVE_PYTHON=other[0])
+    assert res.returncode == 0, res.stderr
+    assert f"plan: Python {version} ({other[0]})" in res.stdout
+    main = _plan(tmp_path, "main", nvidia_smi="exit 0", LMKIT_NATIVE_PYTHON=other[0])
+    assert f"plan: Python {version}" not in main.stdout  # the main environment keeps its own
+    bad = _plan(tmp_path, "native", nvidia_smi="exit 0", LMKIT_NATIVE_PYTHON=sys.executable + "-missing")
+    assert bad.returncode != 0

@@ -2,7 +2,9 @@
 
 Installed with the package (``lmkit``), and also ``python -m lmkit``. Every
 command answers a bad flag at once, before TensorFlow loads, prints one
-``error:`` line for bad input (rank 0 only) and exits 2; see
+``error:`` line for bad input (rank 0 only) and exits 2, and answers
+SIGTERM, SIGINT and SIGUSR1 at any point with one line and exit status 75
+(:mod:`lmkit.preemption`: rerun the same command to continue); see
 :func:`lmkit.cli.common.run_main` for the other exit statuses.
 """
 
@@ -58,5 +60,11 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.stderr.write(_usage() + f"lmkit: error: unknown command {command!r}; "
                              f"{did_you_mean(command, COMMANDS)}\n")
         sys.exit(2)
-    module = importlib.import_module(COMMANDS[command][0])
-    run_main(lambda args: module.main(args, prog=f"lmkit {command}"), argv[1:])
+
+    def run(args: Optional[List[str]]) -> int:  # inside run_main: a signal while it imports is a preemption too
+        from lmkit.preemption import set_doing
+        set_doing(f"running lmkit {command}")  # the commands say more as they go
+        module = importlib.import_module(COMMANDS[command][0])
+        return module.main(args, prog=f"lmkit {command}")
+
+    run_main(run, argv[1:])

@@ -2,7 +2,8 @@
 
 * :class:`Parser`: argparse that reports a bad flag once (rank 0), exit 2;
 * :func:`run_main` quiets TensorFlow's start-up chatter (unless --verbose) and runs a ``main`` so that bad input prints one message
-  (rank 0) and exits 2, and a crash on any rank prints the rank and the cause
+  (rank 0) and exits 2, a preemption signal at any point prints one line and
+  exits 75 (:mod:`lmkit.preemption`), and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
   leaving ranks waiting in a collective;
 * :func:`same_outcome_everywhere` turns a usage error on one rank into the
@@ -20,7 +21,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lmkit.distributed.env import launcher_rank
-from lmkit.errors import LmkitError, UsageError
+from lmkit.errors import LmkitError, PreemptedError, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -58,7 +59,15 @@ class OutputClosed(Exception):
 
 
 def _hard_exit(code: int) -> None:
-    """Leaves at once: flushes output, skips atexit handlers that could wait on other ranks."""
+    """Leaves at once: flushes output, skips atexit handlers that could wait on other ranks.
+
+    A crash (1) or an interrupt (130) of a process that got a preemption
+    signal on its way out leaves with 75: a rank blocked in a collective sees
+    its peers' failure before its own signal's handler can run.
+    """
+    from lmkit import preemption
+    if code in (1, 130) and preemption.received():
+        code = preemption.PREEMPTED_EXIT_STATUS
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -70,8 +79,10 @@ def _finalize_then_exit(code: int, grace: float = 10.0) -> None:
     """Shuts the distributed runtime down cleanly (all ranks leave together), then exits.
 
     Used for errors that every rank raises at the same point (bad input,
-    non-finite loss). Should the other ranks not follow within ``grace``
-    seconds, this rank leaves anyway and the launcher ends the job.
+    non-finite loss) and for preemption: a rank still waiting for this one in a
+    collective (Horovod) sees it fail and leaves too. Should the other ranks
+    not follow within ``grace`` seconds, this rank leaves anyway and the
+    launcher ends the job.
     """
     timer = threading.Timer(grace, _hard_exit, args=(code,))
     timer.daemon = True
@@ -88,8 +99,10 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
     """Runs ``main`` and turns its outcome into one message and an exit status.
 
     Exit status: 0 done, 2 bad input (:class:`UsageError`, printed by rank 0
-    only), 3 non-finite loss, 75 preempted (a checkpoint was written: rerun
-    the same command to continue), 141 the reader of the output left
+    only), 3 non-finite loss, 75 preempted (SIGTERM, SIGINT or SIGUSR1 at any
+    point of the command, :mod:`lmkit.preemption`: what was written before is
+    kept, a checkpoint when training was stopped; rerun the same command to
+    continue), 141 the reader of the output left
     (:class:`OutputClosed`, silent), 1 anything else (printed by the failing rank,
     naming it, with the traceback; that rank leaves at once, so the launcher
     stops the others rather than leaving them waiting in a collective).
@@ -98,37 +111,57 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
     ``--verbose`` is among the flags or ``LMKIT_VERBOSE=1``
     (:mod:`lmkit.console`).
     """
+    from lmkit import preemption
     from lmkit.console import quiet_console, verbose_requested
 
-    quiet_console(rank=launcher_rank(), verbose=verbose_requested(sys.argv[1:] if argv is None else argv))
     try:
-        code = main(argv)
-    except LmkitError as exc:  # UsageError (2), NonFiniteError (3), PreemptedError (75): on every rank
+        # Before the console's filter process is forked: it inherits handlers that leave it running.
+        preemption.install(launcher_rank())
+        quiet_console(rank=launcher_rank(), verbose=verbose_requested(sys.argv[1:] if argv is None else argv))
+        try:
+            code = main(argv)
+        finally:  # from here a first signal is only noted: it cannot break the way out (a second one still ends it)
+            preemption.leaving()
+    except BaseException as exc:  # noqa: BLE001 - every outcome is one exit status
+        _leave(exc)
+    sys.stdout.flush()
+    sys.exit(code or 0)  # normal exit: Horovod and MPI finalise
+
+
+def _leave(exc: BaseException) -> None:
+    """Ends the process for ``exc``, raised by a command's ``main`` (call it where it is caught), with its
+    message and exit status."""
+    from lmkit.preemption import PREEMPTED_EXIT_STATUS, PreemptionSignal, received, stop_message
+
+    if isinstance(exc, (PreemptionSignal, PreemptedError)) or received():
+        # Whatever failed after a preemption signal (a peer that left first, a pool whose worker died of it,
+        # a collective cancelled) ends with 75: one line from rank 0, and the job can be requeued.
+        if launcher_rank() == 0:
+            text = str(exc) if isinstance(exc, (PreemptionSignal, PreemptedError)) else stop_message()
+            sys.stderr.write(f"{PreemptedError.label}: {text}\n")
+        _finalize_then_exit(PREEMPTED_EXIT_STATUS)
+    if isinstance(exc, LmkitError):  # UsageError (2), NonFiniteError (3): on every rank
         if launcher_rank() == 0:
             sys.stderr.write(f"{exc.label}: {exc}\n")
         _finalize_then_exit(exc.exit_code)
-    except KeyboardInterrupt:
+    if isinstance(exc, KeyboardInterrupt):
         sys.stderr.write(f"rank {launcher_rank()}: interrupted\n")
         _hard_exit(130)
-    except OutputClosed:  # as Unix tools do: no message, the status of a SIGPIPE
+    if isinstance(exc, OutputClosed):  # as Unix tools do: no message, the status of a SIGPIPE
         _hard_exit(OUTPUT_CLOSED_STATUS)
-    except SystemExit as exc:
+    if isinstance(exc, SystemExit):
         if not _has_peers():  # --help, or sys.exit in a single process: nobody waits for us
-            raise
+            raise exc
         sys.stderr.write(f"{traceback.format_exc()}\nrank {launcher_rank()} failed: sys.exit({exc.code!r}) "
                          "was called during the run; the other ranks would wait for this one\n")
         _hard_exit(1)
-    except BaseException as exc:  # noqa: BLE001 - a crash must end this rank now
-        if _is_peer_failure(exc):  # a bystander: the failing rank (or the launcher) names the cause
-            sys.stderr.write(f"rank {launcher_rank()} stopped: a collective operation was cancelled "
-                             "because another rank failed, exited or stalled; see that rank's "
-                             "message or the launcher's\n")
-            _hard_exit(1)
-        tb = traceback.format_exc()
-        sys.stderr.write(f"{tb}\nrank {launcher_rank()} failed: {type(exc).__name__}: {exc}\n")
+    if _is_peer_failure(exc):  # a bystander: the failing rank (or the launcher) names the cause
+        sys.stderr.write(f"rank {launcher_rank()} stopped: a collective operation was cancelled "
+                         "because another rank failed, exited or stalled; see that rank's "
+                         "message or the launcher's\n")
         _hard_exit(1)
-    sys.stdout.flush()
-    sys.exit(code or 0)  # normal exit: Horovod and MPI finalise
+    sys.stderr.write(f"{traceback.format_exc()}\nrank {launcher_rank()} failed: {type(exc).__name__}: {exc}\n")
+    _hard_exit(1)
 
 
 def _has_peers() -> bool:
@@ -142,7 +175,8 @@ def _is_peer_failure(exc: BaseException) -> bool:
 
 
 def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
-    """Runs ``fn`` on every rank; a :class:`UsageError` on any rank is raised on all.
+    """Runs ``fn`` on every rank; a :class:`UsageError` on any rank is raised on all, and so is a
+    preemption signal during ``fn`` (as a :class:`PreemptedError`, before any usage error).
 
     Per-rank work (reading local files) can fail on one rank only; that rank
     alone would leave while the others wait in the next collective, and its
@@ -150,13 +184,19 @@ def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
     call this, in the same order.
     """
     from lmkit import distributed as dist
+    from lmkit.preemption import PreemptionSignal
     try:
         result, error = fn(), None
     except UsageError as exc:
-        result, error = None, str(exc)
+        result, error = None, ("usage", str(exc))
+    except PreemptionSignal as exc:  # its clean-ups have run: every rank stops here, together
+        result, error = None, ("preempted", str(exc))
     failed = [(r, e) for r, e in enumerate(dist.allgather_object(error)) if e is not None]
+    stops = [message for _, (kind, message) in failed if kind == "preempted"]
+    if stops:
+        raise PreemptedError(stops[0])
     if failed:
-        r, message = failed[0]
+        r, (_, message) = failed[0]
         raise UsageError(message if r == 0 else f"on rank {r}: {message}")
     return result
 

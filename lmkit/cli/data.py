@@ -29,6 +29,7 @@ from lmkit import distributed as dist
 from lmkit.cli.common import same_outcome_everywhere
 from lmkit.errors import UsageError
 from lmkit.fileio import atomic_write_bytes
+from lmkit.preemption import as_error, doing
 
 __all__ = ["RunData", "load_run_data", "load_pair_data", "load_ptb_everywhere", "tokenizer_everywhere"]
 
@@ -79,11 +80,16 @@ def _ensure_ptb(data_path: str, url: Optional[str], expected_vocab_size: Optiona
         raise
 
 
+def _on_chief(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on rank 0 while the others wait; its error, a preemption signal too, is raised on every rank."""
+    return dist.run_on_chief(as_error(fn))
+
+
 def _everywhere(local_ok: bool, read: Callable[[], Any]) -> Any:
     """``read()`` on every rank when all can (errors raised on all), else rank 0's result, sent."""
     if all(dist.allgather_object(local_ok)):
         return same_outcome_everywhere(read)
-    return dist.run_on_chief(read)
+    return _on_chief(read)
 
 
 def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
@@ -95,9 +101,11 @@ def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size:
     """
     from lmkit.data import ptb
 
-    data_dir = dist.run_on_chief(lambda: _ensure_ptb(data_path, url, expected_vocab_size, verify))
+    with doing(f"finding or downloading PTB in {data_path}"):
+        data_dir = _on_chief(lambda: _ensure_ptb(data_path, url, expected_vocab_size, verify))
     local = ptb.find_ptb(data_path)  # hosts without a shared file system get it from rank 0
-    return _everywhere(local is not None, lambda: ptb.load_ptb(local if local else data_dir))
+    with doing("reading PTB"):
+        return _everywhere(local is not None, lambda: ptb.load_ptb(local if local else data_dir))
 
 
 def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] = None,
@@ -117,7 +125,8 @@ def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] =
         train_tokenizer(config.tokenizer, train_file or config.train_file, model_dir, cache_dir=cache_dir,
                         **config.tokenizer_options)
 
-    dist.run_on_chief(train)
+    with doing(f"training the {config.tokenizer} tokenizer (or finding a trained one)"):
+        _on_chief(train)
     here = os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE))
     if not all(dist.allgather_object(here)):
         # This host does not see rank 0's model folder: rank 0 sends the files.
@@ -125,7 +134,7 @@ def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] =
             with tempfile.TemporaryDirectory() as tmp:
                 load_tokenizer(model_dir).save(tmp)
                 return {name: open(os.path.join(tmp, name), "rb").read() for name in os.listdir(tmp)}
-        sent = dist.run_on_chief(files)
+        sent = _on_chief(files)
         if not here:
             for name in sorted(sent, key=lambda n: n == TOKENIZER_FILE):  # tokenizer.json last
                 atomic_write_bytes(os.path.join(model_dir, name), sent[name])
@@ -175,8 +184,9 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
                                    for name, files in checked.items() for f in files])
     tokenizer = tokenizer_everywhere(config, model_dir, cache)
     if cache is None:
-        text = _everywhere(readable, lambda: load_text_data(
-            tokenizer, *[sources.get(name) for name in SPLITS]))
+        with doing("encoding the text (--data_cache none)"):
+            text = _everywhere(readable, lambda: load_text_data(
+                tokenizer, *[sources.get(name) for name in SPLITS]))
         streams = {name: ids for name, ids, _ in text.splits()}
         counts = {name: n for name, _, n in text.splits()}
     else:
@@ -236,12 +246,13 @@ def cached_everywhere(jobs: Dict[str, Any], readable: bool, log: Callable[[str],
         for what, open_one, build_one in jobs.values():
             if others and open_one() is None:
                 log(f"rank 0 encodes {what}; the other {others} rank(s) wait for it")
-            build_one(log=log)
+            with doing(f"encoding {what} into the data cache"):
+                build_one(log=log)
 
     def open_all() -> Dict[str, Any]:  # the cache's name needs the files' sizes and times
         return {name: open_one() if readable else None for name, (_, open_one, _) in jobs.items()}
 
-    dist.run_on_chief(build)
+    _on_chief(build)
     found = same_outcome_everywhere(open_all)
     lacking = any(v is None for v in found.values())
     if any(dist.allgather_object(lacking)):  # DIST: a host without rank 0's file system
@@ -251,11 +262,12 @@ def cached_everywhere(jobs: Dict[str, Any], readable: bool, log: Callable[[str],
                 if not (lacking and readable and dist.local_rank() == turn):
                     return None
                 return {name: build_one() for name, (_, _, build_one) in jobs.items()}
-            mine = same_outcome_everywhere(own)
+            with doing("encoding the text into this host's data cache"):
+                mine = same_outcome_everywhere(own)
             if mine is not None:
                 found, lacking = mine, False
         if any(dist.allgather_object(lacking)):  # neither the cache nor the text here: rank 0 sends the ids
-            sent = dist.run_on_chief(lambda: {name: v.in_memory() for name, v in found.items()})
+            sent = _on_chief(lambda: {name: v.in_memory() for name, v in found.items()})
             if lacking:
                 found = sent
     return found
@@ -316,9 +328,10 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
     same_outcome_everywhere(lambda: SpecialIds.of(tokenizer))  # the targets' start, end and padding ids
     limits = dict(max_source_length=config.source_length_limit, max_target_length=config.target_length_limit)
     if cache is None:
-        pairs = same_outcome_everywhere(lambda: {
-            split: encode_pairs(*lines[split], source_tokenizer.encode, tokenizer.encode, **limits)
-            for split in splits})
+        with doing("encoding the pairs (--data_cache none)"):
+            pairs = same_outcome_everywhere(lambda: {
+                split: encode_pairs(*lines[split], source_tokenizer.encode, tokenizer.encode, **limits)
+                for split in splits})
     else:
         pairs = cached_pairs_everywhere(splits, source_tokenizer, tokenizer, cache, readable, limits, log)
     for split, (source_path, target_path) in splits.items():

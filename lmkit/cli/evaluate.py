@@ -112,8 +112,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
         raise UsageError(f"--batch_size {args.batch_size} must be >= 1")
     if args.num_steps is not None and args.num_steps < 1:
         raise UsageError(f"--num_steps {args.num_steps} must be >= 1")
+    from lmkit.preemption import set_doing  # what a signal stopped, in its message
     from lmkit.transduction import is_seq2seq_run
     if is_seq2seq_run(args.model_dir):
+        set_doing(f"evaluating {args.model_dir} on source/target pairs")
         return _evaluate_pairs(args)
     if args.source_file or args.target_file:
         raise UsageError(f"--source_file and --target_file evaluate an encoder-decoder, but {args.model_dir} holds a "
@@ -145,6 +147,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     path = _text_path(args, config)
     named = "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"
     # checks the file (no TF yet), then encodes it or maps its cached ids
+    set_doing(f"reading {path}" + ("" if cache is None else " (through the data cache)"))
     text = load_text_data(tokenizer, path, cache_dir=cache, log=stderr_line, names={"train": named})
     user_modules_importable()
 
@@ -154,6 +157,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     from lmkit.train.metrics import perplexity
 
     dist.init(backend="local")
+    set_doing(f"loading the model of {args.model_dir}")
     if hf_folder:
         from lmkit.generation import load_for_generation
         model, _, _ = load_for_generation(args.model_dir, None, tokenizer)
@@ -176,6 +180,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
         done[0] += per_batch
         update(done[0])
 
+    set_doing(f"evaluating {path}")
     loss = Evaluator(model, num_steps, batch).mean_loss(text.train, on_batch=on_batch)
     tokens, words = len(text.train), text.train_words
     report = {"model_dir": args.model_dir, "text": path, "tokenizer": tokenizer.name,

@@ -62,9 +62,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
 
     from lmkit import distributed as dist
     from lmkit.hf import default_dropout, export_gpt2
+    from lmkit.preemption import set_doing  # what a signal stopped, in its message
     from lmkit.train.checkpoint import load_model
 
     dist.init(backend="local")
+    set_doing(f"exporting {args.model_dir} into {args.output}")
     if args.format == "peft":
         from lmkit.layout import read_config_dict
         saved = read_config_dict(args.model_dir)

@@ -485,8 +485,10 @@ def _transduce_main(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> int:
     """Generates as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     args = build_parser(prog).parse_args(argv)
+    from lmkit.preemption import set_doing  # what a signal stopped, in its message
     from lmkit.transduction import is_seq2seq_run
     if is_seq2seq_run(args.model_dir):
+        set_doing(f"decoding with {args.model_dir}")
         return _transduce_main(args)
     tokenizer, prompts, unknown = check_args(args)
     user_modules_importable()
@@ -495,6 +497,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     from lmkit.generation import default_context, generate_samples, load_for_generation, readable
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
+    set_doing(f"loading the model of {args.model_dir}")
     start = time.perf_counter()
     # A Hugging Face folder's tokenizer, read by check_args, is not read again.
     model, _, model_name = load_for_generation(args.model_dir, args.checkpoint,
@@ -533,6 +536,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
                                 min_new_tokens=args.min_new_tokens, stream=write if stream else None,
                                 context=context, rules=build_rules(args))
 
+    set_doing("generating")
     start = time.perf_counter()
     if args.stream:
         write("[0.0] ")

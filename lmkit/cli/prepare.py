@@ -14,7 +14,8 @@ instead of encoding (a folder on a shared file system serves every host).
 Nothing is written into a model folder; training flags (epochs, batch
 size...) are accepted and ignored.
 
-Exit status: 0 done, 2 bad input (one ``error:`` line), 1 a crash.
+Exit status: 0 done, 2 bad input (one ``error:`` line), 75 stopped by SIGTERM,
+SIGINT or SIGUSR1 (nothing half-written is left in the cache; run it again), 1 a crash.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
 
     from lmkit import distributed as dist
     from lmkit.cli.data import load_run_data
+    from lmkit.preemption import set_doing
 
     dist.init(backend="local")  # one process: the encoding uses every core itself
     start = time.perf_counter()
@@ -55,6 +57,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
         if not line.startswith("tokenizer: "):  # it names the temporary folder; the last line says where it is kept
             print(line, flush=True)
 
+    set_doing(f"preparing the data cache {cache}")
     with tempfile.TemporaryDirectory(prefix="lmkit-prepare-") as folder:  # the tokenizer's first home
         data = load_run_data(config, os.path.join(folder, "model"), args.data_path, args.data_url,
                              verify=not args.no_verify_data, log=log)

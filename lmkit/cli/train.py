@@ -245,10 +245,14 @@ def _model_dir(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distributed: bool = True) -> int:
     """Trains as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
+    from lmkit.preemption import reclaim, set_doing  # set_doing: what a signal stopped, for its message
+
     args = build_parser(prog, distributed).parse_args(argv)
+    set_doing("reading the config" + (f" and --init_from {args.init_from}" if args.init_from else ""))
     config = config_from_args(args, distributed)  # plain Python: no TensorFlow op yet
     user_modules_importable()
 
+    set_doing("starting TensorFlow")
     from lmkit import attention_kernels, distributed as dist
     from lmkit.checks import check_divisible
     from lmkit.cli.data import load_run_data
@@ -263,6 +267,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
     dist.init(backend=config.backend if distributed else "local",  # DIST
               intra_op_threads=args.intra_op_threads, num_gpus=config.num_gpus)
+    reclaim()  # the native backend's start-up took SIGTERM (TensorFlow's coordination service): ours again
     replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
     check_divisible("batch_size", config.batch_size, replicas, "workers")
     micro_batch_rows(config.batch_size, replicas, config.grad_accum_steps)  # before anything is written
@@ -275,18 +280,21 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
         if dist.is_chief():
             print(text, flush=True)
 
+    set_doing("preparing the data")
     data = load_run_data(config, model_dir, args.data_path, args.data_url,  # DIST: rank 0 prepares
                          verify=not args.no_verify_data, log=log)
     config = data.config
 
     import tensorflow as tf
     tf.random.set_seed(config.seed)  # same initial values everywhere; rank 0's win anyway
+    set_doing("building the model" + (f" from {config.init_from}" if config.init_from else ""))
     with dist.scope():  # DIST: native backend: one copy of each variable per replica
         # The pretrained weights, if any (a checkpoint in --model_dir wins when fit resumes), and the adapters.
         model = build_run_model(config)
     if config.lora_rank:
         log(describe_lora(model))
     trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
+    set_doing(f"starting training (restoring the last checkpoint in {model_dir}, if any)")
     result = trainer.fit(data.train, data.valid, data.test, max_steps=args.max_steps,
                          num_epochs=args.num_epochs, words=data.words)
     if dist.is_chief() and result.epochs:  # DIST: rank 0 reports

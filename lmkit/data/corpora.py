@@ -21,6 +21,7 @@ from lmkit.data.download import download, file_blob_sha1
 from lmkit.data.errors import DataError
 from lmkit.checks import did_you_mean
 from lmkit.errors import UsageError
+from lmkit.fileio import work_folder
 
 __all__ = ["Corpus", "CORPORA", "URL_ENV", "fetch_corpus", "corpus_files_present"]
 
@@ -36,12 +37,15 @@ class Corpus:
       url: the folder (http(s) or file://) holding the files.
       files: file name -> git blob SHA-1 of its bytes.
       about: one line: what it is, its size, its licence.
+      max_bytes: the size cap of each file's download (a mirror serving
+        something else stops there instead of filling the disk).
     """
 
     name: str
     url: str
     files: Mapping[str, str]
     about: str
+    max_bytes: int = 64 << 20
 
 
 WIKITEXT_2 = Corpus(
@@ -97,26 +101,23 @@ def fetch_corpus(name: str, folder: str, url: Optional[str] = None, *, verify: b
     missing = [n for n, p in paths.items() if not os.path.isfile(p)]
     if not missing:
         return paths
-    os.makedirs(folder, exist_ok=True)
-    temps: Dict[str, str] = {}
     try:
-        for n in missing:
-            temps[n] = os.path.join(folder, f".{n}.download")
-            address = f"{base}/{n}"
-            if progress:
-                print(f"{corpus.name}: downloading {n} from {address}", file=sys.stderr, flush=True)
-            download(address, temps[n], retries=retries, progress=progress, timeout=timeout,
-                     backoff=backoff, label=n)
-            found = file_blob_sha1(temps[n])
-            if verify and found != corpus.files[n]:
-                raise DataError(
-                    f"{address}: {n} has git blob SHA-1 {found}, expected {corpus.files[n]}; the "
-                    f"download is corrupt or another version of {corpus.name}, so nothing was "
-                    "kept. Try again or another mirror (--url), or pass --no_verify to keep it anyway")
-        for n in missing:
-            os.replace(temps.pop(n), paths[n])
-    finally:
-        for temp in temps.values():
-            if os.path.exists(temp):
-                os.remove(temp)
+        with work_folder(folder, f".{corpus.name}-download-") as work:
+            temps = {n: os.path.join(work, n) for n in missing}
+            for n in missing:
+                address = f"{base}/{n}"
+                if progress:
+                    print(f"{corpus.name}: downloading {n} from {address}", file=sys.stderr, flush=True)
+                download(address, temps[n], retries=retries, progress=progress, timeout=timeout,
+                         backoff=backoff, label=n, max_bytes=corpus.max_bytes)
+                found = file_blob_sha1(temps[n])
+                if verify and found != corpus.files[n]:
+                    raise DataError(
+                        f"{address}: {n} has git blob SHA-1 {found}, expected {corpus.files[n]}; the "
+                        f"download is corrupt or another version of {corpus.name}, so nothing was "
+                        "kept. Try again or another mirror (--url), or pass --no_verify to keep it anyway")
+            for n in missing:
+                os.replace(temps[n], paths[n])
+    except OSError as exc:
+        raise DataError(f"cannot write {corpus.name} into {folder} ({exc}); pass a writable folder") from None
     return paths

@@ -1,8 +1,13 @@
 """Download one file over http(s) or ``file://`` with progress, retries and resume.
 
-Only the standard library (``urllib``) is used. The bytes go to
-``dest + ".part"``, which replaces ``dest`` only once complete, so ``dest`` is
-never a half file. A broken transfer is retried after a back-off and resumed
+Only the standard library (``urllib``) is used. The bytes go to a file of
+this download's own, ``<dest>.<random>.part``, which replaces ``dest`` only
+once complete, so ``dest`` is never a half file and two jobs that download
+the same file into one folder do not write into each other's bytes. The
+``.part`` file is claimed (:func:`lmkit.fileio.claimed`) while it is written:
+one left by a killed job is removed by the next download of that file.
+A download stops as soon as it passes ``max_bytes``, so a wrong mirror
+cannot fill the disk before the hash is checked. A broken transfer is retried after a back-off and resumed
 with an HTTP ``Range`` request; a server that answers the range with a full
 ``200`` response makes the download start over. A wrong address (404,
 connection refused, unknown host, missing file) fails at once with one
@@ -27,11 +32,14 @@ import urllib.request
 from typing import Optional, TextIO
 
 from lmkit.data.errors import DataError
+from lmkit.fileio import claimed, make_temp_file, sweep_unclaimed
 
 __all__ = ["download", "SUPPORTED_SCHEMES", "blob_hasher", "git_blob_sha1", "file_blob_sha1"]
 
 SUPPORTED_SCHEMES = ("http", "https", "file")
 _CHUNK = 1 << 16
+#: The size cap of a download unless the caller gives one (every lmkit caller gives its own).
+DEFAULT_MAX_BYTES = 1 << 30
 _MAX_BACKOFF = 30.0
 
 
@@ -153,7 +161,19 @@ def _is_permanent_url_error(exc: urllib.error.URLError) -> bool:
                                PermissionError, IsADirectoryError, NotADirectoryError))
 
 
-def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
+def _too_large(size: int, max_bytes: int) -> _Permanent:
+    return _Permanent(f"it is larger than the {max_bytes / 1e6:.1f} MB expected of it (at least "
+                      f"{size / 1e6:.1f} MB), so it is not the file asked for; stopped before it "
+                      "filled the disk")
+
+
+def _truncate(path: str) -> None:
+    """Empties ``path`` in place (it stays the claimed file)."""
+    with open(path, "wb"):
+        pass
+
+
+def _fetch(url: str, part: str, timeout: float, progress: _Progress, max_bytes: int) -> int:
     """One attempt: fetches (the rest of) ``url`` into ``part``; returns its size.
 
     Raises:
@@ -174,7 +194,7 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
             parsed = _parse_content_range(exc.headers.get("Content-Range"))
             if parsed and parsed[2] == have:
                 return have
-            _remove(part)
+            _truncate(part)
             raise _Incomplete(f"the server refused to resume at byte {have} (HTTP 416)") from None
         if 400 <= exc.code < 500 and exc.code not in (408, 429):
             raise _Permanent(f"HTTP {exc.code} {exc.reason}") from None
@@ -191,7 +211,7 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
         if have and status == 206:
             start, _, total = _parse_content_range(response.headers.get("Content-Range")) or (None, None, None)
             if start != have:
-                _remove(part)
+                _truncate(part)
                 raise _Incomplete(f"the server resumed at byte {start}, not at {have}; starting over")
             if total is None and length is not None:
                 total = have + length
@@ -199,6 +219,8 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
         else:
             # A 200 answer to a Range request is the whole file again: start over.
             have, total, mode = 0, length, "wb"
+        if total is not None and total > max_bytes:
+            raise _too_large(total, max_bytes)
         try:
             out = open(part, mode)
         except OSError as exc:
@@ -213,6 +235,8 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
                 except OSError as exc:  # disk full, quota: a retry will not help
                     raise _Permanent(f"cannot write {part!r}: {exc}") from None
                 have += len(chunk)
+                if have > max_bytes:
+                    raise _too_large(have, max_bytes)
                 progress.update(have, total)
     # http.client returns b"" (no error) when the server closes the connection
     # early, so the length check is what detects a cut transfer.
@@ -224,13 +248,13 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress) -> int:
 
 def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
              timeout: float = 60.0, backoff: float = 1.0, hint: str = "",
-             label: Optional[str] = None) -> str:
+             label: Optional[str] = None, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
     """Downloads ``url`` to ``dest``.
 
     Args:
       url: an ``http://``, ``https://`` or ``file://`` address.
       dest: the file to write; its folder is created when missing. The bytes
-        arrive in ``dest + ".part"``, renamed to ``dest`` once complete.
+        arrive in ``<dest>.<random>.part``, renamed to ``dest`` once complete.
       retries: how many times a broken transfer is retried (so at most
         ``retries + 1`` attempts), each resuming where the last stopped when
         the server supports ``Range`` requests.
@@ -239,6 +263,8 @@ def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
       backoff: seconds before the first retry, doubled for each next one.
       hint: text appended to error messages (how to get the file by hand).
       label: the name progress lines show; default the file name of ``dest``.
+      max_bytes: the most bytes the file may have; a larger one fails at
+        once (its announced length) or as soon as it passes the cap.
 
     Returns:
       ``dest``.
@@ -246,8 +272,9 @@ def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
     Raises:
       DataError: a negative ``retries``, a ``timeout``/``backoff`` < 0, an
         unsupported scheme, a wrong address (HTTP 4xx, connection refused,
-        unknown host, missing file), a local write error, or every attempt
-        failed. The ``.part`` file is removed first.
+        unknown host, missing file), a file larger than ``max_bytes``, a
+        local write error, or every attempt failed. The ``.part`` file is
+        removed first.
     """
     if retries < 0:
         raise DataError(f"retries = {retries} must be >= 0")
@@ -264,30 +291,39 @@ def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise DataError(f"cannot create the folder {folder!r} for {dest!r}: {exc}") from None
-    part = dest + ".part"
-    # A .part left by a killed run may come from another address: never trust it.
-    _remove(part)
-    reporter = _Progress(label or os.path.basename(dest), progress)
+    # .part files of this dest left by killed runs; those of live downloads are claimed.
+    # (``<dest>.part``: the one name of every download before these names.)
+    sweep_unclaimed(folder, re.escape(os.path.basename(dest)) + r"(\.[^.]+)?\.part")
+    try:
+        part = make_temp_file(os.path.basename(dest) + ".", ".part", folder)
+    except OSError as exc:
+        raise DataError(f"cannot write into the folder {folder!r} for {dest!r}: {exc}") from None
+    try:
+        with claimed(part):
+            return _attempts(url, dest, part, retries, timeout, backoff, hint,
+                             _Progress(label or os.path.basename(dest), progress), max_bytes)
+    finally:
+        _remove(part)
+
+
+def _attempts(url: str, dest: str, part: str, retries: int, timeout: float, backoff: float, hint: str,
+              reporter: _Progress, max_bytes: int) -> str:
+    """Up to ``retries + 1`` tries of :func:`_fetch` into ``part``, which replaces ``dest`` once whole."""
     last_error: Optional[BaseException] = None
     for attempt in range(retries + 1):
         if attempt:
             delay = min(backoff * 2 ** (attempt - 1), _MAX_BACKOFF)
-            resume = os.path.getsize(part) if os.path.exists(part) else 0
+            resume = os.path.getsize(part)
             reporter.note(f"{last_error}; retry {attempt}/{retries} in {delay:.1f} s"
                           + (f", resuming at byte {resume}" if resume else ""))
             time.sleep(delay)
         try:
-            _fetch(url, part, timeout, reporter)
+            _fetch(url, part, timeout, reporter, max_bytes)
             os.replace(part, dest)
             return dest
         except _Permanent as exc:
-            _remove(part)
             raise DataError(f"cannot download {url}: {exc}{hint}") from None
         except (_Incomplete, OSError, http.client.HTTPException) as exc:
             last_error = exc
-        except BaseException:
-            _remove(part)  # KeyboardInterrupt and the like: leave nothing behind
-            raise
-    _remove(part)
     raise DataError(f"cannot download {url}: {retries + 1} attempt(s) failed, the last with "
                     f"{type(last_error).__name__}: {last_error}{hint}")

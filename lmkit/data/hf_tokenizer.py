@@ -80,11 +80,15 @@ class HFTokenizer(Tokenizer):
         newline = tokenizer.encode("\n", add_special_tokens=False).ids
         self._newline = newline[0] if len(newline) == 1 else None
         self._end_of_text = tokenizer.token_to_id(END_OF_TEXT)
+        ids = tokenizer.get_vocab(with_added_tokens=True).values()
+        self._vocab_size = max(ids, default=-1) + 1
 
     # -- the vocabulary ---------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
-        return int(self.hf.get_vocab_size(with_added_tokens=True))
+        """The largest id + 1 (added tokens included), not the number of tokens: ids may have gaps, and
+        every id must fit the model's embedding and the data cache's integer type."""
+        return self._vocab_size
 
     def _special_id(self, role: str) -> Optional[int]:
         if self.framing is not None:

@@ -15,9 +15,11 @@ Where the files come from, in order:
    (:data:`FALLBACK_URL`, or ``fallback_url`` / ``$LMKIT_PTB_FALLBACK_URL``).
 
 Every downloaded file, from any source, is checked against its git blob
-SHA-1 (:data:`PTB_SHA1`) unless ``verify=False``; files are written under
-temporary names and renamed into ``data_path/simple-examples/data`` only
-after all three pass, so a failure leaves nothing half-written.
+SHA-1 (:data:`PTB_SHA1`) unless ``verify=False``; files are written into a
+folder of this job's own (``data_path/.ptb-download-*``, claimed while in
+use, swept by the next job when its writer was killed) and renamed into
+``data_path/simple-examples/data`` only after all three pass, so a failure
+leaves nothing half-written and two jobs never write into each other's files.
 
 In a distributed job only the chief downloads, and the trainer (not this
 module, which never imports Horovod) arranges it::
@@ -43,6 +45,7 @@ import numpy as np
 from lmkit.data.download import blob_hasher, download, file_blob_sha1
 from lmkit.data.errors import DataError
 from lmkit.data.vocab import Vocab, read_lines
+from lmkit.fileio import work_folder
 
 __all__ = [
     "DEFAULT_URL", "URL_ENV", "FALLBACK_URL", "FALLBACK_ENV", "PTB_SHA1", "ARCHIVE_NAME",
@@ -70,6 +73,10 @@ EOS = "<eos>"
 UNK = "<unk>"
 # Where the files sit inside the archive, and where they are extracted to.
 _SUBDIR = posixpath.join("simple-examples", "data")
+_WORK_PREFIX = ".ptb-download-"
+#: Size caps of downloads (the real files: the archive 34.9 MB, ptb.train.txt 5.1 MB).
+ARCHIVE_MAX_BYTES = 100 << 20
+FILE_MAX_BYTES = 50 << 20
 
 
 @dataclass(eq=False)
@@ -166,23 +173,36 @@ def ensure_ptb(data_path: str, url: Optional[str] = None, progress: bool = True,
     found = find_ptb(data_path)
     if found is not None:
         return found
+    try:
+        os.makedirs(data_path, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the data folder {data_path} ({exc.strerror}); pass a "
+                        "writable --data_path") from None
+    with work_folder(data_path, _WORK_PREFIX) as work:
+        return _get_ptb(data_path, work, url, expected_vocab_size, verify, fallback_url,
+                        dict(retries=retries, progress=progress, timeout=timeout, backoff=backoff))
+
+
+def _get_ptb(data_path: str, work: str, url: Optional[str], expected_vocab_size: Optional[int], verify: bool,
+             fallback_url: Optional[str], fetch: Dict[str, object]) -> str:
+    """:func:`ensure_ptb` once the files are known to be missing, with the job's own folder ``work``."""
+    progress = bool(fetch["progress"])
     archive = os.path.join(data_path, ARCHIVE_NAME)
     target = os.path.join(data_path, *_SUBDIR.split("/"))
     if os.path.isfile(archive):
         try:
-            _extract_ptb(archive, archive, target, expected_vocab_size, hashes=None)
+            _extract_ptb(archive, archive, target, expected_vocab_size, None, work)
         except DataError as exc:
             raise DataError(f"{exc}. Delete {archive} to download it again, or "
                             f"{_manual_hint(data_path, capital=False)}") from None
         return target
-    fetch = dict(retries=retries, progress=progress, timeout=timeout, backoff=backoff)
     hashes = PTB_SHA1 if verify else None
     address = ptb_url(url)
     mirror = address != DEFAULT_URL
     _say(progress, f"downloading {ARCHIVE_NAME} from {address}"
                    + (" (mirror)" if mirror else ""))
     try:
-        _download_archive(address, archive, target, expected_vocab_size, hashes,
+        _download_archive(address, archive, target, expected_vocab_size, hashes, work,
                           hint=_manual_hint(data_path) if mirror else "", **fetch)
         return target
     except DataError as exc:
@@ -193,7 +213,7 @@ def ensure_ptb(data_path: str, url: Optional[str] = None, progress: bool = True,
     base = ptb_fallback_url(fallback_url)
     _say(progress, f"{address} failed; trying the PTB files of {base}")
     try:
-        _download_files(base, target, expected_vocab_size, hashes, **fetch)
+        _download_files(base, target, expected_vocab_size, hashes, work, **fetch)
     except DataError as exc:
         _remove_empty_folders(target, data_path)
         raise DataError(f"cannot get PTB from either source: {address}: {first}; and the "
@@ -219,17 +239,17 @@ def _remove_empty_folders(folder: str, stop: str) -> None:
 
 
 def _download_archive(address: str, archive: str, target: str,
-                      expected_vocab_size: Optional[int], hashes: Optional[Dict[str, str]], *,
+                      expected_vocab_size: Optional[int], hashes: Optional[Dict[str, str]], work: str, *,
                       hint: str, **fetch) -> None:
     """Downloads ``simple-examples.tgz`` and extracts it; the archive keeps its name only if good.
 
-    The archive arrives under a temporary name, so an archive named
+    The archive arrives in the job's folder ``work``, so an archive named
     ``simple-examples.tgz`` is always one that was checked (or the user's).
     """
-    unverified = archive + ".unverified"
-    download(address, unverified, hint=hint, label=ARCHIVE_NAME, **fetch)
+    unverified = os.path.join(work, ARCHIVE_NAME)
+    download(address, unverified, hint=hint, label=ARCHIVE_NAME, max_bytes=ARCHIVE_MAX_BYTES, **fetch)
     try:
-        _extract_ptb(unverified, address, target, expected_vocab_size, hashes)
+        _extract_ptb(unverified, address, target, expected_vocab_size, hashes, work)
     except BaseException as exc:
         os.remove(unverified)  # a bad download must not be reused by the next run
         if isinstance(exc, DataError):
@@ -239,14 +259,14 @@ def _download_archive(address: str, archive: str, target: str,
 
 
 def _download_files(base: str, target: str, expected_vocab_size: Optional[int],
-                    hashes: Optional[Dict[str, str]], **fetch) -> None:
-    """Downloads the three files from the folder at ``base`` into ``target``, all or none."""
+                    hashes: Optional[Dict[str, str]], work: str, **fetch) -> None:
+    """Downloads the three files from the folder at ``base`` (into ``work``) into ``target``, all or none."""
     os.makedirs(target, exist_ok=True)
     with _temporary_files() as temps:
         for name in PTB_FILES:
-            temps[name] = os.path.join(target, f".{name}.download")
+            temps[name] = os.path.join(work, name)
             address = f"{base}/{name}"
-            download(address, temps[name], label=name, **fetch)
+            download(address, temps[name], label=name, max_bytes=FILE_MAX_BYTES, **fetch)
             if hashes is not None:
                 _check_sha1(address, name, file_blob_sha1(temps[name]), hashes[name])
         _install(temps, target, base, expected_vocab_size)
@@ -323,10 +343,10 @@ def _check_member(member: tarfile.TarInfo, archive: str) -> None:
 
 
 def _extract_ptb(archive: str, label: str, target: str, expected_vocab_size: Optional[int],
-                 hashes: Optional[Dict[str, str]]) -> None:
+                 hashes: Optional[Dict[str, str]], work: str) -> None:
     """Checks ``archive`` and extracts the three PTB files into ``target``.
 
-    Each file is written under a temporary name and renamed only after all
+    Each file is written into the job's folder ``work`` and renamed only after all
     three are written and checked (size, git blob SHA-1 when ``hashes`` is
     given, vocabulary size), so no half-extracted file remains. Messages name
     the archive as ``label`` (its address for a download).
@@ -339,10 +359,14 @@ def _extract_ptb(archive: str, label: str, target: str, expected_vocab_size: Opt
             chosen = {name: _member_for(members, name, label) for name in PTB_FILES}
             for member in chosen.values():
                 _check_member(member, label)
+                if hashes is not None and member.size > FILE_MAX_BYTES:  # a bomb, not PTB
+                    raise DataError(f"{label}: member {member.name!r} would unpack to {member.size / 1e6:.0f} "
+                                    f"MB, more than the {FILE_MAX_BYTES / 1e6:.0f} MB of any PTB file; "
+                                    "the archive is not the PTB simple-examples archive")
             os.makedirs(target, exist_ok=True)
             with _temporary_files() as temps:
                 for name, member in chosen.items():
-                    temp = os.path.join(target, f".{name}.{os.getpid()}.tmp")
+                    temp = os.path.join(work, f"{name}.extracted")
                     temps[name] = temp
                     source = tar.extractfile(member)
                     if source is None:

@@ -205,7 +205,9 @@ class SentencePieceTokenizer(Tokenizer):
         SentencePiece holds its whole training text in memory (about 25 times
         its size); a text larger than :data:`TRAINING_BYTES` is sampled first,
         every line kept with the same probability by a seeded generator, so
-        the model is the same on every run and memory stays bounded.
+        the model is the same on every run and memory stays bounded. Lines
+        longer than SentencePiece reads (:data:`MAX_SENTENCE_BYTES`) are cut
+        into pieces first.
         """
         options = cls.check_options(options)
         os.makedirs(folder, exist_ok=True)
@@ -214,6 +216,9 @@ class SentencePieceTokenizer(Tokenizer):
             files = _sample_lines(list(train_file), sample, TRAINING_BYTES)
             model = train_sentencepiece(files, options["vocab_size"],
                                         os.path.join(folder, "spm"), options["model_type"], reuse=False)
+        except DataError as exc:  # name the user's files, not the sample made of them
+            names = train_file[0] if len(train_file) == 1 else f"{len(train_file)} files"
+            raise DataError(str(exc).replace(repr(sample), f"{names!r} (sampled)")) from None
         finally:
             if os.path.exists(sample):
                 os.remove(sample)
@@ -228,28 +233,55 @@ class SentencePieceTokenizer(Tokenizer):
 #: Text SentencePiece trains on at most (bytes); a larger corpus is sampled by line (about 2.5 GB
 #: of memory for 100 MB of text).
 TRAINING_BYTES = 100_000_000
+#: SentencePiece skips the training lines longer than this (its ``max_sentence_length``, bytes).
+MAX_SENTENCE_BYTES = 4192
+#: Longer lines are cut into pieces this long or at most twice as long (at a space where there is one).
+_PIECE_BYTES = 2048
+
+
+def _longest_line(files: Sequence[str]) -> int:
+    """The longest line of ``files`` in bytes (a line ends at "\n" or "\r"), read in blocks."""
+    import numpy as np
+
+    longest = 0
+    for path in files:
+        run = 0  # bytes of the line still open at the end of the last block
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(1 << 22)
+                if not chunk:
+                    break
+                data = np.frombuffer(chunk, np.uint8)
+                ends = np.flatnonzero((data == 10) | (data == 13))
+                if ends.size == 0:
+                    run += len(chunk)
+                    continue
+                gaps = np.diff(ends) - 1 if ends.size > 1 else np.zeros(1, np.int64)
+                longest = max(longest, run + int(ends[0]), int(gaps.max()))
+                run = len(chunk) - int(ends[-1]) - 1
+        longest = max(longest, run)
+    return longest
 
 
 def _sample_lines(files: Sequence[str], sample: str, budget: int, seed: int = 0) -> List[str]:
-    """``files`` when they hold at most ``budget`` bytes, else ``[sample]``: their lines, each kept
-    with probability ``budget / total`` (a seeded generator, so always the same lines)."""
+    """``files`` when they hold at most ``budget`` bytes in lines SentencePiece reads whole, else
+    ``[sample]``: their lines, each kept with probability ``budget / total`` (a seeded generator, so
+    always the same lines), a line longer than :data:`MAX_SENTENCE_BYTES` cut into pieces (which
+    SentencePiece would otherwise skip: a corpus of one long line would leave it nothing)."""
     import numpy as np
 
+    from lmkit.data.textfile import text_pieces
+
     total = sum(os.path.getsize(f) for f in files)
-    if total <= budget:
+    if total <= budget and _longest_line(files) <= MAX_SENTENCE_BYTES:
         return list(files)
-    keep = budget / total
+    keep = min(1.0, budget / max(total, 1))
     rng = np.random.default_rng(seed)
-    with open(sample, "wb") as out:
+    with open(sample, "w", encoding="utf-8") as out:
         for path in files:
-            with open(path, "rb") as f:
-                while True:
-                    lines = f.readlines(1 << 22)
-                    if not lines:
-                        break
-                    chosen = rng.random(len(lines)) < keep
-                    out.writelines(line if line.endswith(b"\n") else line + b"\n"
-                                   for line, take in zip(lines, chosen) if take)
+            for text, has_text, _ in text_pieces(path, "train_file", block_bytes=_PIECE_BYTES):
+                if has_text and text.strip() and rng.random() < keep:
+                    out.write(text.strip() + "\n")
     return [sample]
 
 

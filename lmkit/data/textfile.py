@@ -1,35 +1,264 @@
-"""Text files a user gives: one check for all of them, and their word counts.
+"""Text files a user gives: one check for all of them, a reader in bounded blocks, word counts.
 
 :func:`check_text_file` turns every way a text file can be unusable (missing,
 a folder, empty, binary, not UTF-8) into one
 :class:`~lmkit.data.errors.DataError` that names the file, what is wrong
 with it and the fix, before a tokenizer is trained or a stream encoded.
 
+:class:`TextBlocks` reads a file in blocks of at most about
+``2 x block_bytes`` bytes whatever its line lengths: a line break is
+``"\\n"``, ``"\\r\\n"`` or a bare ``"\\r"`` (old Mac line ends; as
+:func:`lmkit.data.vocab.read_lines` splits), and a line longer than
+``block_bytes`` is cut into pieces just before a space or tab, so that the
+words, characters and bytes of the pieces are those of the whole line (and
+GPT-2-style pre-tokenizers, which put a space at the start of a word, see the
+same words); a piece without a space or tab in ``block_bytes`` is cut
+between two characters. :func:`line_segments` splits a block into its lines
+and says which end their line; :func:`text_pieces` gives a file's lines so,
+to every reader of training text (the data cache, the word and char
+tokenizers' training, :func:`count_words`).
+
 :func:`count_words` gives the denominator of perplexity per word (see
 ``docs/data.md``): the whitespace-separated words of a text, plus one per
 non-blank line when the id stream ends every line with an end-of-sentence id.
+
+:func:`content_sample` hashes a file's head and tail: the caches key a
+source on it besides its size and modification time, which ``cp -p`` and
+``rsync -t`` keep across an edit.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
-from typing import Iterable, Union
+import re
+from typing import Iterable, Iterator, List, Optional, Tuple, Union
 
 from lmkit.data.errors import DataError
-from lmkit.data.vocab import read_lines
 from lmkit.fileio import PathLike
 
-__all__ = ["check_text_file", "count_words", "BINARY_PROBE_BYTES"]
+__all__ = ["check_text_file", "count_words", "BINARY_PROBE_BYTES", "BLOCK_BYTES", "LINE_BREAK",
+           "TextBlock", "TextBlocks", "line_segments", "text_pieces", "content_sample"]
 
 # A NUL byte in this much of the head marks a binary file (UTF-8 text has none).
 BINARY_PROBE_BYTES = 1 << 20
+#: Bytes read at a time, and the longest piece of a line held before it is cut.
+BLOCK_BYTES = 4 << 20
+#: What splits lines: "\r\n", "\r" or "\n" (Python's universal newlines, as read_lines reads).
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# A long line is cut just before one of these (ASCII, so never inside a UTF-8 character).
+_CUT_BEFORE = (b" ", b"\t")
+# White space as str.split() sees it, among ASCII bytes: a cut keeps a space off the end of a piece.
+_WHITE = frozenset(b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")
+#: Bytes of a file's head and of its tail that :func:`content_sample` hashes.
+SAMPLE_BYTES = 1 << 20
+
+
+@dataclasses.dataclass
+class TextBlock:
+    """A run of a text file that :class:`TextBlocks` yields.
+
+    Attributes:
+      raw: its bytes (the blocks of a file, in order, are the file).
+      text: ``raw`` decoded.
+      continues: it starts inside a line whose part before it has text (not only white space).
+      ends_line: it ends at a line end (or the end of the file); False: inside a long line.
+    """
+
+    raw: bytes
+    text: str
+    continues: bool
+    ends_line: bool
+
+
+class TextBlocks:
+    """The blocks of a UTF-8 text file, memory bounded whatever its line lengths (module docstring).
+
+    Args:
+      path: the file.
+      what: how messages call it, e.g. ``"train_file"``.
+      block_bytes: bytes read at a time (None: :data:`BLOCK_BYTES`); a block holds at most twice as many.
+      cr_breaks: a bare ``"\\r"`` ends a line (False: only ``"\\n"`` does, as an
+        encoder-decoder's source and target files are read).
+      max_line_bytes: None: a line longer than ``block_bytes`` is cut into
+        pieces; a number: lines are kept whole, and one longer than this is a
+        :class:`DataError` (naming it, with ``long_line_fix``).
+      long_line_fix: what to do about a line too long to keep whole.
+      nul_limit: look for NUL bytes (a binary file) in this many bytes of the
+        head; None: everywhere.
+
+    Attributes:
+      read: bytes read so far.
+
+    Raises (while iterating):
+      DataError: a NUL byte, a byte that is not UTF-8 (naming the line and
+        the byte), or a line too long to keep whole.
+    """
+
+    def __init__(self, path: PathLike, what: str = "text file", *, block_bytes: Optional[int] = None,
+                 cr_breaks: bool = True, max_line_bytes: Optional[int] = None, long_line_fix: str = "",
+                 nul_limit: Optional[int] = None) -> None:
+        self.path, self.what = os.fspath(path), what
+        self.block_bytes = max(8, int(block_bytes or BLOCK_BYTES))
+        self.cr_breaks, self.max_line_bytes = cr_breaks, max_line_bytes
+        self.long_line_fix, self.nul_limit = long_line_fix, nul_limit
+        self.read = 0
+        self._line = 1  # the line the next block starts in
+        self._line_start = 0  # the offset of that line's first byte
+        self._offset = 0  # the offset of the next block's first byte
+        self._has_text = False  # the line the next block starts in has text before it
+        self._ends_with_break = False
+
+    @property
+    def lines(self) -> int:
+        """Lines read so far (once read to the end: the file's lines, a last one without a line end too)."""
+        return self._line - 1 if self._ends_with_break or self._offset == 0 else self._line
+
+    def __iter__(self) -> Iterator[TextBlock]:
+        carry = b""
+        with open(self.path, "rb") as f:
+            while True:
+                chunk = f.read(self.block_bytes)
+                self._check_nul(chunk)
+                self.read += len(chunk)
+                data = carry + chunk
+                end = self._last_line_end(data, eof=not chunk)
+                if end:
+                    yield self._block(data[:end], ends_line=True)
+                    data = data[end:]
+                # What is left is the start of a line.
+                if self.max_line_bytes is not None:  # kept whole, up to a bound
+                    if len(data) > self.max_line_bytes:
+                        raise self._too_long(data)
+                else:
+                    while len(data) > self.block_bytes:  # a long line: cut it
+                        cut = self._mid_line_cut(data)
+                        yield self._block(data[:cut], ends_line=False)
+                        data = data[cut:]
+                if not chunk:
+                    if data:  # the end of the file ends the last line
+                        yield self._block(data, ends_line=True)
+                    return
+                carry = data
+
+    # -- where blocks end ---------------------------------------------------------------------------
+    def _breaks(self, raw: bytes) -> int:
+        """The line ends in ``raw`` (a "\\r\\n" is one)."""
+        if not self.cr_breaks:
+            return raw.count(b"\n")
+        return raw.count(b"\n") + raw.count(b"\r") - raw.count(b"\r\n")
+
+    def _last_break(self, raw: bytes) -> int:
+        """The offset of the last byte of the last line end in ``raw``, or -1."""
+        return max(raw.rfind(b"\n"), raw.rfind(b"\r") if self.cr_breaks else -1)
+
+    def _last_line_end(self, data: bytes, eof: bool) -> int:
+        """The offset just after the last line end in ``data`` (0: none); a "\\r" that ends ``data``
+        waits for the next read, which may start with the "\\n" of its "\\r\\n"."""
+        end = data.rfind(b"\n")
+        if self.cr_breaks:
+            stop = len(data) if eof else len(data) - 1
+            end = max(end, data.rfind(b"\r", 0, stop))
+        return end + 1
+
+    def _mid_line_cut(self, data: bytes) -> int:
+        """Where to cut ``data`` (a line's next bytes, more than ``block_bytes``): before the last space or
+        tab in ``block_bytes`` that comes before a word, else between two UTF-8 characters."""
+        at = self.block_bytes
+        while at > 0:
+            at = max(data.rfind(sep, 1, at) for sep in _CUT_BEFORE)
+            if at > 0 and data[at + 1] not in _WHITE:
+                return at
+        cut = self.block_bytes
+        while cut > self.block_bytes - 3 and data[cut] & 0xC0 == 0x80:  # inside a character
+            cut -= 1
+        return cut if data[cut] & 0xC0 != 0x80 else self.block_bytes
+
+    # -- blocks ---------------------------------------------------------------------------------
+    def _block(self, raw: bytes, ends_line: bool) -> TextBlock:
+        text = self._decode(raw)
+        block = TextBlock(raw, text, self._has_text, ends_line)
+        breaks = self._breaks(raw)
+        if breaks:
+            self._line_start = self._offset + self._last_break(raw) + 1
+        self._line += breaks
+        self._offset += len(raw)
+        self._ends_with_break = self._last_break(raw[-1:]) == 0
+        # A cut long line goes on in the next block: does the part read so far have text?
+        self._has_text = not ends_line and (self._has_text or bool(text.strip()))
+        return block
+
+    def _decode(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            head = raw[:exc.start]
+            line = self._line + self._breaks(head)
+            last = self._last_break(head)
+            start = self._offset + last + 1 if last >= 0 else self._line_start
+            column = self._offset + exc.start - start + 1
+            raise DataError(f"{self.what} {self.path!r} is not UTF-8: line {line} has the byte "
+                            f"0x{raw[exc.start]:02x} at byte {column} of the line ({exc.reason}); "
+                            f"convert the file with e.g. `iconv -f LATIN1 -t UTF-8 {self.path} > "
+                            "fixed.txt`") from None
+
+    def _check_nul(self, chunk: bytes) -> None:
+        probe = chunk if self.nul_limit is None else chunk[:max(0, self.nul_limit - self.read)]
+        nul = probe.find(b"\0")
+        if nul >= 0:
+            raise DataError(f"{self.what} {self.path!r} is a binary file (a NUL byte at offset "
+                            f"{self.read + nul}), not text; give a UTF-8 text file, one sentence or "
+                            "paragraph a line")
+
+    def _too_long(self, data: bytes) -> DataError:
+        cr = ""
+        if not self.cr_breaks and b"\r" in data:
+            cr = (" (its lines end with a bare CR, old Mac line ends, which do not end a line here: "
+                  f"convert them with `tr '\\r' '\\n' < {self.path} > fixed.txt`)")
+        return DataError(f"{self.what} {self.path!r}: line {self._line} is longer than "
+                         f"{self.max_line_bytes} bytes{cr}; {self.long_line_fix or 'break it into lines'}")
+
+
+def line_segments(text: str, continues: bool, ends_line: bool) -> List[Tuple[str, bool, bool]]:
+    """The lines of a block (:class:`TextBlock`) as ``(text, has text, ends its line)``.
+
+    A cut long line's pieces are segments of consecutive blocks: the first
+    segment of a block that ``continues`` a line with text has text even if
+    it is white space (a space there is part of that line); the last segment
+    of a block that does not ``ends_line`` goes on in the next block. A line
+    is blank when none of its segments has text.
+    """
+    segments = LINE_BREAK.split(text)
+    if ends_line and segments[-1] == "":  # the line end that ends the block starts no line
+        segments.pop()
+    last = len(segments) - 1
+    return [(segment, (k == 0 and continues) or bool(segment.strip()), k < last or ends_line)
+            for k, segment in enumerate(segments)]
+
+
+def text_pieces(path: PathLike, what: str = "text file", *,
+                block_bytes: Optional[int] = None) -> Iterator[Tuple[str, bool, bool]]:
+    """Each line of a UTF-8 file as :func:`line_segments` gives it, a long line in pieces (memory bounded).
+
+    Raises:
+      DataError: the file is missing or not UTF-8.
+    """
+    try:
+        for block in TextBlocks(path, what, block_bytes=block_bytes, nul_limit=0):
+            yield from line_segments(block.text, block.continues, block.ends_line)
+    except FileNotFoundError:
+        raise DataError(f"{what} {os.fspath(path)!r} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise DataError(f"{what} {os.fspath(path)!r} is a folder; give the path of a file") from None
 
 
 def check_text_file(path: PathLike, what: str = "text file") -> str:
     """Checks that ``path`` is a non-empty UTF-8 text file.
 
-    The whole file is read once (line by line), so a bad byte anywhere is
-    found here rather than half-way through training.
+    The whole file is read once (in blocks of bounded size, whatever its
+    line lengths), so a bad byte anywhere is found here rather than half-way
+    through training.
 
     Args:
       path: the file.
@@ -48,35 +277,19 @@ def check_text_file(path: PathLike, what: str = "text file") -> str:
         raise DataError(f"{what} {path!r} does not exist; check the path")
     if os.path.isdir(path):
         raise DataError(f"{what} {path!r} is a folder; give the path of a UTF-8 text file")
+    blocks = TextBlocks(path, what, nul_limit=BINARY_PROBE_BYTES)
+    blank = True
     try:
-        handle = open(path, "rb")
+        for block in blocks:
+            blank = blank and not block.text.strip()
     except OSError as exc:
         raise DataError(f"{what} {path!r} cannot be read ({exc.strerror}); "
                         "check its permissions") from None
-    lines = 0
-    blank = True
-    with handle:
-        nul = handle.read(BINARY_PROBE_BYTES).find(b"\0")
-        if nul >= 0:
-            raise DataError(f"{what} {path!r} is a binary file (a NUL byte at offset {nul}), "
-                            "not text; give a UTF-8 text file, one sentence or paragraph a line")
-        handle.seek(0)
-        # A UTF-8 multi-byte character never contains b"\n", so splitting the
-        # raw bytes on it before decoding is safe.
-        for lines, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{what} {path!r} is not UTF-8: line {lines} has the byte "
-                                f"0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line "
-                                f"({exc.reason}); convert the file with e.g. "
-                                f"`iconv -f LATIN1 -t UTF-8 {path} > fixed.txt`") from None
-            blank = blank and not text.strip()
-    if lines == 0:
+    if blocks.lines == 0:
         raise DataError(f"{what} {path!r} is empty; give a file with text, one sentence or "
                         "paragraph a line")
     if blank:
-        raise DataError(f"{what} {path!r} has only blank lines ({lines}); give a file with text, "
+        raise DataError(f"{what} {path!r} has only blank lines ({blocks.lines}); give a file with text, "
                         "one sentence or paragraph a line")
     return path
 
@@ -85,8 +298,8 @@ def count_words(source: Union[PathLike, Iterable[str]], *, line_ends: bool = Fal
     """The number of whitespace-separated words of a text.
 
     Args:
-      source: a UTF-8 file (a ``str`` is always a path) or an iterable of
-        lines.
+      source: a UTF-8 file (a ``str`` is always a path; read in bounded
+        pieces) or an iterable of lines.
       line_ends: also count one word per non-blank line, for streams that end
         every line with an end-of-sentence id (as PTB counts ``<eos>``).
 
@@ -96,9 +309,27 @@ def count_words(source: Union[PathLike, Iterable[str]], *, line_ends: bool = Fal
     Raises:
       DataError: the file is missing or not UTF-8.
     """
-    lines = read_lines(source) if isinstance(source, (str, os.PathLike)) else source
+    if isinstance(source, (str, os.PathLike)):
+        pieces: Iterable[Tuple[str, bool, bool]] = text_pieces(source)
+    else:
+        pieces = ((line, bool(line.strip()), True) for line in source)
     words = 0
-    for line in lines:
-        count = len(line.split())
-        words += count + (1 if line_ends and count else 0)
+    for text, has_text, ends in pieces:
+        words += len(text.split()) + (1 if line_ends and ends and has_text else 0)
     return words
+
+
+def content_sample(path: PathLike, size: int, sample_bytes: int = SAMPLE_BYTES) -> str:
+    """The sha256 (hex) of a file's first and last ``sample_bytes`` and its ``size``: a cheap check that a
+    file with the same path, size and modification time (``cp -p``, ``rsync -t``) has the same text.
+
+    Raises:
+      OSError: the file cannot be read.
+    """
+    digest = hashlib.sha256(str(int(size)).encode("ascii") + b":")
+    with open(os.fspath(path), "rb") as f:
+        digest.update(f.read(sample_bytes))
+        if size > sample_bytes:
+            f.seek(max(sample_bytes, size - sample_bytes))
+            digest.update(f.read(sample_bytes))
+    return digest.hexdigest()

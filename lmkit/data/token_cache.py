@@ -19,19 +19,34 @@ so that line ``i`` of one side still goes with line ``i`` of the other)::
     <cache>/<key>/blank.bin        uint8, 1 for a line of only white space
 
 ``key`` is a hash of the tokenizer (kind, options, fingerprint), whether
-lines end with an eos id, and each source's absolute path, size and
-modification time: a run with the same text and tokenizer, in any model
-folder, finds the folder; a changed source or another tokenizer gives another
-key, so a cache is never stale. A folder is written under a temporary name
-and renamed into place when complete, so a killed or failed encoding (a full
-disk, a source that changed while being read) leaves nothing that a later run
-could take for a cache.
+lines end with an eos id, and each source's absolute path, size,
+modification time and a sample of its content (the sha256 of its first and
+last MB, :func:`lmkit.data.textfile.content_sample`, so that a file edited
+and copied back with ``cp -p`` or ``rsync -t`` is seen to change): a run with
+the same text and tokenizer, in any model folder, finds the folder; a changed
+source or another tokenizer gives another key. A folder is written under a
+temporary name (``<cache>/.tmp-<key>-*``, locked by its writer with
+``flock`` on its ``.lock`` file) and renamed into place when complete, so a
+killed or failed encoding (a full disk, a source that changed while being
+read) leaves nothing that a later run could take for a cache; each encoding
+first removes the temporary folders whose writer is gone (killed by the OOM
+killer or SIGKILL), never one that a live process, here or on another host
+sharing the folder, still writes.
 
-Encoding (:func:`encode_to_cache`) reads each file in blocks of whole lines
-(memory does not grow with the file) and encodes the blocks in worker
+Encoding (:func:`encode_to_cache`) reads each file in blocks
+(:class:`lmkit.data.textfile.TextBlocks`: memory does not grow with the file
+nor with its lines; a bare CR ends a line) and encodes the blocks in worker
 processes, one per core, in order; the ids are those of
 :meth:`lmkit.data.text.TextCorpus.encode_text_lines` (blank lines skipped,
-eos after each line) whatever the number of workers.
+eos after each line) whatever the number of workers. A line longer than
+:data:`BLOCK_BYTES` is encoded in pieces cut before a space (no eos between
+them): the ids are those of the whole line for the word, char and byte
+tokenizers, GPT-2-style byte-level BPE and SentencePiece (which starts a
+word at a space either way); a piece without a space in :data:`BLOCK_BYTES`
+is cut between two characters, and white space that starts a line for more
+than :data:`BLOCK_BYTES` is dropped. The line layout
+keeps each line whole (an example) and splits at "\n" only: a line longer than
+:data:`MAX_LINE_BYTES` is a DataError there.
 """
 
 from __future__ import annotations
@@ -48,20 +63,21 @@ import json
 import multiprocessing
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from lmkit.data import textfile
 from lmkit.data.errors import DataError
-from lmkit.fileio import atomic_write_text, fsync_dir
+from lmkit import fileio
+from lmkit.fileio import TempFolder, atomic_write_text, fsync_dir
 from lmkit.progress import rate_progress
 
 __all__ = ["CACHE_ENV", "LineIds", "TokenStream", "cache_root", "cache_key", "open_cached", "encode_to_cache",
-           "cached_stream", "encoding_workers", "open_cached_lines", "encode_lines_to_cache", "cached_lines"]
+           "cached_stream", "encoding_workers", "open_cached_lines", "encode_lines_to_cache", "cached_lines",
+           "sweep_temp_folders"]
 
 CACHE_ENV = "LMKIT_DATA_CACHE"
 WORKERS_ENV = "LMKIT_ENCODING_WORKERS"
@@ -71,12 +87,17 @@ MANIFEST_FILE = "manifest.json"
 LINES_FILE = "lines.bin"
 BLANK_FILE = "blank.bin"
 TOKENIZER_DIR = "tokenizer"
-#: Raw bytes per block handed to a worker (whole lines; a longer line makes a longer block).
-BLOCK_BYTES = 4 << 20
+#: Raw bytes read at a time; a block handed to a worker holds at most twice as many (a longer line is
+#: cut into pieces, see the module's docstring).
+BLOCK_BYTES = textfile.BLOCK_BYTES
+#: The longest line the line layout keeps whole (an example); a longer one is a DataError.
+MAX_LINE_BYTES = 16 << 20
 #: Below this many bytes of text one process encodes (starting workers costs more).
 PARALLEL_MIN_BYTES = 16 << 20
 _OFF = ("none", "off")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what read_lines (universal newlines) splits on
+#: The names of temporary folders in the cache (``.tmp-<key>-<random>``) and their lock file.
+TEMP_PREFIX = ".tmp-"
+_OLD_TOKENIZER_TEMP = re.compile(r"tokenizer-.+\.tmp\d+")  # the tokenizer cache's, before locks
 
 
 @dataclasses.dataclass
@@ -168,8 +189,10 @@ def encoding_workers() -> int:
 
 
 def _identity(path: str) -> Dict[str, object]:
+    """What the cache key holds of a source: path, size, modification time and a sample of its content."""
     st = os.stat(path)
-    return {"path": os.path.abspath(path), "size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
+    return {"path": os.path.abspath(path), "size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns),
+            "sample": textfile.content_sample(path, st.st_size)}
 
 
 def _tokenizer_record(tokenizer) -> Dict[str, object]:
@@ -183,12 +206,15 @@ def cache_key(tokenizer, files: Sequence[str], add_eos: bool, layout: str = "str
     ``layout`` is ``"stream"`` (:func:`encode_to_cache`) or ``"lines"`` (:func:`encode_lines_to_cache`).
 
     Raises:
-      DataError: a file does not exist.
+      DataError: a file does not exist or cannot be read.
     """
     try:
         sources = [_identity(f) for f in files]
     except FileNotFoundError as exc:
         raise DataError(f"text file {exc.filename!r} does not exist; check the path") from None
+    except OSError as exc:
+        raise DataError(f"text file {exc.filename!r} cannot be read ({exc.strerror}); check its "
+                        "permissions") from None
     record = {"format": FORMAT, "tokenizer": _tokenizer_record(tokenizer), "add_eos": bool(add_eos),
               "files": sources}
     if layout != "stream":  # the streams' keys stay those of the caches written before layouts
@@ -286,29 +312,58 @@ _WORKER: Dict[str, object] = {}
 
 def _init_worker(tokenizer_dir: str, add_eos: bool) -> None:
     from lmkit.data.tokenizers import load_tokenizer
+    parent = multiprocessing.parent_process()
+    if parent is not None and sys._getframe(1).f_code is concurrent.futures.process._process_worker.__code__:
+        # The pool's initializer (not the call in the parent): a signal to the whole process group (Ctrl-C,
+        # mpirun's SIGUSR1) is the parent's to act on; it shuts the pool down (lmkit.preemption).
+        from lmkit.preemption import detach_worker
+        detach_worker(parent.pid)
     _WORKER["tokenizer"] = load_tokenizer(tokenizer_dir)
     _WORKER["add_eos"] = add_eos
 
 
-def _encode_block(text: str) -> Tuple[np.ndarray, int, int]:
-    """``(ids, non-blank lines, words)`` of whole lines of text, as TextCorpus encodes them."""
+def _encode_block(text: str, continues: bool = False, ends_line: bool = True) -> Tuple[np.ndarray, int, int]:
+    """``(ids, non-blank lines ended, words)`` of a block (:class:`lmkit.data.textfile.TextBlock`), as
+    TextCorpus encodes whole lines: a piece of a long line that goes on in the next block gets no eos."""
     tokenizer = _WORKER["tokenizer"]
     add_eos = bool(_WORKER["add_eos"])
-    lines = [line for line in _LINE_BREAK.split(text) if line.strip()]
-    words = 0
+    if continues or not ends_line:  # a piece of a cut line is in it
+        kept = [(piece, ends) for piece, has_text, ends in textfile.line_segments(text, continues, ends_line)
+                if has_text]
+        lines = [piece for piece, _ in kept]
+        goes_on = bool(kept) and not kept[-1][1]  # only the last segment can go on
+    else:  # whole lines, the usual block
+        lines = [line for line in textfile.LINE_BREAK.split(text) if line.strip()]
+        goes_on = False
+    ended = len(lines) - goes_on
+    words = ended if add_eos else 0
     for line in lines:
-        count = len(line.split())
-        words += count + (1 if add_eos and count else 0)
-    dtype = _dtype(tokenizer.vocab_size)
+        words += len(line.split())
     fast = tokenizer.encode_lines_flat(lines, add_eos)
     if fast is not None:
-        return fast.astype(dtype, copy=False), len(lines), words
+        return _fit(fast[:-1] if add_eos and goes_on else fast, tokenizer), ended, words
     eos = [tokenizer.eos_id] if add_eos else []
     flat: List[int] = []
     for ids in tokenizer.encode_batch(lines):
         flat.extend(ids)
         flat.extend(eos)
-    return np.asarray(flat, dtype=dtype), len(lines), words
+    if add_eos and goes_on:  # the line ends in a later block
+        flat.pop()
+    return _fit(np.asarray(flat, np.int64), tokenizer), ended, words
+
+
+def _fit(ids: np.ndarray, tokenizer) -> np.ndarray:
+    """``ids`` in the cache's dtype, once each is checked to be below the tokenizer's ``vocab_size`` (a
+    uint16 file would turn an id above 65,535 into another token, silently)."""
+    size = int(tokenizer.vocab_size)
+    if ids.size:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= size:
+            raise DataError(f"the {tokenizer.name} tokenizer gave the id {high if high >= size else low}, "
+                            f"outside its vocab_size {size} (ids 0..{size - 1}): its files disagree, and "
+                            "the data cache stores no id it cannot keep exactly; repair or replace the "
+                            "tokenizer")
+    return ids.astype(_dtype(size), copy=False)
 
 
 def _encode_block_lines(text: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -328,60 +383,46 @@ def _encode_block_lines(text: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
             ids = next(encoded)
             lengths[k] = len(ids)
             flat.extend(ids)
-    return np.asarray(flat, dtype=_dtype(tokenizer.vocab_size)), lengths, blank
+    return _fit(np.asarray(flat, np.int64), tokenizer), lengths, blank
 
 
 class _Blocks:
-    """Whole-line blocks of a file, decoded, hashed as read, and checked for changes."""
+    """A file's blocks (:class:`lmkit.data.textfile.TextBlocks`) as the arguments of the encoder of
+    ``layout`` (``"stream"``: ``(text, continues, ends_line)``; ``"lines"``: ``(text,)``), hashed as
+    read, and checked for changes at the end."""
 
-    def __init__(self, path: str, what: str) -> None:
-        self.path, self.what = path, what
+    def __init__(self, path: str, what: str, layout: str = "stream") -> None:
+        self.path, self.what, self.layout = path, what, layout
         self.identity = _identity(path)
         self.sha256 = hashlib.sha256()
-        self.read = 0
-        self.lines_before = 0
+        stream = layout == "stream"
+        self._blocks = textfile.TextBlocks(
+            path, what, block_bytes=BLOCK_BYTES, cr_breaks=stream,
+            max_line_bytes=None if stream else MAX_LINE_BYTES,
+            long_line_fix="each line of an encoder-decoder's file is one example, split at \\n only; "
+                          "break the line into shorter examples or remove it")
 
-    def _decode(self, raw: bytes) -> str:
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = self.lines_before + raw.count(b"\n", 0, exc.start) + 1
-            raise DataError(f"{self.what} {self.path!r} is not UTF-8: line {line} has the byte "
-                            f"0x{raw[exc.start]:02x} ({exc.reason}); convert the file with e.g. "
-                            f"`iconv -f LATIN1 -t UTF-8 {self.path} > fixed.txt`") from None
+    @property
+    def read(self) -> int:
+        """Bytes read so far."""
+        return self._blocks.read
 
     def __iter__(self):
-        carry = b""
-        with open(self.path, "rb") as f:
-            while True:
-                chunk = f.read(BLOCK_BYTES)
-                if not chunk:
-                    break
-                self.read += len(chunk)
-                self.sha256.update(chunk)
-                nul = chunk.find(b"\0")
-                if nul >= 0:
-                    raise DataError(f"{self.what} {self.path!r} is a binary file (a NUL byte at "
-                                    f"offset {self.read - len(chunk) + nul}), not "
-                                    "text; give UTF-8 text files, one sentence or paragraph a line")
-                data = carry + chunk
-                cut = data.rfind(b"\n") + 1
-                if cut == 0:  # no line end yet: a longer block
-                    carry = data
-                    continue
-                block, carry = data[:cut], data[cut:]
-                yield self._decode(block)
-                self.lines_before += block.count(b"\n")
-        if carry:
-            yield self._decode(carry)
+        for block in self._blocks:
+            self.sha256.update(block.raw)
+            if self.layout == "stream":
+                yield block.text, block.continues, block.ends_line
+            else:
+                yield (block.text,)
         self.check_unchanged()
 
     def check_unchanged(self) -> None:
         now = _identity(self.path)
         if now != self.identity or self.read != self.identity["size"]:
-            raise DataError(f"{self.what} {self.path!r} changed while it was being encoded (size "
-                            f"{self.identity['size']} -> {now['size']} bytes); run again once nothing "
-                            "writes to it")
+            change = f"size {self.identity['size']} -> {now['size']} bytes" \
+                if now["size"] != self.identity["size"] else "its content or modification time"
+            raise DataError(f"{self.what} {self.path!r} changed while it was being encoded ({change}); run "
+                            "again once nothing writes to it")
 
 
 def _progress(log: Callable[[str], None], what: str, total: int, every: float = 2.0):
@@ -421,50 +462,47 @@ def encode_to_cache(root: str, tokenizer, files: Sequence[str], add_eos: bool, *
 
     return _build_folder(root, cache_key(tokenizer, files, add_eos), tokenizer, what, total, workers,
                          dict(add_eos=bool(add_eos)), fill,
-                         functools.partial(open_cached, root, tokenizer, files, add_eos))
+                         functools.partial(open_cached, root, tokenizer, files, add_eos), log)
 
 
 def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers: Optional[int],
                   record: Dict[str, object], fill: Callable[[str, int], Dict[str, object]],
-                  reopen: Callable[[], Any]) -> Any:
+                  reopen: Callable[[], Any], log: Callable[[str], None]) -> Any:
     """Writes the cache folder ``root/key`` and returns ``reopen()`` of it (``reused`` False):
     ``fill(temp folder, workers)`` writes the token files and returns the manifest's counts; the
-    folder is renamed into place only when complete."""
+    folder is renamed into place only when complete. The leftovers of killed encodings go first."""
     final = os.path.join(root, key)
     if workers is None:
         workers = encoding_workers() if total >= PARALLEL_MIN_BYTES else 1
     workers = max(1, int(workers))
+    sweep_temp_folders(root, log)
     try:
-        os.makedirs(root, exist_ok=True)
-        temp = tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root)
+        temp = TempFolder(root, f"{TEMP_PREFIX}{key}-")
     except OSError as exc:
         raise DataError(f"cannot create the data cache folder {root} ({exc.strerror}); set "
                         "--data_cache to a writable folder, or --data_cache none") from None
     try:
         start = time.perf_counter()
-        tokenizer.save(os.path.join(temp, TOKENIZER_DIR))
-        manifest = fill(temp, workers)
+        tokenizer.save(os.path.join(temp.path, TOKENIZER_DIR))
+        manifest = fill(temp.path, workers)
         manifest.update(format=FORMAT, key=key, tokenizer=_tokenizer_record(tokenizer), **record,
                         seconds=round(time.perf_counter() - start, 3))
-        atomic_write_text(os.path.join(temp, MANIFEST_FILE), json.dumps(manifest, indent=1) + "\n")
+        atomic_write_text(os.path.join(temp.path, MANIFEST_FILE), json.dumps(manifest, indent=1) + "\n")
         try:
-            os.rename(temp, final)
+            temp.publish(final)
         except OSError:  # another process put the same folder in place first
             if not os.path.isfile(os.path.join(final, MANIFEST_FILE)):
                 raise
-            shutil.rmtree(temp, ignore_errors=True)
         fsync_dir(root)
     except OSError as exc:
-        shutil.rmtree(temp, ignore_errors=True)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DataError(f"the disk of the data cache {root} is full: encoding {what} needs about "
                             f"{total * 2 / 1e6:.0f} MB there; free space, or set --data_cache to a "
                             "folder on another disk (or none: no cache)") from None
         raise DataError(f"cannot write the data cache {root} ({exc.strerror or exc}); set "
                         "--data_cache to a writable folder, or --data_cache none") from None
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
+    finally:
+        temp.close()
     found = reopen()
     if found is None:
         raise DataError(f"{what} changed while it was being encoded; run again once nothing writes to it")
@@ -472,26 +510,45 @@ def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers
     return found
 
 
+# -- temporary folders ---------------------------------------------------------------------------
+def sweep_temp_folders(root: str, log: Callable[[str], None] = lambda line: None) -> Tuple[int, int]:
+    """Removes the temporary folders in the cache ``root`` that killed encodings (or tokenizer saves)
+    left behind (:func:`lmkit.fileio.sweep_temp_folders`); one log line when it removed any.
+
+    Returns:
+      ``(folders removed, bytes freed)``.
+    """
+    return fileio.sweep_temp_folders(
+        root, lambda name: name.startswith(TEMP_PREFIX) or bool(_OLD_TOKENIZER_TEMP.fullmatch(name)),
+        log, what="encodings", where=f"the data cache {root}")
+
+
 @contextlib.contextmanager
 def _encoders(workers: int, tokenizer_dir: str, add_eos: bool):
     """A pool of ``workers`` encoding processes (None: encode in this process), each with the tokenizer."""
+    from lmkit.preemption import signals_held
     pool = None
-    if workers > 1 and _can_spawn():
-        pool = concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-            initargs=(tokenizer_dir, add_eos))
-    else:
-        _init_worker(tokenizer_dir, add_eos)
     try:
+        if workers > 1 and _can_spawn():
+            # Started with the preemption signals held: a signal to the whole process group
+            # (mpirun's SIGUSR1, Ctrl-C) then cannot end a worker, or multiprocessing's resource
+            # tracker, before they are set up; submitting starts every worker at once.
+            with signals_held():
+                pool = concurrent.futures.ProcessPoolExecutor(
+                    workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                    initargs=(tokenizer_dir, add_eos))
+                pool.submit(int)
+        else:
+            _init_worker(tokenizer_dir, add_eos)
         yield pool
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _map_blocks(blocks: "_Blocks", encode: Callable[[str], object], pool, workers: int, what: str,
+def _map_blocks(blocks: "_Blocks", encode: Callable[..., object], pool, workers: int, what: str,
                 take: Callable[[object], None]) -> None:
-    """``take(encode(block))`` for every block in order, ``2 x workers`` blocks in flight in ``pool``."""
+    """``take(encode(*block))`` for every block in order, ``2 x workers`` blocks in flight in ``pool``."""
     pending: Deque = collections.deque()
 
     def next_result() -> None:
@@ -503,8 +560,8 @@ def _map_blocks(blocks: "_Blocks", encode: Callable[[str], object], pool, worker
                             "(LMKIT_ENCODING_WORKERS=1) if it happens again") from None
         take(result)
 
-    for text in blocks:
-        pending.append(pool.submit(encode, text) if pool else encode(text))
+    for args in blocks:
+        pending.append(pool.submit(encode, *args) if pool else encode(*args))
         while len(pending) > (2 * workers if pool else 0):
             next_result()
     while pending:
@@ -583,7 +640,7 @@ def encode_lines_to_cache(root: str, tokenizer, path: str, *, what: str = "sourc
         log(f"encoding {what} ({path}, {total / 1e6:.1f} MB) line by line with the {tokenizer.name} "
             f"tokenizer in {workers} process(es) into the data cache {root}")
         update = _progress(log, what, total)
-        blocks = _Blocks(path, what)
+        blocks = _Blocks(path, what, layout="lines")
         counts = {"num_tokens": 0, "lines": 0}
         with _encoders(workers, os.path.join(temp, TOKENIZER_DIR), False) as pool, \
                 open(os.path.join(temp, IDS_FILE), "wb") as ids_out, \
@@ -610,7 +667,7 @@ def encode_lines_to_cache(root: str, tokenizer, path: str, *, what: str = "sourc
 
     return _build_folder(root, cache_key(tokenizer, [path], False, layout="lines"), tokenizer, what, total,
                          workers, dict(add_eos=False, layout="lines"), fill,
-                         functools.partial(open_cached_lines, root, tokenizer, path))
+                         functools.partial(open_cached_lines, root, tokenizer, path), log)
 
 
 def cached_lines(root: str, tokenizer, path: str, *, what: str, workers: Optional[int] = None,

@@ -45,8 +45,8 @@ from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Seque
 
 from lmkit.checks import check_choice, check_known_keys
 from lmkit.data.errors import DataError
-from lmkit.data.textfile import check_text_file
-from lmkit.data.vocab import DEFAULT_SPECIALS, Vocab, read_lines
+from lmkit.data.textfile import check_text_file, content_sample, text_pieces
+from lmkit.data.vocab import DEFAULT_SPECIALS, Vocab
 from lmkit.fileio import PathLike, atomic_write_text, fsync_dir
 from lmkit.registry import import_object
 
@@ -352,8 +352,7 @@ class WordTokenizer(_VocabTokenizer):
     def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "WordTokenizer":
         """The words of the files ``train_file`` by decreasing count (``folder`` is not used)."""
         options = cls.check_options(options)
-        lines = (line for path in train_file for line in read_lines(path))
-        vocab = Vocab.build(lines, max_size=options["max_vocab"],
+        vocab = Vocab.build(_pieces(train_file), max_size=options["max_vocab"],
                             min_count=options["min_count"])
         return cls(vocab, **options)
 
@@ -386,14 +385,22 @@ class CharTokenizer(_VocabTokenizer):
     def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "CharTokenizer":
         """The characters of the files ``train_file`` by decreasing count (``folder`` is not used)."""
         counts: collections.Counter = collections.Counter()
-        for line in (line for path in train_file for line in read_lines(path)):
-            counts.update(line)
-        counts.pop("\r", None)
+        for piece in _pieces(train_file):
+            counts.update(piece)
         return cls(Vocab.from_counts(counts))
 
     @classmethod
     def load(cls, folder: str, options: Mapping[str, Any]) -> "CharTokenizer":
         return cls(cls._read_vocab(folder))
+
+
+def _pieces(files: Sequence[str]) -> Iterable[str]:
+    """The lines of ``files`` without their line ends (a bare CR ends one too), a long line in pieces cut
+    before a space (:func:`lmkit.data.textfile.text_pieces`: memory bounded, the words and characters of
+    the whole line)."""
+    for path in files:
+        for piece, _, _ in text_pieces(path, "train_file"):
+            yield piece
 
 
 # -- byte ------------------------------------------------------------------------------------------
@@ -501,8 +508,10 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
       source: the pretrained model folder the ``hf`` kind is read from.
       cache_dir: a data cache folder (:func:`lmkit.data.token_cache.cache_root`):
         a tokenizer trained there before on the same files (path, size,
-        modification time) with the same kind and options is copied instead
-        of trained again, and a newly trained one is kept there.
+        modification time and a sample of the content,
+        :func:`~lmkit.data.textfile.content_sample`) with the same kind and
+        options is copied instead of trained again, and a newly trained one
+        is kept there.
 
     Options a kind does not take are ignored.
 
@@ -557,29 +566,44 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
 
 def _cached_tokenizer_dir(cache_dir: Optional[str], kind: Type[Tokenizer], options: Mapping[str, Any],
                           files: Sequence[str]) -> Optional[str]:
-    """Where the data cache keeps ``kind`` trained with ``options`` on ``files`` (None: no cache)."""
+    """Where the data cache keeps ``kind`` trained with ``options`` on ``files`` (None: no cache).
+
+    The name holds each file's path, size, modification time and a sample of its content: a file edited
+    and copied back with ``cp -p`` or ``rsync -t`` (same size and time) gets another folder.
+    """
     if not cache_dir:
         return None
     sources = []
-    for path in files:
-        st = os.stat(path)
-        sources.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
+    try:
+        for path in files:
+            st = os.stat(path)
+            sources.append([os.path.abspath(path), st.st_size, st.st_mtime_ns,
+                            content_sample(path, st.st_size)])
+    except OSError:  # unreadable: no cache (check_text_file says what is wrong)
+        return None
     record = json.dumps({"kind": kind.name, "options": dict(options), "files": sources,
                          **({"version": kind.VERSION} if kind.VERSION else {})}, sort_keys=True)
     return os.path.join(cache_dir, f"tokenizer-{kind.name}-{_short_hash(record.encode('utf-8'))}")
 
 
 def _keep_in_cache(tokenizer: Tokenizer, cached: str) -> None:
-    """Saves a trained tokenizer into the data cache (best effort: a cache that cannot be written is skipped)."""
-    temp = f"{cached}.tmp{os.getpid()}"
+    """Saves a trained tokenizer into the data cache (best effort: a cache that cannot be written is skipped),
+    through a locked temporary folder (:class:`lmkit.fileio.TempFolder`); the leftovers of killed
+    saves and encodings there go first."""
+    from lmkit.data.token_cache import TEMP_PREFIX, sweep_temp_folders
+    from lmkit.fileio import TempFolder
+
+    root, temp = os.path.dirname(cached), None
     try:
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        tokenizer.save(temp)
-        os.rename(temp, cached)
+        sweep_temp_folders(root)
+        temp = TempFolder(root, f"{TEMP_PREFIX}{os.path.basename(cached)}-")
+        tokenizer.save(temp.path)
+        temp.publish(cached)
     except OSError:
         pass
     finally:
-        shutil.rmtree(temp, ignore_errors=True)
+        if temp is not None:
+            temp.close()
 
 
 def load_tokenizer(folder: PathLike) -> Tokenizer:

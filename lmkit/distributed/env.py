@@ -8,6 +8,7 @@ TensorFlow loads, so that a bad flag is reported once (by rank 0) at once.
   variables; :data:`LAUNCHER_SIZE_ENV` and :data:`LAUNCHER_RANK_ENV` list them.
 * Threads: :func:`thread_settings` shares a host's cores among its ranks.
 * Open MPI's busy polling: :func:`quiet_mpi_polling`.
+* Hosts: :func:`is_local_host` tells this machine's names from other hosts'.
 * Devices: :func:`choose_gpus` decides which GPUs a process takes (also
   under a scheduler that shows each process its own), :func:`pin_gpus` and
   :func:`configure_devices` apply that (they import TensorFlow when called).
@@ -16,6 +17,7 @@ TensorFlow loads, so that a bad flag is reported once (by rank 0) at once.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
@@ -41,6 +43,8 @@ __all__ = [
     "pin_gpus",
     "GPU_PINNING_ENV",
     "cpu_count",
+    "LOCAL_NAMES",
+    "is_local_host",
 ]
 
 BACKEND_ENV = "LMKIT_BACKEND"  # set by lmkit.launch to "native"
@@ -63,6 +67,9 @@ LAUNCHER_RANK_ENV: Tuple[str, ...] = (
     "RANK",  # lmkit.launch
 )
 
+# This machine's loopback names and addresses (its own host names are added when asked).
+LOCAL_NAMES: Tuple[str, ...] = ("127.0.0.1", "localhost", "::1")
+
 # Read by Open MPI when Horovod initialises it (MPI_Init inside hvd.init()).
 MPI_YIELD_ENV = "OMPI_MCA_mpi_yield_when_idle"
 
@@ -79,6 +86,16 @@ def launcher_rank() -> int:
         if value is not None and value.isdigit():
             return int(value)
     return 0
+
+
+def is_local_host(host: str) -> bool:
+    """True for this machine's loopback addresses and its own host names."""
+    names = set(LOCAL_NAMES)
+    try:
+        names.update({socket.gethostname(), socket.getfqdn()})
+    except OSError:
+        pass
+    return host in names
 
 
 def quiet_mpi_polling() -> None:

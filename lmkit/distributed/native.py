@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,10 +35,11 @@ import tensorflow as tf
 from lmkit.checks import check_choice, check_divisible
 from lmkit.errors import UsageError
 from lmkit.distributed.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
-from lmkit.distributed.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, launched_by_mpi_or_horovodrun, pin_gpus,
-                            thread_settings)
+from lmkit.distributed.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host, launched_by_mpi_or_horovodrun,
+                                   pin_gpus, thread_settings)
 
-__all__ = ["NativeBackend", "tf_config_cluster", "communication_options", "DEFAULT_PACK_BYTES", "PACK_BYTES_ENV"]
+__all__ = ["NativeBackend", "tf_config_cluster", "tf_config_addresses", "open_servers_warning",
+           "communication_options", "DEFAULT_PACK_BYTES", "PACK_BYTES_ENV"]
 
 _REPLICA_REDUCE = {"average": tf.distribute.ReduceOp.MEAN, "sum": tf.distribute.ReduceOp.SUM}  # NATIVE
 _COLLECTIVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
@@ -47,6 +49,9 @@ _COLLECTIVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 # docs/performance.md has the measurement.
 DEFAULT_PACK_BYTES = 4 << 20
 PACK_BYTES_ENV = "LMKIT_PACK_BYTES"
+# How TensorFlow aborts the collectives of the other workers when one failed, exited or was
+# killed (its connections closed): those workers are bystanders, not the cause.
+_PEER_ABORTED = "Collective ops is aborted by"
 
 
 def _reduce_stacked(stacked: tf.Tensor, op: str) -> tf.Tensor:
@@ -185,6 +190,9 @@ class NativeBackend(Backend):
             rank, size = cluster
             strategy = tf.distribute.MultiWorkerMirroredStrategy(  # NATIVE: reads TF_CONFIG
                 communication_options=communication_options(bool(gpus)))
+            warning = open_servers_warning(tf_config_addresses())
+            if warning and rank == 0:
+                print(warning, file=sys.stderr, flush=True)
         backend = cls(strategy, rank, size, local_rank, local_size, pack_bytes=pack_bytes)
         backend.threads = threads
         return backend
@@ -255,6 +263,12 @@ class NativeBackend(Backend):
 
     def per_replica(self, fn: Callable[[], Any]) -> Any:
         devices = self.strategy.extended.worker_devices  # NATIVE
+        if self._local == 1:
+            # The strategy hands one replica's results back as plain values: a state made
+            # here as a one-part PerReplica would differ in kind from the one a step returns,
+            # and the compiled step would be traced a second time at step 2.
+            with tf.device(devices[0]):
+                return fn()
 
         made: List[Any] = []
 
@@ -462,6 +476,10 @@ class NativeBackend(Backend):
         it = iter(reduced)
         return [None if g is None else next(it) for g in grads]
 
+    # ------------------------------------------------------------ lifecycle
+    def is_peer_failure(self, exc: BaseException) -> bool:
+        return isinstance(exc, tf.errors.OpError) and _PEER_ABORTED in str(exc)  # NATIVE
+
 
 def tf_config_cluster() -> Optional[Tuple[int, int]]:
     """(rank, size) of this worker from ``TF_CONFIG``; None without a multi-worker cluster.
@@ -474,9 +492,8 @@ def tf_config_cluster() -> Optional[Tuple[int, int]]:
         return None
     try:
         cfg = json.loads(raw)
-        cluster = cfg.get("cluster", {})
-        chiefs = len(cluster.get("chief", []))
-        size = chiefs + len(cluster.get("worker", []))
+        chiefs = len(cfg.get("cluster", {}).get("chief", []))
+        size = len(tf_config_addresses())
         task = cfg.get("task", {})
         task_type, index = task.get("type"), int(task.get("index", 0))
     except (ValueError, AttributeError, TypeError) as exc:
@@ -490,3 +507,50 @@ def tf_config_cluster() -> Optional[Tuple[int, int]]:
         return chiefs + index, size
     raise DistributedError(f"TF_CONFIG task type {task_type!r} is not 'chief' or 'worker'; the "
                            "native backend runs every task as a training worker")
+
+
+def tf_config_addresses() -> List[str]:
+    """The ``host:port`` of every task in ``TF_CONFIG``, in rank order (chief first); [] without it.
+
+    Raises:
+      ValueError, AttributeError, TypeError: ``TF_CONFIG`` is not a cluster
+        (:func:`tf_config_cluster` turns them into one clear error).
+    """
+    raw = os.environ.get("TF_CONFIG", "").strip()
+    if not raw:
+        return []
+    cluster = json.loads(raw).get("cluster", {})
+
+    def tasks(job: Any) -> List[str]:  # a list of addresses, or {index: address}
+        return [str(job[k]) for k in sorted(job, key=int)] if isinstance(job, dict) else [str(a) for a in job]
+
+    return tasks(cluster.get("chief", [])) + tasks(cluster.get("worker", []))
+
+
+def _host(address: str) -> str:
+    """``"h:1"`` -> ``"h"``, ``"[::1]:1"`` -> ``"::1"``."""
+    return address.rpartition(":")[0].strip("[]")
+
+
+def open_servers_warning(addresses: Sequence[str]) -> Optional[str]:
+    """The warning for a multi-worker job whose every worker runs on this host, else None.
+
+    Each worker of a multi-worker job starts TensorFlow's gRPC server, which
+    listens on every network interface whatever host its ``TF_CONFIG``
+    address names (TensorFlow's ``GrpcServer`` binds ``0.0.0.0:port`` and has
+    no setting for the address, up to TensorFlow 2.21 at least:
+    ``tests/distributed/native/test_native_exposure.py`` checks it) and runs
+    the operations anyone sends it, without authentication. A job across hosts needs reachable servers (on a trusted
+    network); a job on one host does not need them at all: the same replicas
+    run in one process, with no server (``num_gpus``).
+
+    Args:
+      addresses: every worker's ``host:port`` (:func:`tf_config_addresses`).
+    """
+    if len(addresses) < 2 or not all(is_local_host(_host(a)) for a in addresses):
+        return None
+    ports = ", ".join(a.rpartition(":")[2] for a in addresses)
+    return ("[lmkit] warning: every worker of this job runs on this host, yet TensorFlow's server of each "
+            f"(ports {ports}) listens on all network interfaces and runs anyone's operations without "
+            "authentication; on one host, run the replicas in one process instead (--backend native "
+            "--num_gpus N without lmkit.launch: N GPUs, or N logical CPU devices), or firewall these ports")

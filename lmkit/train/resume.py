@@ -42,10 +42,33 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit import distributed as dist
+from lmkit.errors import CheckpointError
+from lmkit.train.checkpoint import CorruptCheckpointError
 
 __all__ = ["Boundaries", "Checkpointer", "Position", "STATE_FILE", "gather_position", "restore_position"]
 
 STATE_FILE = "rnn_state.npz"  # inside a checkpoint folder: the carried state of every row
+
+
+def _read_state(path: str) -> Optional[bytes]:
+    """A checkpoint's ``rnn_state.npz`` (None without one), checked to read back in full.
+
+    Raises:
+      CorruptCheckpointError: the file is damaged.
+    """
+    state_path = os.path.join(path, STATE_FILE)
+    if not os.path.isfile(state_path):
+        return None
+    try:
+        with open(state_path, "rb") as f:
+            data = f.read()
+        with np.load(io.BytesIO(data)) as saved:
+            for name in saved.files:
+                saved[name]  # decompresses and checks the member's CRC
+    except Exception as exc:  # noqa: BLE001 - whatever the damage, the file is unusable
+        why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise CorruptCheckpointError(f"checkpoint {path} is corrupt ({STATE_FILE}: {why})") from exc
+    return data
 
 
 def _to_numpy(state: Any) -> Any:
@@ -220,36 +243,55 @@ class Checkpointer:
         self.log = log
         self.beat = beat
         self.loss_scale = loss_scale
+        self._write_failed = False
 
     def save(self, state: Any, meta: Dict[str, Any]) -> Optional[str]:
         """A checkpoint of this step, with the carried state of every row (call on every rank).
 
         Returns:
           The checkpoint's folder (rank 0; None elsewhere and without a model folder).
+
+        Raises:
+          CheckpointError: on every rank, when rank 0 could not write it (a full disk).
         """
         if self.manager is None:
             return None
         gathered = gather_position(state, self.progress.rng)  # a collective: every rank, same step
-        if gathered is None:
-            return None
-        files, position = gathered
-        return self.save_on_chief({**meta, **position}, files)
+        files, position = gathered if gathered is not None else ({}, {})
+        # Every rank learns how rank 0's write went (run_on_chief is a collective: every rank calls it
+        # here), so a full disk ends every rank with rank 0's one message rather than leaving the others
+        # in the next step's collective. They wait for the save here, watched as rank 0 is.
+        self.beat("rank 0's checkpoint save began")
+        path = dist.run_on_chief(lambda: self.save_on_chief({**meta, **position}, files))
+        return path if dist.is_chief() else None
 
     def save_on_chief(self, meta: Dict[str, Any], files: Optional[Dict[str, bytes]] = None) -> Optional[str]:
-        """Rank 0 alone writes a checkpoint (no collective: also on an error path)."""
-        if self.manager is None or not dist.is_chief():
+        """Rank 0 alone writes a checkpoint (no collective: also on an error path).
+
+        After a failed write (a full disk) it writes nothing more: the error
+        that ends the run is that write's, not a second attempt's.
+        """
+        if self.manager is None or not dist.is_chief() or self._write_failed:
             return None
         self.beat("a checkpoint save began")
         if self.loss_scale is not None:
             meta = {**meta, "loss_scale": self.loss_scale.to_meta()}
-        path = self.manager.save(int(self.progress.global_step.numpy()), files=files, meta={
-            "epoch": int(self.progress.epoch.numpy()), "steps_in_epoch": int(self.progress.steps_in_epoch.numpy()),
-            "world_size": self.world, **meta})
+        try:
+            path = self.manager.save(int(self.progress.global_step.numpy()), files=files, meta={
+                "epoch": int(self.progress.epoch.numpy()), "steps_in_epoch": int(self.progress.steps_in_epoch.numpy()),
+                "world_size": self.world, **meta})
+        except CheckpointError:
+            self._write_failed = True
+            raise
         self.log(f"saved checkpoint {path}")
         return path
 
     def restore(self, variables: List[tf.Variable], template: Any, seed: int) -> Tuple[Optional[str], Position]:
-        """Rank 0 restores the latest checkpoint; every rank gets its variables and its position.
+        """Rank 0 restores the newest checkpoint that reads back; every rank gets its variables and its position.
+
+        A corrupt newer checkpoint is named in rank 0's log and skipped
+        (:meth:`~lmkit.train.checkpoint.CheckpointManager.restore_latest`); rank
+        0 alone chooses and reads, and every rank takes its choice.
 
         Args:
           variables: every variable training updates (broadcast from rank 0).
@@ -262,13 +304,10 @@ class Checkpointer:
         found: Tuple[Optional[str], Optional[Dict[str, Any]], Optional[bytes]] = (None, None, None)
         if self.manager is not None:
             def read() -> Tuple[Optional[str], Optional[Dict[str, Any]], Optional[bytes]]:
-                latest = self.manager.latest()
-                if latest is None:
-                    return None, None, None
-                meta = self.manager.restore(latest)
-                state_path = os.path.join(latest, STATE_FILE)
-                data = open(state_path, "rb").read() if os.path.isfile(state_path) else None
-                return latest, meta, data
+                self.manager.recover()  # a killed re-save's only copy back in place, leftovers removed
+                # The newest checkpoint that reads back (a corrupt one is named in the log and skipped),
+                # chosen by rank 0 alone: every rank gets that one's path, meta and state.
+                return self.manager.restore_latest(self.log, read_more=_read_state)
             found = dist.run_on_chief(read)  # every rank: rank 0's path, meta and state
         path, meta, data = found
         if self.loss_scale is not None and meta and "loss_scale" in meta:  # every rank has rank 0's meta

@@ -23,7 +23,9 @@ workers (``mpirun -np N python examples/lm_ptb_distributed.py``):
   ``mixed_float16`` scales the loss (:mod:`lmkit.train.loss_scale`) and
   skips a step whose averaged gradients overflowed, on every rank alike;
 * rank 0 alone evaluates, logs and writes checkpoints; that path holds no
-  collective operation, the other ranks simply wait in the next one.
+  collective operation: the other ranks wait for the outcome of rank 0's
+  checkpoint write (one broadcast, ``Checkpointer.save``), or in the next
+  collective.
 
 All collective operations sit inside the compiled training step, so every
 rank issues them in the same order.

@@ -265,7 +265,9 @@ def test_download_to_existing_dest_replaces_only_when_complete(http_server, tmp_
     state.files["/f.bin"] = bytes(range(256)) * 40
     dest = tmp_path / "f.bin"
     dest.write_bytes(b"old")
-    (tmp_path / "f.bin.part").write_bytes(b"stale part from another run")
+    stale = tmp_path / "f.bin.part"  # the name lmkit gave every .part before issue 47
+    stale.write_bytes(b"stale part from another run")
+    os.utime(stale, (1e9, 1e9))  # long untouched: a leftover, swept
     assert download(f"{base}/f.bin", str(dest), **FAST) == str(dest)
     assert dest.read_bytes() == state.files["/f.bin"]
     assert state.requests == [("/f.bin", None)]  # a stale .part is not resumed

@@ -254,7 +254,7 @@ def test_bad_folders_exit_2_naming_the_file(folder, tmp_path):
         (_broken(folder, tmp_path, "shapes", _edit_config(n_embd=64)),
          r"model\.safetensors: wte\.weight has shape \[300, 32\] but \S+config\.json gives \[300, 64\]"),
         (_broken(folder, tmp_path, "vocab", _edit_config(vocab_size=200)),
-         r"tokenizer\.json has 300 tokens but the model's vocab_size is 200"),
+         r"tokenizer\.json has ids up to 299 but the model's vocab_size is 200"),
         (_broken(folder, tmp_path, "notokenizer", lambda p: os.remove(os.path.join(p, "tokenizer.json"))),
          r"holds no tokenizer: neither tokenizer\.json nor vocab\.json \+ merges\.txt"),
     ]

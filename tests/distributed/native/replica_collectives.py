@@ -47,6 +47,7 @@ def main() -> None:
     state = accumulate(x, state)
     state = accumulate(2.0 * x, state)
     out["carried_first"] = np.asarray(dist.first(state)).tolist()
+    out["carried_traces"] = accumulate.experimental_get_tracing_count()  # the made and the returned state agree
     out["per_replica_none"] = dist.per_replica(lambda: None) is None
 
     # Averaged gradients: replica r has weight r + 1 on its loss; ids differ per replica.

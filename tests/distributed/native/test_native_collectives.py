@@ -41,6 +41,7 @@ def test_state_carried_between_runs_stays_with_its_replica(result):
     x = np.arange(2 * REPLICAS * 3, dtype=np.float32).reshape(2 * REPLICAS, 3)
     np.testing.assert_array_equal(result["carried_first"], 3.0 * x[:2])  # x + 2x of replica 0
     assert result["per_replica_none"] is True
+    assert result["carried_traces"] == 1  # a state from per_replica and one from run are of one kind
 
 
 @pytest.mark.parametrize("sparse_as_dense", [False, True])

@@ -5,6 +5,7 @@ device, so the process-wide ``lmkit.distributed`` state of other tests is untouc
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -101,6 +102,61 @@ def test_launch_returns_the_failing_workers_status(tmp_path):
                         str(script)]) == 7
 
 
+def _bystander_script(tmp_path):
+    """Worker 1 exits 7; worker 0 exits 1 as soon as worker 1 is gone (as a collective would abort)."""
+    script = tmp_path / "w.py"
+    pid_file = str(tmp_path / "rank1.pid")
+    script.write_text(
+        "import os, sys, time\n"
+        f"pid_file = {pid_file!r}\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    open(pid_file + '.tmp', 'w').write(str(os.getpid()))\n"
+        "    os.replace(pid_file + '.tmp', pid_file)\n"
+        "    sys.exit(7)\n"
+        "while not os.path.exists(pid_file):\n"
+        "    time.sleep(0.005)\n"
+        "pid = open(pid_file).read()\n"
+        "while os.path.exists('/proc/' + pid):  # until the launcher has reaped worker 1\n"
+        "    time.sleep(0.005)\n"
+        "sys.exit(1)\n")
+    return str(script)
+
+
+def test_launch_names_the_worker_that_failed_first_not_the_one_that_followed(tmp_path, capsys):
+    # Worker 0 fails right after worker 1, as a bystander whose collective was aborted does:
+    # the cause is worker 1, and the job's last line says so.
+    import sys
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--bind", "none", "--",
+                        sys.executable, _bystander_script(tmp_path)]) == 7
+    lines = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"\[launch\] the job failed: worker 1 of 2 \(on 127\.0\.0\.1, pid \d+\) failed first "
+                        r"\(exit status 7; its own message above says why\); the other workers' errors after it "
+                        r"follow from it", lines[-1]), lines
+    assert not any("worker 0 of 2" in line for line in lines), lines
+
+
+def test_launch_names_a_worker_killed_by_a_signal(tmp_path, capsys):
+    # A worker killed from outside (the kernel's OOM killer) prints nothing itself.
+    import sys
+    script = tmp_path / "w.py"
+    script.write_text("import os, signal, time\n"
+                      "os.kill(os.getpid(), signal.SIGKILL) if os.environ['RANK'] == '1' else time.sleep(120)\n")
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--", sys.executable, str(script)]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"^\[launch\] worker 1 of 2 \(on 127\.0\.0\.1, pid \d+\) failed \(killed by SIGKILL\); "
+                     r"stopping the others$", err, re.MULTILINE), err
+    assert re.search(r"^\[launch\] the job failed: worker 1 of 2 .* failed first \(killed by SIGKILL; a signal "
+                     r"from outside, e\.g\. the kernel's when memory ran out\)", err, re.MULTILINE), err
+
+
+def test_launch_blames_no_worker_for_a_status_every_rank_exits_with(tmp_path, capsys):
+    # Bad input: every lmkit rank exits 2 after rank 0 printed why; the first exit seen means nothing.
+    import sys
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--", sys.executable, "-c",
+                        "raise SystemExit(2)"]) == 2
+    assert "failed first" not in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------- errors
 def test_horovod_backend_names_the_supported_tensorflow(monkeypatch):
     monkeypatch.setattr(hvd_backend.tf, "__version__", "2.21.0")
@@ -187,6 +243,28 @@ def test_fp16_compression_rounds_like_float16(native):
     np.testing.assert_array_equal(out[0].numpy(), np.float16([1.0 + 2 ** -12, 3.0]).astype(np.float32))
     with pytest.raises(ValueError, match="compression 'zip'"):
         native.average_gradients(grads, False, "zip")
+
+
+def test_a_state_made_per_replica_and_a_steps_state_are_traced_as_one(native):
+    # One replica: per_replica's state and the state a compiled step returns must be of one
+    # kind, or the trainer's step is traced again at step 2 (seconds of a loaded machine's CPU).
+    step = tf.function(lambda x, s: native.run(lambda x, s: s + x, (x, s)), reduce_retracing=True)
+    state = native.per_replica(lambda: tf.zeros([2, 3]))
+    for _ in range(3):
+        state = step(tf.ones([2, 3]), state)
+    assert step.experimental_get_tracing_count() == 1
+    np.testing.assert_array_equal(native.first(state), np.full([2, 3], 3.0))
+    assert native.per_replica(lambda: None) is None
+
+
+def test_a_collective_aborted_because_a_peer_left_is_a_bystanders_error(native):
+    # What rank 0 got when worker 1 failed: it says so in one line instead of a traceback.
+    aborted = tf.errors.UnavailableError(
+        None, None, "Collective ops is aborted by: Socket closed\nAdditional GRPC error information from "
+                    "remote target /job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf")
+    assert native.is_peer_failure(aborted)
+    assert not native.is_peer_failure(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating"))
+    assert not native.is_peer_failure(RuntimeError("Collective ops is aborted by: not TensorFlow's error"))
 
 
 @pytest.mark.parametrize("count, cpus, expected", [

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,12 @@ def mpirun(args: Sequence[str]) -> List[str]:
     return cmd[:1] + ["--mca", "mpi_yield_when_idle", "1"] + cmd[1:]
 
 
+# The line that ends a rank's own failure message (lmkit.cli.common.run_main's, the watchdog's;
+# a bystander says "rank N stopped: ..."), and lmkit.launch's lines.
+RANK_FAILED = re.compile(r"rank (\d+) failed: .*")
+LAUNCHER_LINE = re.compile(r"^\[launch\] .*$", re.MULTILINE)
+
+
 @dataclass
 class Outcome:
     """How a launched job ended."""
@@ -60,6 +67,28 @@ class Outcome:
 
     def count(self, text: str) -> int:
         return self.output.count(text)
+
+    def explain(self, before: int = 2500, tail: int = 2500) -> str:
+        """A failed job's story for an assertion message: the cause first, then the end.
+
+        The ranks' output is interleaved and the first rank to fail is not the
+        last to speak (the others' errors follow from it), so the end of the
+        output alone may not show the cause. This gives the exit status, what
+        ``lmkit.launch`` said (it names the worker that failed first, with its
+        status or signal), the first ``rank N failed: ...`` line with the
+        ``before`` characters that lead to it (its traceback), and the last
+        ``tail`` characters.
+        """
+        parts = [f"exit status {self.returncode}"]
+        launcher = LAUNCHER_LINE.findall(self.output)
+        if launcher:
+            parts.append("lmkit.launch said:\n" + "\n".join(launcher))
+        first = RANK_FAILED.search(self.output)
+        if first is not None:
+            parts.append(f"the first failure reported (rank {first.group(1)}), with what led to it:\n"
+                         + self.output[max(0, first.start() - before):first.end()])
+        parts.append(f"the last {tail} characters of the output:\n" + self.output[-tail:])
+        return "\n\n--- ".join(parts)
 
 
 def run_streamed(cmd: Sequence[str], timeout: float, marker: Optional[str] = None,

@@ -228,3 +228,99 @@ def test_with_device_prefetch_the_ranks_stop_two_steps_after_the_agreement(corpu
                      r"checkpoint \S+/ckpt-000000103; rerun", out.output), out.output[-3000:]
     last = metas(model_dir)[-1]
     assert (last["step"], last["epoch"], last["steps_in_epoch"], last["stopped_by"]) == (103, 1, 39, "preemption")
+
+
+# ---------------------------------------------------------------- signals outside training (lmkit.preemption)
+def test_sigterm_during_the_final_test_evaluation_keeps_the_checkpoint_and_the_rerun_finishes(corpus, tmp_path):
+    # After training wrote its last checkpoint, rank 0 evaluates the test split (held there by the faulty
+    # example): a signal then stops the command with 75 too (it took SIGTERM's default action, 143), the
+    # checkpoint stays, and the same command again evaluates and writes the results.
+    model_dir = str(tmp_path / "m")
+    started, sent = [], []
+
+    def on_line(line):
+        if "injecting slow_test_eval" in line and not sent:
+            sent.append(True)
+            os.kill(started[0].pid, signal.SIGTERM)
+
+    out = run_streamed([sys.executable, FAULTY, "--fault", "kind=slow_test_eval,step=600", "--",
+                        *flags(corpus, model_dir, corpus.config, 1)], timeout=300, on_line=on_line,
+                       on_start=started.append)
+    assert out.returncode == PREEMPTED, out.output[-4000:]
+    assert out.count("preempted: ") == 1 and "Traceback" not in out.output, out.output[-4000:]
+    assert ("preempted: stopped by SIGTERM while finishing after training (the test split's evaluation, "
+            "results.json); the trained model's last checkpoint is kept; rerun the same command to continue"
+            ) in out.output, out.output[-4000:]
+    assert [m["step"] for m in metas(model_dir)] == [STEPS]
+    assert not os.path.exists(os.path.join(model_dir, "results.json"))
+    out = run_streamed([*LMKIT, "--backend", "local", *flags(corpus, model_dir, corpus.config, 1)], timeout=300)
+    assert out.returncode == 0, out.output[-4000:]
+    assert re.search(r"resumed from \S+/ckpt-000000064 \(epoch 1, step 64\)", out.output), out.output[-3000:]
+    assert "Test perplexity" in out.output
+    results = json.load(open(os.path.join(model_dir, "results.json")))
+    assert results["global_step"] == STEPS and results["test_perplexity"] > 1
+
+
+@pytest.fixture(scope="module")
+def big_text(tmp_path_factory):
+    """12 MB of text: seconds of encoding with the char tokenizer in one process (under the 16 MB from
+    which the cache encodes with a pool), so a signal at its first line falls inside it."""
+    import random
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(400)]
+    block = "\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(4000)) + "\n"
+    path = str(tmp_path_factory.mktemp("text") / "train.txt")
+    with open(path, "w") as f:
+        f.write(block * ((12 << 20) // len(block)))
+    return path
+
+
+def start_up_flags(big_text, tmp_path):
+    """lmkit train on ``big_text`` through a data cache (char tokenizer, a tiny transformer)."""
+    return ["--config", "config_transformer", "--train_file", big_text, "--tokenizer", "char", "--data_cache",
+            str(tmp_path / "cache"), "--model_dir", str(tmp_path / "m"), "--max_steps", "3",
+            *[arg for key in ("hidden_size=16", "ffn_dim=32", "num_layers=1", "num_heads=2", "batch_size=4",
+                              "num_steps=8", "max_positions=16") for arg in ("--set", key)]]
+
+
+def signal_while_encoding(cmd):
+    """Runs ``cmd`` and sends SIGTERM to it (the launcher) when rank 0 starts encoding the corpus."""
+    started, sent = [], []
+
+    def on_line(line):
+        if line.startswith("encoding train_file (") and not sent:
+            sent.append(True)
+            os.kill(started[0].pid, signal.SIGTERM)
+
+    out = run_streamed(cmd, timeout=300, on_line=on_line, on_start=started.append)
+    assert sent, out.output[-4000:]
+    return out
+
+
+def check_stopped_at_start_up(out, signal_name, tmp_path):
+    assert out.returncode == PREEMPTED, out.output[-4000:]
+    assert out.count("preempted: ") == 1 and "Traceback" not in out.output, out.output[-4000:]
+    assert (f"preempted: stopped by {signal_name} while encoding train_file into the data cache; nothing is lost "
+            in out.output), out.output[-4000:]
+    cache, checkpoints = tmp_path / "cache", tmp_path / "m" / "checkpoints"
+    assert [n for n in os.listdir(cache) if not n.startswith("tokenizer-")] == []  # no .tmp-*, no token folder
+    assert not checkpoints.is_dir() or not os.listdir(checkpoints)
+
+
+@pytest.mark.horovod
+@pytest.mark.mpi
+def test_launch_wrapping_mpirun_stops_every_rank_during_start_up(big_text, tmp_path):
+    # SIGTERM to `python -m lmkit.launch --mpirun ...` while rank 0 encodes the corpus into the data cache and
+    # rank 1 waits for it in a broadcast (in C, where its Python handler cannot run): rank 0 stops, removes
+    # its half-written cache folder and sends its stop to rank 1 through that broadcast; both exit 75
+    # (the job ended with 138 before: SIGUSR1's default action).
+    out = signal_while_encoding(wrapped(mpirun(["-m", "lmkit", "train", *start_up_flags(big_text, tmp_path)])))
+    assert "[launch] SIGTERM: passing SIGUSR1 to Open MPI's launcher" in out.output
+    check_stopped_at_start_up(out, "SIGUSR1", tmp_path)
+
+
+def test_lmkit_launch_native_stops_every_worker_during_start_up(big_text, tmp_path):
+    # The native backend's start-up (TensorFlow's coordination service) takes SIGTERM for itself: the signal
+    # was lost and the job trained on. (TensorFlow may log the broadcast's end as an aborted RingGather.)
+    out = signal_while_encoding([*LAUNCH, *LMKIT, "--backend", "native", *start_up_flags(big_text, tmp_path)])
+    check_stopped_at_start_up(out, "SIGTERM", tmp_path)
