@@ -541,9 +541,46 @@ def _encoders(workers: int, tokenizer_dir: str, add_eos: bool):
         else:
             _init_worker(tokenizer_dir, add_eos)
         yield pool
+    except BaseException:
+        if pool is not None:  # stopping (a signal, an error): end the workers, do not wait on their queues
+            _end_pool(pool)
+            pool = None
+        raise
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _end_pool(pool: concurrent.futures.ProcessPoolExecutor, grace: float = 10.0) -> None:
+    """Ends a pool whose work is abandoned (a signal, an error): its queued blocks cancelled, the
+    blocks in flight given ``grace`` seconds, then its workers terminated.
+
+    ``shutdown(wait=True)`` would wait for good on Python 3.10 once a worker
+    died of a signal (the pool's queue feeder stays blocked on a pipe nobody
+    reads); a stop must not.
+    """
+    processes = list(getattr(pool, "_processes", None) or {})
+    processes = [pool._processes[k] for k in processes] if processes else []
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    if manager is not None:
+        manager.join(grace)
+        if not manager.is_alive():
+            return
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(2.0)
+        if process.is_alive():
+            process.kill()
+            process.join(1.0)
+    # The pool's stuck threads keep its queues, whose semaphores multiprocessing unlinks only in
+    # finalizers that a stopping process (os._exit) never runs: the resource tracker would then
+    # warn of leaked semaphores. Run those finalizers now.
+    import multiprocessing.util
+    with contextlib.suppress(Exception):
+        multiprocessing.util._run_finalizers(0)
 
 
 def _map_blocks(blocks: "_Blocks", encode: Callable[..., object], pool, workers: int, what: str,
