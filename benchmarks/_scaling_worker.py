@@ -69,7 +69,7 @@ def _time_collectives_alone(trainer, inputs, targets, calls: int) -> Tuple[List[
     import tensorflow as tf
 
     from lmkit import distributed as dist
-    from lmkit.losses import window_loss
+    from lmkit.train.losses import window_loss
 
     if calls <= 0 or dist.local_replicas() != 1:
         return [], float("nan")

@@ -10,18 +10,18 @@ for each variant:
   the compute dtype), differentiated by TensorFlow, whose softmax gradient
   keeps the float32 probabilities: an extra [batch, heads, time, time] array
   written in the forward pass and read twice in the backward pass;
-* ``lmkit``: :func:`lmkit.modules.transformer.attend` as it is, whose
-  :func:`~lmkit.modules.transformer.masked_softmax` computes in float32 and
+* ``lmkit``: :func:`lmkit.layers.transformer.attend` as it is, whose
+  :func:`~lmkit.layers.transformer.masked_softmax` computes in float32 and
   keeps the probabilities in the compute dtype only (for float32 inputs the
   two variants are the same program);
-* ``causal_blocks``: :func:`lmkit.modules.transformer.causal_attend` with
+* ``causal_blocks``: :func:`lmkit.layers.transformer.causal_attend` with
   ``--blocks`` query blocks (a model's ``attention_blocks``, off by default),
   block i attending to the keys of blocks 0..i only, so the matmuls and
   softmax skip about half of the masked upper triangle (with 2 blocks a
   quarter of the work, with 4 three eighths) at the cost of more, smaller
   kernels;
 * ``cudnn``: cuDNN's fused (flash) attention through XLA
-  (:mod:`lmkit.modules.cudnn_attention`, ``attention_kernel = "cudnn"``):
+  (:mod:`lmkit.layers.kernels.cudnn`, ``attention_kernel = "cudnn"``):
   no score array at all. A GPU with cuDNN 9 only; not in the default list.
 
 The variants alternate, one timed run each per round (``--steps`` calls,
@@ -103,7 +103,7 @@ def causal_mask(queries: int, keys: int):
     """[1, 1, queries, keys] bool: query i sees keys 0..i (lmkit's own mask)."""
     import tensorflow as tf
 
-    from lmkit.modules.transformer import causal_mask as lmkit_causal_mask
+    from lmkit.layers.transformer import causal_mask as lmkit_causal_mask
     return lmkit_causal_mask(tf.range(queries), tf.range(keys))
 
 
@@ -124,22 +124,22 @@ def float32_probs_attend(queries, keys, values, mask):
 
 
 def lmkit_attend(queries, keys, values, mask):
-    from lmkit.modules.transformer import attend
+    from lmkit.layers.transformer import attend
     return attend(queries, keys, values, mask, 0.0, False)
 
 
 def causal_blocks_attend(blocks: int) -> Callable[..., Any]:
     """lmkit's attention in ``blocks`` query blocks (``attention_blocks``): the masked key blocks are never computed."""
     def run(queries, keys, values, mask):
-        from lmkit.modules.transformer import causal_attend
+        from lmkit.layers.transformer import causal_attend
         del mask  # each block builds its own
         return causal_attend(queries, keys, values, blocks, 0.0, False)
     return run
 
 
 def cudnn_attend(queries, keys, values, mask):
-    """cuDNN's fused causal attention (lmkit.modules.cudnn_attention): its own mask."""
-    from lmkit.modules.cudnn_attention import KERNEL
+    """cuDNN's fused causal attention (lmkit.layers.kernels.cudnn): its own mask."""
+    from lmkit.layers.kernels.cudnn import KERNEL
     del mask
     return KERNEL(queries, keys, values)
 

@@ -23,7 +23,7 @@ same greedy :func:`lmkit.decoding.decode` call runs two ways:
   same threads; skipped with a message when ``transformers`` or ``torch`` is
   not installed (``pip install -e '.[test-hf]'``).
 
-Past the context (``--sliding``, transformer only): :func:`lmkit.generation.
+Past the context (``--sliding``, transformer only): :func:`lmkit.decoding.generation.
 generate_samples` writes 256 and 512 tokens from a model of 128 positions
 (the window slides by half of it, each window one call of the compiled
 loop); its tokens/sec is compared with the in-window XLA rate at 128
@@ -160,7 +160,7 @@ def bench_sliding(model: Any, tokenizer: Any, sampler: Any, batch_size: int, len
                   repeats: int) -> Dict[str, Any]:
     """Tokens/sec of ``length - 1`` new tokens past the context (sliding windows) against one window's."""
     from lmkit import decoding
-    from lmkit.generation import generate_samples
+    from lmkit.decoding.generation import generate_samples
     window = model.max_positions
     prompts = [[]] * batch_size  # the start token only
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # cuDNN 9 (for CUDA 12) for the TensorFlow of ../shared/gpu on a lent GPU machine, which has none:
-# attention_kernel = "cudnn" (lmkit/modules/cudnn_attention.py) needs it; nothing else of lmkit does.
+# attention_kernel = "cudnn" (lmkit/layers/kernels/cudnn.py) needs it; nothing else of lmkit does.
 #   bash benchmarks/gpu_cudnn.sh prepare   # here (it reaches the package registry): .gpu/cNN parts
 #   bash benchmarks/gpu_cudnn.sh install   # there, after each part was copied into /tmp/cparts/
 # Then, there, in every later command: source /tmp/gpu-env.sh && source /tmp/cudnn-env.sh.
@@ -33,7 +33,7 @@ case $mode in
       LD_LIBRARY_PATH="$1:${LD_LIBRARY_PATH:-}" timeout "${PROBE_TIMEOUT:-240}" "$py" -c "
 import ctypes, sys
 print('cuDNN', ctypes.CDLL('libcudnn.so.9').cudnnGetVersion())
-from lmkit.modules.cudnn_attention import KERNEL
+from lmkit.layers.kernels.cudnn import KERNEL
 why = KERNEL.probe()
 print('probe:', why or 'cuDNN fused attention compiles and agrees with the matmuls')
 sys.exit(1 if why else 0)"

@@ -8,7 +8,7 @@ key/value heads, SwiGLU 704, untied) is read by both sides, and measured as:
 * ``lmkit_full`` / ``lmkit_lora``: the real :class:`lmkit.train.Trainer`
   step (the default ``jit_compile = "auto"``) on the model that ``lmkit train
   --init_from FOLDER`` builds, every weight trained (Adam) or ``--lora_rank 8``
-  adapters on query and value only (:func:`lmkit.lora.build_run_model`);
+  adapters on query and value only (:func:`lmkit.models.build.build_run_model`);
 * ``torch_full`` / ``torch_lora``: ``LlamaForCausalLM.from_pretrained`` of
   the same folder, eager PyTorch, Adam, ``clip_grad_norm_``; LoRA through
   ``peft`` (``LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj",
@@ -88,8 +88,8 @@ class LmkitTrain:
         import tensorflow as tf
 
         from lmkit.config import load_config
-        from lmkit.hf import pretrained_training_config
-        from lmkit.lora import build_run_model
+        from lmkit.hub.hf import pretrained_training_config
+        from lmkit.models.build import build_run_model
         from lmkit.train import Trainer
         self.tf = tf
         overrides = {"batch_size": BATCH, "num_steps": WINDOW, "optimizer": "adam", "optimizer_params": {},
@@ -163,7 +163,8 @@ class LmkitGenerate:
     def __init__(self, folder: str, batch: int) -> None:
         import numpy as np
 
-        from lmkit import decoding, hf_llama
+        from lmkit import decoding
+        from lmkit.hub import hf_llama
         from lmkit.models import build_model
         self.model = build_model(hf_llama.llama_model_config(hf_llama.read_llama_config(folder)))
         hf_llama.load_llama_weights(self.model, folder)  # the folder has no tokenizer: ids only

@@ -247,7 +247,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from lmkit.data.batching import bptt_arrays
     from lmkit.models import build_model
     from lmkit.train import Trainer
-    from lmkit.losses import window_loss
+    from lmkit.train.losses import window_loss
 
     dist.init(backend="local", intra_op_threads=args.threads or None)
     overrides = parse_overrides(args.set)

@@ -23,7 +23,7 @@ Variants of the lmkit step, not in the default set (name them in
 ``lmkit_k2`` and ``lmkit_k4`` (``grad_accum_steps = 2`` / ``4``, the same
 global batch in 2 or 4 micro-batches), and ``lmkit_bf16_f32probs``: the
 ``mixed_bfloat16`` step with attention's softmax as it was before
-:func:`lmkit.modules.transformer.masked_softmax` (float32 probabilities kept
+:func:`lmkit.layers.transformer.masked_softmax` (float32 probabilities kept
 for the backward pass; swapped in its own worker), the baseline of
 ``lmkit_bf16`` measured in the same run; ``lmkit_blocks4`` and
 ``lmkit_bf16_blocks4``: attention in 4 query blocks that skip the masked keys
@@ -137,7 +137,7 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_bf16_devin": {"precision": "mixed_bfloat16"},
     # the trainer's own feed: windows copied two steps ahead on a thread, flags kept on the device
     "lmkit_bf16_prefetch": {"precision": "mixed_bfloat16", "device_prefetch": 2},
-    # cuDNN's fused (flash) attention instead of the scores through matmuls (lmkit.attention_kernels);
+    # cuDNN's fused (flash) attention instead of the scores through matmuls (lmkit.layers.kernels);
     # the default ("auto") takes it where it runs, so the matmuls are a variant of their own
     "lmkit_bf16_cudnn": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn"},
     "lmkit_bf16_matmul": {"precision": "mixed_bfloat16", "attention_kernel": "matmul"},
@@ -176,7 +176,7 @@ PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
 # baseline measured in the same run): name -> (module, attribute, replacement)
 LMKIT_PATCHES: Dict[str, Tuple[str, str, Callable[..., Any]]] = {
-    "lmkit_bf16_f32probs": ("lmkit.modules.transformer", "masked_softmax", float32_probs_softmax),
+    "lmkit_bf16_f32probs": ("lmkit.layers.transformer", "masked_softmax", float32_probs_softmax),
 }
 # PyTorch columns: name -> (bfloat16 autocast, torch.compile)
 TORCH_VARIANTS: Dict[str, Tuple[bool, bool]] = {

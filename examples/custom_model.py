@@ -15,7 +15,7 @@ resumed runs rebuild this class without being told.
 
 import tensorflow as tf
 
-from lmkit import modules
+from lmkit import layers as modules
 from lmkit.models import LanguageModel
 
 

@@ -2,63 +2,71 @@
 
 The package reads like the data flow::
 
-    lmkit.data      vocabularies, tokenizers, PTB download, BPTT batches, text corpora
-    lmkit.modules   embedders, RNN cells and decoder, transformer decoder
-    lmkit.models    language models built from the modules (the model registry)
-    lmkit.losses    sequence losses
-    lmkit.optim     optimizers, LARC, learning-rate policies, clipping
-    lmkit.train     the distributed trainer, checkpoints, watchdog
-    lmkit.decoding  samplers, the decode loop, beam search
-    lmkit.generation  text in, text out: lmkit.generate(model_dir, prompts, ...)
-    lmkit.distributed  the one package that talks to Horovod or tf.distribute
-                    (lmkit.dist: its old name, deprecated)
+    lmkit.core         errors, checks, registries, files written whole, the run folder (no TensorFlow)
+    lmkit.config       the run config: its sections, config files and flags
+    lmkit.data         tokenizers, corpora, the token cache, batches (pure functions of rank and size)
+    lmkit.layers       embeddings, norms, attention, feed-forward, RNN cells, LoRA, kernels
+    lmkit.models       language models and encoder-decoders, a folder per family (the model registry)
+    lmkit.hub          Hugging Face folders: safetensors, tokenizers, generation config, converters
+    lmkit.decoding     samplers, the decode loop, beam search, generate()
+    lmkit.optim        optimizers, LARC, learning-rate schedules, clipping
+    lmkit.train        the trainer, losses, checkpoints, evaluation
+    lmkit.distributed  the one package that talks to Horovod or tf.distribute (launch too)
 
 Importing ``lmkit`` imports neither TensorFlow nor Horovod: the names below
 load their module on first use, so command-line tools answer a bad flag at
-once.
+once. Old module names (``lmkit.modules``, ``lmkit.hf``, ...) still import,
+with a warning naming their new home (:mod:`lmkit.core.moved`).
 """
+
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # public name -> the module that defines it (a module itself when the names agree)
 _EXPORTS = {
     "data": "lmkit.data",
     "decoding": "lmkit.decoding",
-    "dist": "lmkit.dist",  # deprecated name of lmkit.distributed (warns)
     "distributed": "lmkit.distributed",
-    "losses": "lmkit.losses",
     "models": "lmkit.models",
-    "modules": "lmkit.modules",
+    "layers": "lmkit.layers",
+    "hub": "lmkit.hub",
+    "core": "lmkit.core",
     "optim": "lmkit.optim",
     "train": "lmkit.train",
     "ConfigError": "lmkit.config",
     "TrainConfig": "lmkit.config",
     "load_config": "lmkit.config",
-    "CheckpointError": "lmkit.errors",
-    "LmkitError": "lmkit.errors",
-    "NonFiniteError": "lmkit.errors",
-    "UsageError": "lmkit.errors",
-    "sequence_softmax_cross_entropy": "lmkit.losses",
+    "CheckpointError": "lmkit.core.errors",
+    "LmkitError": "lmkit.core.errors",
+    "NonFiniteError": "lmkit.core.errors",
+    "UsageError": "lmkit.core.errors",
+    "sequence_softmax_cross_entropy": "lmkit.train.losses",
     "LanguageModel": "lmkit.models",
     "RNNLanguageModel": "lmkit.models",
     "TransformerLanguageModel": "lmkit.models",
     "build_model": "lmkit.models",
     "Trainer": "lmkit.train",
     "load_model": "lmkit.train",
-    "generate": "lmkit.generation",
-    "Generation": "lmkit.generation",
+    "generate": "lmkit.decoding.generation",
+    "Generation": "lmkit.decoding.generation",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
+from lmkit.core import moved as _moved  # noqa: E402 (after the names above: it imports nothing else)
+
+_moved.install()
+
 
 def __getattr__(name: str) -> Any:  # PEP 562
     module = _EXPORTS.get(name)
+    if module is None and f"lmkit.{name}" in _moved.MODULES:  # an old name: lmkit.modules, lmkit.hf, ...
+        return importlib.import_module(f"lmkit.{name}")
     if module is None:
         raise AttributeError(f"module 'lmkit' has no attribute {name!r}")
     if module == f"lmkit.{name}":

@@ -4,7 +4,7 @@ Installed with the package (``lmkit``), and also ``python -m lmkit``. Every
 command answers a bad flag at once, before TensorFlow loads, prints one
 ``error:`` line for bad input (rank 0 only) and exits 2, and answers
 SIGTERM, SIGINT and SIGUSR1 at any point with one line and exit status 75
-(:mod:`lmkit.preemption`: rerun the same command to continue); see
+(:mod:`lmkit.core.preemption`: rerun the same command to continue); see
 :func:`lmkit.cli.common.run_main` for the other exit statuses.
 """
 
@@ -14,7 +14,7 @@ import importlib
 import sys
 from typing import List, Optional
 
-from lmkit.checks import did_you_mean
+from lmkit.core.checks import did_you_mean
 
 __all__ = ["COMMANDS", "main"]
 
@@ -62,7 +62,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.exit(2)
 
     def run(args: Optional[List[str]]) -> int:  # inside run_main: a signal while it imports is a preemption too
-        from lmkit.preemption import set_doing
+        from lmkit.core.preemption import set_doing
         set_doing(f"running lmkit {command}")  # the commands say more as they go
         module = importlib.import_module(COMMANDS[command][0])
         return module.main(args, prog=f"lmkit {command}")

@@ -3,7 +3,7 @@
 * :class:`Parser`: argparse that reports a bad flag once (rank 0), exit 2;
 * :func:`run_main` quiets TensorFlow's start-up chatter (unless --verbose) and runs a ``main`` so that bad input prints one message
   (rank 0) and exits 2, a preemption signal at any point prints one line and
-  exits 75 (:mod:`lmkit.preemption`), and a crash on any rank prints the rank and the cause
+  exits 75 (:mod:`lmkit.core.preemption`), and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
   leaving ranks waiting in a collective;
 * :func:`same_outcome_everywhere` turns a usage error on one rank into the
@@ -21,7 +21,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lmkit.distributed.env import launcher_rank
-from lmkit.errors import LmkitError, PreemptedError, UsageError
+from lmkit.core.errors import LmkitError, PreemptedError, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -65,7 +65,7 @@ def _hard_exit(code: int) -> None:
     signal on its way out leaves with 75: a rank blocked in a collective sees
     its peers' failure before its own signal's handler can run.
     """
-    from lmkit import preemption
+    from lmkit.core import preemption
     if code in (1, 130) and preemption.received():
         code = preemption.PREEMPTED_EXIT_STATUS
     try:
@@ -100,7 +100,7 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
 
     Exit status: 0 done, 2 bad input (:class:`UsageError`, printed by rank 0
     only), 3 non-finite loss, 75 preempted (SIGTERM, SIGINT or SIGUSR1 at any
-    point of the command, :mod:`lmkit.preemption`: what was written before is
+    point of the command, :mod:`lmkit.core.preemption`: what was written before is
     kept, a checkpoint when training was stopped; rerun the same command to
     continue), 141 the reader of the output left
     (:class:`OutputClosed`, silent), 1 anything else (printed by the failing rank,
@@ -109,10 +109,10 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
 
     TensorFlow's start-up chatter is filtered out of stderr first, unless
     ``--verbose`` is among the flags or ``LMKIT_VERBOSE=1``
-    (:mod:`lmkit.console`).
+    (:mod:`lmkit.core.console`).
     """
-    from lmkit import preemption
-    from lmkit.console import quiet_console, verbose_requested
+    from lmkit.core import preemption
+    from lmkit.core.console import quiet_console, verbose_requested
 
     try:
         # Before the console's filter process is forked: it inherits handlers that leave it running.
@@ -131,7 +131,7 @@ def run_main(main: Callable[[Optional[List[str]]], int], argv: Optional[List[str
 def _leave(exc: BaseException) -> None:
     """Ends the process for ``exc``, raised by a command's ``main`` (call it where it is caught), with its
     message and exit status."""
-    from lmkit.preemption import PREEMPTED_EXIT_STATUS, PreemptionSignal, received, stop_message
+    from lmkit.core.preemption import PREEMPTED_EXIT_STATUS, PreemptionSignal, received, stop_message
 
     if isinstance(exc, (PreemptionSignal, PreemptedError)) or received():
         # Whatever failed after a preemption signal (a peer that left first, a pool whose worker died of it,
@@ -184,7 +184,7 @@ def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
     call this, in the same order.
     """
     from lmkit import distributed as dist
-    from lmkit.preemption import PreemptionSignal
+    from lmkit.core.preemption import PreemptionSignal
     try:
         result, error = fn(), None
     except UsageError as exc:
@@ -236,7 +236,7 @@ def add_beam_flags(group: Any) -> None:
 
 def check_model_dir(model_dir: str) -> None:
     """Raises a :class:`UsageError` unless ``model_dir`` is a training run's folder."""
-    from lmkit.layout import CONFIG_FILE
+    from lmkit.core.layout import CONFIG_FILE
     if not os.path.isdir(model_dir):
         raise UsageError(f"--model_dir {model_dir} does not exist; pass the --model_dir of a "
                          "training run (lmkit train)")

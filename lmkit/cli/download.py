@@ -39,7 +39,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None, prog: str = "lmkit download") -> int:
     """Downloads as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     from lmkit.data.corpora import CORPORA, fetch_corpus
-    from lmkit.errors import UsageError
+    from lmkit.core.errors import UsageError
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)
@@ -52,7 +52,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit download") -> int:
         raise UsageError(f"name a corpus, e.g. `{prog} wikitext-2` (`{prog} --list` lists them)")
     known = ["ptb", *CORPORA]
     if args.corpus not in known:
-        from lmkit.checks import did_you_mean
+        from lmkit.core.checks import did_you_mean
         raise UsageError(f"unknown corpus {args.corpus!r}; {did_you_mean(args.corpus, known)}")
     folder = args.dir or os.path.join("data", args.corpus)
     if args.corpus == "ptb":

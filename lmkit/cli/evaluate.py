@@ -42,9 +42,9 @@ import os
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from lmkit.cli.common import add_beam_flags, check_model_dir, model_dir_parser, user_modules_importable
-from lmkit.errors import UsageError
-from lmkit.layout import CONFIG_FILE, resolve_checkpoint
-from lmkit.progress import rate_progress, stderr_line
+from lmkit.core.errors import UsageError
+from lmkit.core.layout import CONFIG_FILE, resolve_checkpoint
+from lmkit.core.progress import rate_progress, stderr_line
 
 __all__ = ["build_parser", "main"]
 
@@ -104,7 +104,7 @@ def _text_path(args: argparse.Namespace, config) -> str:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> int:
     """Evaluates as the flags say; returns the exit status."""
     args = build_parser(prog).parse_args(argv)
-    from lmkit.hf import is_hf_folder
+    from lmkit.hub.hf import is_hf_folder
     hf_folder = is_hf_folder(args.model_dir)
     if not hf_folder:
         check_model_dir(args.model_dir)
@@ -112,8 +112,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
         raise UsageError(f"--batch_size {args.batch_size} must be >= 1")
     if args.num_steps is not None and args.num_steps < 1:
         raise UsageError(f"--num_steps {args.num_steps} must be >= 1")
-    from lmkit.preemption import set_doing  # what a signal stopped, in its message
-    from lmkit.transduction import is_seq2seq_run
+    from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
+    from lmkit.decoding.transduction import is_seq2seq_run
     if is_seq2seq_run(args.model_dir):
         set_doing(f"evaluating {args.model_dir} on source/target pairs")
         return _evaluate_pairs(args)
@@ -124,10 +124,10 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     from lmkit.data.text import load_text_data
     from lmkit.data.token_cache import cache_root
     from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.layout import read_config_dict
+    from lmkit.core.layout import read_config_dict
 
     if hf_folder:  # a pretrained model's folder: its own tokenizer, no run config and no splits
-        from lmkit.generation import hf_folder_tokenizer
+        from lmkit.decoding.generation import hf_folder_tokenizer
         if args.text_file is None:
             raise UsageError(f"{args.model_dir} is a Hugging Face folder, which has no data splits; pass --text_file")
         config, checkpoint, tokenizer = None, None, hf_folder_tokenizer(args.model_dir, args.checkpoint)
@@ -159,7 +159,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     dist.init(backend="local")
     set_doing(f"loading the model of {args.model_dir}")
     if hf_folder:
-        from lmkit.generation import load_for_generation
+        from lmkit.decoding.generation import load_for_generation
         model, _, _ = load_for_generation(args.model_dir, None, tokenizer)
         num_steps, batch = args.num_steps or model.max_positions, args.batch_size or 8
     else:
@@ -220,8 +220,8 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     from lmkit.config import TrainConfig
     from lmkit.data.paired import encode_pairs, read_pairs
     from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.layout import read_config_dict
-    from lmkit.transduction import score, source_tokenizer_of_run
+    from lmkit.core.layout import read_config_dict
+    from lmkit.decoding.transduction import score, source_tokenizer_of_run
 
     for flag, value in (("--beam_width", args.beam_width), ("--max_new_tokens", args.max_new_tokens)):
         if value is not None and value < 1:
@@ -229,7 +229,7 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     if args.data_cache is not None:
         raise UsageError(f"--data_cache is for language models; {args.model_dir} holds an encoder-decoder, whose "
                          "pairs are read in memory (their text is needed for BLEU anyway); leave it out")
-    from lmkit.hf import is_hf_folder
+    from lmkit.hub.hf import is_hf_folder
     hf_folder = is_hf_folder(args.model_dir)  # BART: no run config, the tokenizers and sizes of the folder
     config = None if hf_folder else TrainConfig.from_dict(read_config_dict(args.model_dir),
                                                           source=f"{args.model_dir}/{CONFIG_FILE}")
@@ -246,7 +246,7 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     from lmkit.train.evaluation import PairEvaluator
     from lmkit.train.metrics import perplexity
     from lmkit.decoding.registry import rules_of_settings
-    from lmkit.transduction import load_seq2seq, transduce
+    from lmkit.decoding.transduction import load_seq2seq, transduce
 
     dist.init(backend="local")
     run = load_seq2seq(args.model_dir, checkpoint)
@@ -266,7 +266,7 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
                         min_new_tokens=decoding["min_new_tokens"], batch_size=batch,
                         on_batch=lambda done, _: update(done))
     if args.output:
-        from lmkit.fileio import atomic_write_text
+        from lmkit.core.fileio import atomic_write_text
         atomic_write_text(args.output, "".join(text.replace("\n", " ") + "\n" for text in outputs))
     scores = score(outputs, references)
     report = {"model_dir": args.model_dir, "source_file": source_path, "target_file": target_path,
@@ -298,7 +298,7 @@ def _pair_decoding(args: argparse.Namespace, max_positions: int) -> Tuple[str, A
 
     from lmkit.cli.generate import build_sampler, fit_lengths, preset_note, resolve_flags
     from lmkit.decoding.registry import RULE_KEYS
-    from lmkit.hf import model_generation_preset
+    from lmkit.hub.hf import model_generation_preset
     preset, args.preset_source = model_generation_preset(args.model_dir)
     if preset.get("strategy") not in (None, "beam"):  # sampling: its rules and lengths, decoded greedily
         preset = {key: value for key, value in preset.items()

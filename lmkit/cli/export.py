@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
-from lmkit.layout import resolve_checkpoint
+from lmkit.core.layout import resolve_checkpoint
 
 __all__ = ["FORMATS", "build_parser", "main"]
 
@@ -51,8 +51,8 @@ def build_parser(prog: str = "lmkit export"):
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> int:
     """Exports as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
-    from lmkit.errors import UsageError
-    from lmkit.hf import check_new_folder
+    from lmkit.core.errors import UsageError
+    from lmkit.hub.hf import check_new_folder
 
     args = build_parser(prog).parse_args(argv)
     check_model_dir(args.model_dir)
@@ -61,34 +61,34 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
     user_modules_importable()
 
     from lmkit import distributed as dist
-    from lmkit.hf import default_dropout, export_gpt2
-    from lmkit.preemption import set_doing  # what a signal stopped, in its message
+    from lmkit.hub.hf import default_dropout, export_gpt2
+    from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
     from lmkit.train.checkpoint import load_model
 
     dist.init(backend="local")
     set_doing(f"exporting {args.model_dir} into {args.output}")
     if args.format == "peft":
-        from lmkit.layout import read_config_dict
+        from lmkit.core.layout import read_config_dict
         saved = read_config_dict(args.model_dir)
         if saved.get("model") != "llama" or not saved.get("lora_rank"):
             raise UsageError(f"export --format peft writes the LoRA adapters of a Llama/Qwen2/Mistral run; "
                              f"{args.model_dir} is a {saved.get('model')!r} run with lora_rank = "
                              f"{saved.get('lora_rank', 0)}: train with --init_from FOLDER --lora_rank R, or "
                              "use --format hf")
-        from lmkit.hf_llama import export_llama_adapters
+        from lmkit.hub.hf_llama import export_llama_adapters
         model, _, config = load_model(args.model_dir, checkpoint, merge_adapters=False)
         files = export_llama_adapters(model, config.init_from, args.output)
         print(f"wrote {args.output}: {', '.join(files)}", flush=True)
         return 0
     model, tokenizer, config = load_model(args.model_dir, checkpoint)
     if config.model == "llama" and not config.init_from:  # trained from scratch: the family that holds it
-        from lmkit.hf_llama import export_llama_from_scratch
+        from lmkit.hub.hf_llama import export_llama_from_scratch
         files = export_llama_from_scratch(model, tokenizer, args.output)
     elif config.model == "llama":  # a Llama, Qwen2 or Mistral fine-tune: its source folder's family
-        from lmkit.hf_llama import export_llama
+        from lmkit.hub.hf_llama import export_llama
         files = export_llama(model, config.init_from, args.output)
     elif config.model == "transformer_seq2seq":  # a BART fine-tune
-        from lmkit.hf_bart import export_bart
+        from lmkit.hub.hf_bart import export_bart
         files = export_bart(model, config.init_from, args.output)
     else:
         files = export_gpt2(model, tokenizer, args.output, dropout=default_dropout(config))

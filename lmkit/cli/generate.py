@@ -75,8 +75,8 @@ from lmkit.cli.common import (OutputClosed, add_beam_flags, check_model_dir, mod
                               user_modules_importable)
 from lmkit.decoding.registry import (DEFAULTS, RULE_KEYS, SAMPLER_NAMES, resolve_settings, rules_of_settings,
                                     sampler_of_settings)
-from lmkit.errors import UsageError
-from lmkit.hf import is_hf_folder, model_generation_preset
+from lmkit.core.errors import UsageError
+from lmkit.hub.hf import is_hf_folder, model_generation_preset
 
 __all__ = ["build_parser", "check_args", "main"]
 
@@ -165,10 +165,10 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
 
 def _chat_template(args: argparse.Namespace) -> Any:
     """The chat template --chat uses: the Hugging Face folder's, or that of the folder a run started from."""
-    from lmkit.chat import read_chat_template
+    from lmkit.hub.chat import read_chat_template
     if is_hf_folder(args.model_dir):
         return read_chat_template(args.model_dir)
-    from lmkit.layout import read_config_dict
+    from lmkit.core.layout import read_config_dict
     source = read_config_dict(args.model_dir).get("init_from")
     if not source:
         raise UsageError(f"--chat: {args.model_dir} is a run trained from scratch, which has no chat template; "
@@ -215,7 +215,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         args.stream = sys.stdout.isatty() and single and args.strategy != "beam" and not args.one_line
     check_beam_samples(args)
     if is_hf_folder(args.model_dir):  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral), read as it is
-        from lmkit.generation import hf_folder_tokenizer
+        from lmkit.decoding.generation import hf_folder_tokenizer
         tokenizer = hf_folder_tokenizer(args.model_dir, args.checkpoint)
     else:
         check_model_dir(args.model_dir)
@@ -253,7 +253,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         unknown.append([w for w in text.split() if w not in vocab] if vocab is not None else [])
     args.stop = [_unescape(s) for s in args.stop or []]
     if args.stop:
-        from lmkit.generation import check_stop_strings
+        from lmkit.decoding.generation import check_stop_strings
         check_stop_strings(args.stop, tokenizer)
     return tokenizer, prompts, unknown
 
@@ -437,8 +437,8 @@ def _transduce_main(args: argparse.Namespace) -> int:
     strategy = args.strategy
     user_modules_importable()
     from lmkit import distributed as dist
-    from lmkit.layout import resolve_checkpoint
-    from lmkit.transduction import load_seq2seq, transduce_samples
+    from lmkit.core.layout import resolve_checkpoint
+    from lmkit.decoding.transduction import load_seq2seq, transduce_samples
 
     dist.init(backend="local")
     start = time.perf_counter()
@@ -452,7 +452,7 @@ def _transduce_main(args: argparse.Namespace) -> int:
         seed = check_seed(None)
         sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
     fit_lengths(args, run.model.max_positions)
-    from lmkit.progress import rate_progress, stderr_line
+    from lmkit.core.progress import rate_progress, stderr_line
     start = time.perf_counter()
     # Many sources take a while: a progress line every 5 s on stderr (none for a few).
     update = rate_progress(stderr_line, f"decoding {args.source_file or '--prompt'}", len(sources), unit="sources",
@@ -485,8 +485,8 @@ def _transduce_main(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> int:
     """Generates as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     args = build_parser(prog).parse_args(argv)
-    from lmkit.preemption import set_doing  # what a signal stopped, in its message
-    from lmkit.transduction import is_seq2seq_run
+    from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
+    from lmkit.decoding.transduction import is_seq2seq_run
     if is_seq2seq_run(args.model_dir):
         set_doing(f"decoding with {args.model_dir}")
         return _transduce_main(args)
@@ -494,7 +494,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     user_modules_importable()
 
     from lmkit import distributed as dist
-    from lmkit.generation import default_context, generate_samples, load_for_generation, readable
+    from lmkit.decoding.generation import default_context, generate_samples, load_for_generation, readable
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
     set_doing(f"loading the model of {args.model_dir}")

@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["main"]
 
@@ -48,8 +48,8 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
                          "the flag out for ~/.cache/lmkit/tokens)")
 
     from lmkit import distributed as dist
-    from lmkit.cli.data import load_run_data
-    from lmkit.preemption import set_doing
+    from lmkit.data.pipeline import load_run_data
+    from lmkit.core.preemption import set_doing
 
     dist.init(backend="local")  # one process: the encoding uses every core itself
     start = time.perf_counter()

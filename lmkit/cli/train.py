@@ -32,8 +32,8 @@ from typing import Any, Dict, List, Optional
 from lmkit.cli.common import HelpFormatter, Parser, parse_overrides, user_modules_importable
 from lmkit.data.sources import SEPARATOR
 from lmkit.distributed import BACKEND_CHOICES
-from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE
-from lmkit.precision import PRECISIONS
+from lmkit.core.layout import CHECKPOINT_DIR, RESULTS_FILE
+from lmkit.layers.precision import PRECISIONS
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
@@ -204,7 +204,7 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     overrides = _flag_overrides(args, distributed)
     if not args.init_from:
         return load_config(args.config, overrides)
-    from lmkit.hf import family_of, pretrained_training_config, resolve_source
+    from lmkit.hub.hf import family_of, pretrained_training_config, resolve_source
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
     overrides["init_from"] = os.path.abspath(folder)  # checked with the keys that need it (lora_rank)
     if getattr(family_of(folder), "conditional", False):  # BART: an encoder-decoder, fine-tuned on pairs
@@ -222,7 +222,7 @@ def check_model_data(cls: type, config: Any) -> None:
     Raises:
       UsageError: naming the model, the data and the fix.
     """
-    from lmkit.errors import UsageError
+    from lmkit.core.errors import UsageError
     conditional = bool(getattr(cls, "conditional", False))
     if conditional and config.data != "pairs":
         raise UsageError(f"model {config.model!r} is an encoder-decoder: it trains on source/target pairs, not "
@@ -237,7 +237,7 @@ def _model_dir(args: argparse.Namespace) -> str:
     model_dir = args.model_dir or os.path.join("runs", os.path.basename(args.config).replace(".py", ""))
     checkpoints = os.path.join(model_dir, CHECKPOINT_DIR)
     if args.no_resume and os.path.isdir(checkpoints) and os.listdir(checkpoints):
-        from lmkit.errors import UsageError
+        from lmkit.core.errors import UsageError
         raise UsageError(f"--no_resume, but {model_dir} already holds checkpoints; "
                          "pass a new --model_dir or drop --no_resume to continue that run")
     return model_dir
@@ -245,7 +245,7 @@ def _model_dir(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distributed: bool = True) -> int:
     """Trains as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
-    from lmkit.preemption import reclaim, set_doing  # set_doing: what a signal stopped, for its message
+    from lmkit.core.preemption import reclaim, set_doing  # set_doing: what a signal stopped, for its message
 
     args = build_parser(prog, distributed).parse_args(argv)
     set_doing("reading the config" + (f" and --init_from {args.init_from}" if args.init_from else ""))
@@ -253,14 +253,15 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     user_modules_importable()
 
     set_doing("starting TensorFlow")
-    from lmkit import attention_kernels, distributed as dist
-    from lmkit.checks import check_divisible
-    from lmkit.cli.data import load_run_data
-    from lmkit.lora import build_run_model, describe_lora
+    from lmkit.layers import kernels as attention_kernels
+    from lmkit import distributed as dist
+    from lmkit.core.checks import check_divisible
+    from lmkit.data.pipeline import load_run_data
+    from lmkit.models.build import build_run_model, describe_lora
     from lmkit.models import model_class
     from lmkit.train import Trainer
     from lmkit.train.accumulation import micro_batch_rows
-    from lmkit.xla import use_xla
+    from lmkit.core.xla import use_xla
 
     check_model_data(model_class(config.model)[0], config)  # before anything is written
 

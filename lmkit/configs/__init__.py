@@ -1,6 +1,6 @@
 """The configs that come with lmkit, found by name: ``lmkit train --config config_small``.
 
 Each is a plain Python module whose lowercase top-level names are the
-settings (see ``lmkit/config.py``). The checkout also shows this folder as
+settings (see ``lmkit/config/__init__.py``). The checkout also shows this folder as
 ``configs/``.
 """

@@ -19,9 +19,9 @@ from typing import Dict, Mapping, Optional
 
 from lmkit.data.download import download, file_blob_sha1
 from lmkit.data.errors import DataError
-from lmkit.checks import did_you_mean
-from lmkit.errors import UsageError
-from lmkit.fileio import work_folder
+from lmkit.core.checks import did_you_mean
+from lmkit.core.errors import UsageError
+from lmkit.core.fileio import work_folder
 
 __all__ = ["Corpus", "CORPORA", "URL_ENV", "fetch_corpus", "corpus_files_present"]
 

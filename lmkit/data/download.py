@@ -4,7 +4,7 @@ Only the standard library (``urllib``) is used. The bytes go to a file of
 this download's own, ``<dest>.<random>.part``, which replaces ``dest`` only
 once complete, so ``dest`` is never a half file and two jobs that download
 the same file into one folder do not write into each other's bytes. The
-``.part`` file is claimed (:func:`lmkit.fileio.claimed`) while it is written:
+``.part`` file is claimed (:func:`lmkit.core.fileio.claimed`) while it is written:
 one left by a killed job is removed by the next download of that file.
 A download stops as soon as it passes ``max_bytes``, so a wrong mirror
 cannot fill the disk before the hash is checked. A broken transfer is retried after a back-off and resumed
@@ -32,7 +32,7 @@ import urllib.request
 from typing import Optional, TextIO
 
 from lmkit.data.errors import DataError
-from lmkit.fileio import claimed, make_temp_file, sweep_unclaimed
+from lmkit.core.fileio import claimed, make_temp_file, sweep_unclaimed
 
 __all__ = ["download", "SUPPORTED_SCHEMES", "blob_hasher", "git_blob_sha1", "file_blob_sha1"]
 

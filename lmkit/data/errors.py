@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["DataError"]
 

@@ -35,7 +35,7 @@ import os
 from typing import Any, Callable, Dict, List
 
 from lmkit.data.errors import DataError
-from lmkit.fileio import atomic_write_text
+from lmkit.core.fileio import atomic_write_text
 
 __all__ = ["FORMS", "build_form", "model_token_ids", "save_form"]
 

@@ -23,8 +23,8 @@ import os
 import random
 from typing import Callable, Dict, List, Sequence
 
-from lmkit.checks import did_you_mean
-from lmkit.errors import UsageError
+from lmkit.core.checks import did_you_mean
+from lmkit.core.errors import UsageError
 
 __all__ = ["TASKS", "make_pairs", "write_task"]
 

@@ -25,7 +25,7 @@ from lmkit.data.textfile import check_text_file, count_words
 from lmkit.data.sentencepiece import SentencePieceTokenizer, train_sentencepiece
 from lmkit.data.tokenizers import Tokenizer, WordTokenizer
 from lmkit.data.vocab import Vocab, read_lines
-from lmkit.fileio import PathLike
+from lmkit.core.fileio import PathLike
 
 __all__ = ["TextCorpus", "TextData", "load_text_data", "sentence_dataset"]
 

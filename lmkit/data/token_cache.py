@@ -71,9 +71,9 @@ import numpy as np
 
 from lmkit.data import textfile
 from lmkit.data.errors import DataError
-from lmkit import fileio
-from lmkit.fileio import TempFolder, atomic_write_text, fsync_dir
-from lmkit.progress import rate_progress
+from lmkit.core import fileio
+from lmkit.core.fileio import TempFolder, atomic_write_text, fsync_dir
+from lmkit.core.progress import rate_progress
 
 __all__ = ["CACHE_ENV", "LineIds", "TokenStream", "cache_root", "cache_key", "open_cached", "encode_to_cache",
            "cached_stream", "encoding_workers", "open_cached_lines", "encode_lines_to_cache", "cached_lines",
@@ -315,8 +315,8 @@ def _init_worker(tokenizer_dir: str, add_eos: bool) -> None:
     parent = multiprocessing.parent_process()
     if parent is not None and sys._getframe(1).f_code is concurrent.futures.process._process_worker.__code__:
         # The pool's initializer (not the call in the parent): a signal to the whole process group (Ctrl-C,
-        # mpirun's SIGUSR1) is the parent's to act on; it shuts the pool down (lmkit.preemption).
-        from lmkit.preemption import detach_worker
+        # mpirun's SIGUSR1) is the parent's to act on; it shuts the pool down (lmkit.core.preemption).
+        from lmkit.core.preemption import detach_worker
         detach_worker(parent.pid)
     _WORKER["tokenizer"] = load_tokenizer(tokenizer_dir)
     _WORKER["add_eos"] = add_eos
@@ -513,7 +513,7 @@ def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers
 # -- temporary folders ---------------------------------------------------------------------------
 def sweep_temp_folders(root: str, log: Callable[[str], None] = lambda line: None) -> Tuple[int, int]:
     """Removes the temporary folders in the cache ``root`` that killed encodings (or tokenizer saves)
-    left behind (:func:`lmkit.fileio.sweep_temp_folders`); one log line when it removed any.
+    left behind (:func:`lmkit.core.fileio.sweep_temp_folders`); one log line when it removed any.
 
     Returns:
       ``(folders removed, bytes freed)``.
@@ -526,7 +526,7 @@ def sweep_temp_folders(root: str, log: Callable[[str], None] = lambda line: None
 @contextlib.contextmanager
 def _encoders(workers: int, tokenizer_dir: str, add_eos: bool):
     """A pool of ``workers`` encoding processes (None: encode in this process), each with the tokenizer."""
-    from lmkit.preemption import signals_held
+    from lmkit.core.preemption import signals_held
     pool = None
     try:
         if workers > 1 and _can_spawn():

@@ -12,7 +12,7 @@ and ``save(folder)``. The kinds, by registry name (:data:`TOKENIZERS`):
   ``spm.model`` and ``spm.vocab``;
 * ``char``: the Unicode characters of the training text, file ``chars.txt``;
 * ``byte``: the 256 byte values of UTF-8, no training and no file;
-* ``hf`` (:mod:`lmkit.data.hf_tokenizer`): the tokenizer of a pretrained
+* ``hf`` (:mod:`lmkit.hub.tokenizer`): the tokenizer of a pretrained
   Hugging Face model (GPT-2's byte-level BPE), read with the ``tokenizers``
   package from the folder ``--init_from`` names, file ``hf_tokenizer.json``.
 
@@ -43,12 +43,12 @@ import os
 import shutil
 from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
-from lmkit.checks import check_choice, check_known_keys
+from lmkit.core.checks import check_choice, check_known_keys
 from lmkit.data.errors import DataError
 from lmkit.data.textfile import check_text_file, content_sample, text_pieces
 from lmkit.data.vocab import DEFAULT_SPECIALS, Vocab
-from lmkit.fileio import PathLike, atomic_write_text, fsync_dir
-from lmkit.registry import import_object
+from lmkit.core.fileio import PathLike, atomic_write_text, fsync_dir
+from lmkit.core.registry import import_object
 
 __all__ = [
     "Tokenizer", "WordTokenizer", "CharTokenizer", "ByteTokenizer", "TOKENIZERS", "TOKENIZER_FILE",
@@ -185,7 +185,7 @@ class Tokenizer(abc.ABC):
     def source_side(self) -> "Tokenizer":
         """The tokenizer an encoder-decoder's sources are encoded with when both sides share it: itself,
         unless a kind frames sources apart (a BART folder's, see
-        :meth:`lmkit.data.hf_tokenizer.HFTokenizer.source_side`)."""
+        :meth:`lmkit.hub.tokenizer.HFTokenizer.source_side`)."""
         return self
 
     def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
@@ -468,7 +468,7 @@ TOKENIZERS: Dict[str, str] = {
     "sentencepiece": "lmkit.data.sentencepiece:SentencePieceTokenizer",
     "char": "lmkit.data.tokenizers:CharTokenizer",
     "byte": "lmkit.data.tokenizers:ByteTokenizer",
-    "hf": "lmkit.data.hf_tokenizer:HFTokenizer",  # a pretrained model's (GPT-2's byte-level BPE); not trained
+    "hf": "lmkit.hub.tokenizer:HFTokenizer",  # a pretrained model's (GPT-2's byte-level BPE); not trained
 }
 
 
@@ -588,10 +588,10 @@ def _cached_tokenizer_dir(cache_dir: Optional[str], kind: Type[Tokenizer], optio
 
 def _keep_in_cache(tokenizer: Tokenizer, cached: str) -> None:
     """Saves a trained tokenizer into the data cache (best effort: a cache that cannot be written is skipped),
-    through a locked temporary folder (:class:`lmkit.fileio.TempFolder`); the leftovers of killed
+    through a locked temporary folder (:class:`lmkit.core.fileio.TempFolder`); the leftovers of killed
     saves and encodings there go first."""
     from lmkit.data.token_cache import TEMP_PREFIX, sweep_temp_folders
-    from lmkit.fileio import TempFolder
+    from lmkit.core.fileio import TempFolder
 
     root, temp = os.path.dirname(cached), None
     try:
@@ -676,7 +676,7 @@ def tokenizer_of_run(model_dir: PathLike) -> Tokenizer:
     Raises:
       DataError: the folder holds neither, or they are broken.
     """
-    from lmkit.layout import VOCAB_FILE
+    from lmkit.core.layout import VOCAB_FILE
 
     model_dir = os.fspath(model_dir)
     if os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE)):

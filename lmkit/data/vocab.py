@@ -14,7 +14,7 @@ import os
 from typing import Counter, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lmkit.data.errors import DataError
-from lmkit.fileio import atomic_write_text
+from lmkit.core.fileio import atomic_write_text
 
 __all__ = ["Vocab", "DEFAULT_SPECIALS", "read_lines", "atomic_write_text"]
 

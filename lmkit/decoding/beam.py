@@ -43,7 +43,7 @@ from lmkit.decoding.beam_step import extend, gather_beams, reorder
 from lmkit.decoding.constraints import Constraints
 from lmkit.decoding.prompts import DecodeResult, EndIds, end_ids, prepare_prompts
 from lmkit.decoding.sampler import Sampler, pick_loop
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty", "SCORINGS"]
 SCORINGS = ("gnmt", "transformers")

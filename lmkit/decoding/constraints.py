@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["Constraints"]
 

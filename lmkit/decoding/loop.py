@@ -14,7 +14,7 @@ import numpy as np
 
 from lmkit.decoding.prompts import DecodeResult, EndIds, prepare_prompts
 from lmkit.decoding.sampler import Sampler
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["decode"]
 

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["DecodeResult", "EndIds", "check_seed", "end_ids", "prepare_prompts"]
 

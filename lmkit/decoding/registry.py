@@ -9,8 +9,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from lmkit.errors import UsageError
-from lmkit.registry import import_object, lookup
+from lmkit.core.errors import UsageError
+from lmkit.core.registry import import_object, lookup
 
 __all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "RULE_KEYS", "SCORED_BY", "get_sampler", "resolve_settings",
            "rules_of_settings", "sampler_from_flags", "sampler_of_settings"]
@@ -63,7 +63,7 @@ def resolve_settings(strategy: Optional[str], given: Mapping[str, Any],
     """The strategy and the :data:`DEFAULTS` settings of a decode, from three sources in order.
 
     Each setting ``given`` (not None) wins, then the ``preset``'s (a Hugging
-    Face folder's ``generation_config.json``, :func:`lmkit.hf.generation_preset`),
+    Face folder's ``generation_config.json``, :func:`lmkit.hub.hf.generation_preset`),
     then :data:`DEFAULTS`; so does the strategy (``strategy``, the preset's
     ``"strategy"``, ``default_strategy``). ``top_k`` limits ``top_p`` only where it
     is given or preset (``transformers`` samples with temperature, top-k and

@@ -101,7 +101,7 @@ class Sampler:
         seed = check_seed(seed)
         if on_token is not None:
             if jit_compile:
-                from lmkit.errors import UsageError
+                from lmkit.core.errors import UsageError
                 raise UsageError("on_token (streaming) runs the loop without XLA; leave jit_compile unset")
             jit_compile = False
         loop = pick_loop(_decode_loop, _decode_loop_compiled, _decode_loop_xla, compiled, use_cache, jit_compile)
@@ -250,7 +250,7 @@ def pick_loop(eager: Any, graph: Any, xla: Any, compiled: bool, use_cache: bool,
     if jit_compile is None:
         jit_compile = compiled and use_cache
     if jit_compile and not (compiled and use_cache):
-        from lmkit.errors import UsageError
+        from lmkit.core.errors import UsageError
         raise UsageError("jit_compile=True needs compiled=True and use_cache=True (the uncached reference "
                          "grows its input every step, which XLA cannot compile once)")
     return xla if jit_compile else graph if compiled else eager

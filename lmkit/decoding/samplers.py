@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 import tensorflow as tf
 
 from lmkit.decoding.sampler import Sampler
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["GreedySampler", "RandomSampler", "TopKSampler", "TopPSampler"]
 

@@ -21,7 +21,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = [
     "BACKEND_ENV",

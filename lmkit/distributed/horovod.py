@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from lmkit.checks import check_choice
+from lmkit.core.checks import check_choice
 from lmkit.distributed.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
 from lmkit.distributed.env import configure_devices, quiet_mpi_polling, thread_settings
 

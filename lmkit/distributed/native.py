@@ -32,8 +32,8 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 import numpy as np
 import tensorflow as tf
 
-from lmkit.checks import check_choice, check_divisible
-from lmkit.errors import UsageError
+from lmkit.core.checks import check_choice, check_divisible
+from lmkit.core.errors import UsageError
 from lmkit.distributed.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
 from lmkit.distributed.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host, launched_by_mpi_or_horovodrun,
                                    pin_gpus, thread_settings)

@@ -24,14 +24,14 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Tuple
 
-from lmkit.checks import check_known_keys, did_you_mean
-from lmkit.errors import UsageError
-from lmkit.registry import import_object
+from lmkit.core.checks import check_known_keys, did_you_mean
+from lmkit.core.errors import UsageError
+from lmkit.core.registry import import_object
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmkit.models.base import LanguageModel
-    from lmkit.models.rnn import RNNLanguageModel
-    from lmkit.models.transformer import TransformerLanguageModel
+    from lmkit.models.protocols import LanguageModel
+    from lmkit.models.rnn.model import RNNLanguageModel
+    from lmkit.models.gpt2.model import TransformerLanguageModel
 
 __all__ = [
     "MODELS",
@@ -47,26 +47,26 @@ __all__ = [
 
 #: name -> ("module:Class", constructor arguments the name fixes).
 MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
-    "lstm": ("lmkit.models.rnn:RNNLanguageModel", {"cell": "lstm"}),
-    "gru": ("lmkit.models.rnn:RNNLanguageModel", {"cell": "gru"}),
-    "transformer": ("lmkit.models.transformer:TransformerLanguageModel", {}),
-    # GPT-2's architecture (tied softmax without bias, learned positions, pre-LN); lmkit.hf maps
+    "lstm": ("lmkit.models.rnn.model:RNNLanguageModel", {"cell": "lstm"}),
+    "gru": ("lmkit.models.rnn.model:RNNLanguageModel", {"cell": "gru"}),
+    "transformer": ("lmkit.models.gpt2.model:TransformerLanguageModel", {}),
+    # GPT-2's architecture (tied softmax without bias, learned positions, pre-LN); lmkit.hub.hf maps
     # Hugging Face GPT-2 checkpoints onto it.
-    "gpt2": ("lmkit.models.transformer:TransformerLanguageModel",
+    "gpt2": ("lmkit.models.gpt2.model:TransformerLanguageModel",
              {"tie_weights": True, "pre_layer_norm": True, "position_embedding": "learned",
               "output_bias": False}),
-    # RMSNorm, rotary positions, SwiGLU, grouped-query attention: Llama, Qwen2, Mistral (lmkit.hf_llama).
-    "llama": ("lmkit.models.llama:LlamaLanguageModel", {}),
+    # RMSNorm, rotary positions, SwiGLU, grouped-query attention: Llama, Qwen2, Mistral (lmkit.hub.hf_llama).
+    "llama": ("lmkit.models.llama.model:LlamaLanguageModel", {}),
     # Encoder-decoders (conditional = True: they train on data = "pairs").
-    "transformer_seq2seq": ("lmkit.models.transformer_seq2seq:TransformerSeq2Seq", {}),
-    "rnn_seq2seq": ("lmkit.models.rnn_seq2seq:RNNSeq2Seq", {}),
+    "transformer_seq2seq": ("lmkit.models.bart.model:TransformerSeq2Seq", {}),
+    "rnn_seq2seq": ("lmkit.models.rnn.seq2seq:RNNSeq2Seq", {}),
 }
 
 _LAZY = {
-    "LanguageModel": "lmkit.models.base",
-    "RNNLanguageModel": "lmkit.models.rnn",
-    "TransformerLanguageModel": "lmkit.models.transformer",
-    "LlamaLanguageModel": "lmkit.models.llama",
+    "LanguageModel": "lmkit.models.protocols",
+    "RNNLanguageModel": "lmkit.models.rnn.model",
+    "TransformerLanguageModel": "lmkit.models.gpt2.model",
+    "LlamaLanguageModel": "lmkit.models.llama.model",
 }
 # Constructor arguments that no config sets (the module name) or that a
 # config spells differently (dropout = 1 - keep_prob).

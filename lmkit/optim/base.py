@@ -26,8 +26,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import tensorflow as tf
 
-from lmkit.checks import check_number
-from lmkit.errors import UsageError
+from lmkit.core.checks import check_number
+from lmkit.core.errors import UsageError
 
 __all__ = [
     "Optimizer",

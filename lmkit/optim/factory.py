@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, Mapping, Optional, Type
 
-from lmkit.checks import did_you_mean
-from lmkit.errors import UsageError
+from lmkit.core.checks import did_you_mean
+from lmkit.core.errors import UsageError
 from lmkit.optim.adam import Adam, AdamW
 from lmkit.optim.base import Optimizer
 from lmkit.optim.lamb import LAMB

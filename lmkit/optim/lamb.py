@@ -6,7 +6,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
-from lmkit.checks import check_bool
+from lmkit.core.checks import check_bool
 from lmkit.optim.adam import Adam, adam_direction
 from lmkit.optim.base import StepContext, WeightDecayFilter
 

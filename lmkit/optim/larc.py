@@ -26,8 +26,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.checks import did_you_mean
-from lmkit.errors import UsageError
+from lmkit.core.checks import did_you_mean
+from lmkit.core.errors import UsageError
 from lmkit.optim.base import GradientOrNone, Optimizer, check_number
 from lmkit.optim.clipping import gradient_norm, scale_gradient
 

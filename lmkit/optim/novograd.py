@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.checks import check_bool
+from lmkit.core.checks import check_bool
 from lmkit.optim.adam import check_betas
 from lmkit.optim.base import Optimizer, StepContext, WeightDecayFilter
 

@@ -46,8 +46,8 @@ from typing import Any, Dict, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from lmkit.checks import did_you_mean
-from lmkit.errors import UsageError
+from lmkit.core.checks import did_you_mean
+from lmkit.core.errors import UsageError
 from lmkit.optim.base import check_number
 
 __all__ = [

@@ -6,7 +6,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 from lmkit.optim.base import Optimizer, StepContext, WeightDecayFilter, check_number
 
 __all__ = ["SGD"]

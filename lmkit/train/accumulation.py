@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["accumulate_gradients", "micro_batch_rows"]
 

@@ -1,6 +1,6 @@
 """Atomic, rotating checkpoints of a training run, and loading for inference.
 
-The layout of a model directory is in :mod:`lmkit.layout`. A checkpoint is
+The layout of a model directory is in :mod:`lmkit.core.layout`. A checkpoint is
 written into ``ckpt-<step>.tmp-<pid>/``, every file in it is flushed to disk,
 ``meta.json`` is written last, and the folder is renamed to ``ckpt-<step>/``:
 a job killed during a save leaves the previous checkpoint intact, and a
@@ -30,9 +30,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import tensorflow as tf
 
-from lmkit.errors import CheckpointError, UsageError
-from lmkit.fileio import atomic_write_bytes, atomic_write_text, fsync_dir
-from lmkit.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE, read_config_dict,
+from lmkit.core.errors import CheckpointError, UsageError
+from lmkit.core.fileio import atomic_write_bytes, atomic_write_text, fsync_dir
+from lmkit.core.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE, read_config_dict,
                           checkpoint_folder_name, complete_checkpoints)
 
 __all__ = ["CheckpointManager", "CorruptCheckpointError", "load_model"]
@@ -400,9 +400,9 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters:
     """
     from lmkit.config import TrainConfig
     from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.lora import build_run_model
-    from lmkit.modules.lora import lora_of, merge_lora
-    from lmkit.progress import stderr_line
+    from lmkit.models.build import build_run_model
+    from lmkit.layers.lora import lora_of, merge_lora
+    from lmkit.core.progress import stderr_line
 
     config = TrainConfig.from_dict(read_config_dict(model_dir), source=f"{model_dir}/{CONFIG_FILE}")
     tokenizer = tokenizer_of_run(model_dir)

@@ -22,12 +22,12 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from lmkit import attention_kernels
+from lmkit.layers import kernels as attention_kernels
 from lmkit.data.batching import BpttBatches
-from lmkit.losses import sequence_softmax_cross_entropy, window_loss
-from lmkit.precision import scope as precision_scope
+from lmkit.train.losses import sequence_softmax_cross_entropy, window_loss
+from lmkit.layers.precision import scope as precision_scope
 from lmkit.train.metrics import perplexity
-from lmkit.xla import use_autograph
+from lmkit.core.xla import use_autograph
 
 __all__ = ["Evaluator", "PairEvaluator", "word_perplexity"]
 
@@ -52,10 +52,10 @@ class Evaluator:
       model: a language model (``docs/design.md``).
       num_steps: the window length.
       batch_size: rows read side by side.
-      precision: the compute precision (:mod:`lmkit.precision`; training's, by default float32).
-      jit_compile: compile the step with XLA (the trainer passes its own decision, :mod:`lmkit.xla`).
+      precision: the compute precision (:mod:`lmkit.layers.precision`; training's, by default float32).
+      jit_compile: compile the step with XLA (the trainer passes its own decision, :mod:`lmkit.core.xla`).
       attention_kernel: the kernel of causal attention, as resolved by the trainer
-        (:func:`lmkit.attention_kernels.resolve`; ``"matmul"`` by default).
+        (:func:`lmkit.layers.kernels.resolve`; ``"matmul"`` by default).
     """
 
     def __init__(self, model: Any, num_steps: int, batch_size: int, precision: str = "float32",

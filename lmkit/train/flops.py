@@ -49,8 +49,8 @@ PEAK_TFLOPS: Tuple[Tuple[str, Tuple[float, float]], ...] = (
 
 def matmul_parameters(model: Any) -> Tuple[int, int]:
     """``(trainable, frozen)``: the parameters of ``model`` that multiply (see the module's docstring)."""
-    from lmkit.modules.embedders import PositionEmbedder, WordEmbedder
-    from lmkit.modules.projection import OutputProjection
+    from lmkit.layers.embeddings import PositionEmbedder, WordEmbedder
+    from lmkit.layers.projection import OutputProjection
 
     looked_up = {id(v) for m in model.submodules if isinstance(m, (WordEmbedder, PositionEmbedder))
                  for v in m.variables}

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Sequence
 
 import tensorflow as tf
 
-from lmkit.checks import check_positive_float, check_positive_int
+from lmkit.core.checks import check_positive_float, check_positive_int
 
 __all__ = ["DynamicLossScale"]
 

@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit import distributed as dist
-from lmkit.errors import CheckpointError
+from lmkit.core.errors import CheckpointError
 from lmkit.train.checkpoint import CorruptCheckpointError
 
 __all__ = ["Boundaries", "Checkpointer", "Position", "STATE_FILE", "gather_position", "restore_position"]

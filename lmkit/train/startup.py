@@ -19,9 +19,9 @@ from typing import Any, Dict, Optional
 from lmkit import distributed as dist
 from lmkit.config import ADAPTER_KEYS, MODEL_CONFIG_KEYS
 from lmkit.data.vocab import Vocab
-from lmkit.errors import CheckpointError, UsageError
-from lmkit.fileio import atomic_write_text
-from lmkit.layout import CONFIG_FILE, VOCAB_FILE, read_config_dict
+from lmkit.core.errors import CheckpointError, UsageError
+from lmkit.core.fileio import atomic_write_text
+from lmkit.core.layout import CONFIG_FILE, VOCAB_FILE, read_config_dict
 
 __all__ = ["check_agreement", "prepare_model_dir"]
 

@@ -30,8 +30,8 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit.errors import UsageError
-from lmkit.losses import sequence_softmax_cross_entropy, window_loss
+from lmkit.core.errors import UsageError
+from lmkit.train.losses import sequence_softmax_cross_entropy, window_loss
 
 __all__ = ["LanguageModeling", "Transduction", "task_for"]
 

@@ -14,12 +14,12 @@ workers (``mpirun -np N python examples/lm_ptb_distributed.py``):
   averaged over the replicas once (``dist.average_gradients``), then
   clipped, so every rank applies the same update;
 * the steps are XLA-compiled where that is faster (``jit_compile = "auto"``:
-  on GPUs; :mod:`lmkit.xla`); with several replicas the gradients and the
+  on GPUs; :mod:`lmkit.core.xla`); with several replicas the gradients and the
   update are compiled apart and the collectives run between them;
 * a non-finite step is not applied; on GPUs and under XLA that is decided
   on the device without a branch (``Optimizer.apply_gradients(apply_if=...)``),
   so the host never waits for the GPU inside a step;
-* the arithmetic runs in ``config.precision`` (:mod:`lmkit.precision`);
+* the arithmetic runs in ``config.precision`` (:mod:`lmkit.layers.precision`);
   ``mixed_float16`` scales the loss (:mod:`lmkit.train.loss_scale`) and
   skips a step whose averaged gradients overflowed, on every rank alike;
 * rank 0 alone evaluates, logs and writes checkpoints; that path holds no
@@ -42,14 +42,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit import attention_kernels, distributed as dist, precision
-from lmkit.checks import check_divisible
+from lmkit.layers import kernels as attention_kernels, precision
+from lmkit import distributed as dist
+from lmkit.core.checks import check_divisible
 from lmkit.config import TrainConfig
 from lmkit.data.batching import Batches
-from lmkit.errors import NonFiniteError, PreemptedError, UsageError
-from lmkit.fileio import atomic_write_text
-from lmkit.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
-from lmkit.modules.lora import lora_of
+from lmkit.core.errors import NonFiniteError, PreemptedError, UsageError
+from lmkit.core.fileio import atomic_write_text
+from lmkit.core.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
+from lmkit.layers.lora import lora_of
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
 from lmkit.train.checkpoint import CheckpointManager
@@ -58,13 +59,13 @@ from lmkit.train.evaluation import Evaluator
 from lmkit.train.feed import feed_device, flag_tensors, host_flags, window_feed
 from lmkit.train.flops import device_peak_tflops, flops_per_token
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
-from lmkit.preemption import PreemptionWatcher
+from lmkit.core.preemption import PreemptionWatcher
 from lmkit.train.records import EpochRun, EpochStats, Progress, StepResult, TrainResult
 from lmkit.train.resume import Boundaries, Checkpointer, Position
 from lmkit.train.startup import check_agreement, prepare_model_dir
 from lmkit.train.tasks import task_for
 from lmkit.train.watchdog import Watchdog
-from lmkit.xla import use_autograph, use_xla
+from lmkit.core.xla import use_autograph, use_xla
 
 
 class Trainer:
@@ -134,7 +135,7 @@ class Trainer:
         self._evaluator: Optional[Evaluator] = None
         self._compiled = False
         self.xla = False  # whether the steps are XLA-compiled (config.jit_compile, decided by build())
-        self.attention_kernel = "matmul"  # config.attention_kernel as resolved by build() (lmkit.attention_kernels)
+        self.attention_kernel = "matmul"  # config.attention_kernel as resolved by build() (lmkit.layers.kernels)
         self.branch_free = False  # whether a non-finite step is skipped without a tf.cond (build())
         self.compile_time = 0.0
         self.policy: Optional[LearningRatePolicy] = None

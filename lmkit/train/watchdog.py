@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 __all__ = ["COLLECTIVE_TIMEOUT_ENV", "DEFAULT_COLLECTIVE_TIMEOUT", "Watchdog"]
 

@@ -151,7 +151,8 @@ def test_the_torch_columns_train_the_same_model(variant):
 
 def test_the_generation_benchmark_times_the_sliding_window():
     from benchmarks import generation as bench
-    from lmkit import decoding, dist
+    from lmkit import decoding
+    from lmkit import distributed as dist
     from lmkit.models import build_model
     dist.init(backend="local")
     model = build_model({"model": "transformer", "vocab_size": 20, "hidden_size": 8, "num_layers": 1,
@@ -407,7 +408,7 @@ def test_the_loop_variants_train_through_the_trainers_epoch_loop_as_the_bare_ste
 def test_the_cudnn_variants_ask_for_cudnn_and_a_cpu_worker_says_it_cannot(monkeypatch):
     from benchmarks import train_throughput
     from lmkit.config import load_config
-    from lmkit.errors import UsageError
+    from lmkit.core.errors import UsageError
     variants = train_throughput.LMKIT_VARIANTS
     assert variants["lmkit_bf16_cudnn"] == {"precision": "mixed_bfloat16", "attention_kernel": "cudnn"}
     assert variants["lmkit_bf16_cudnn_prefetch"] == {**variants["lmkit_bf16_cudnn"], "device_prefetch": 2}
@@ -426,10 +427,10 @@ def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
     import tensorflow as tf
 
     from benchmarks import train_throughput
-    from lmkit.modules import transformer
+    from lmkit.layers import transformer
 
     module, attribute, replacement = train_throughput.LMKIT_PATCHES["lmkit_bf16_f32probs"]
-    assert (module, attribute) == ("lmkit.modules.transformer", "masked_softmax")
+    assert (module, attribute) == ("lmkit.layers.transformer", "masked_softmax")
     assert train_throughput.LMKIT_VARIANTS["lmkit_bf16_f32probs"] == {"precision": "mixed_bfloat16"}
     rng = np.random.RandomState(0)
     q, k, v = (tf.constant(rng.randn(1, 2, 8, 4), tf.bfloat16) for _ in range(3))

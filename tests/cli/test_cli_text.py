@@ -25,7 +25,7 @@ PROMPT = "the old cat"
 
 USER_MODEL = '''
 """A user's own model: lmkit modules composed outside lmkit (a GRU, stateful)."""
-from lmkit import modules
+from lmkit import layers as modules
 from lmkit.models import LanguageModel
 
 

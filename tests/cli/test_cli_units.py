@@ -84,7 +84,7 @@ def test_one_line_keeps_a_sample_on_its_line():
 ])
 def test_generate_flag_errors_name_the_flag(tmp_path, flags, match):
     from lmkit.cli import generate
-    from lmkit.errors import UsageError
+    from lmkit.core.errors import UsageError
     args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), *flags])
     with pytest.raises(UsageError, match=match):
         generate.check_args(args)
@@ -100,7 +100,7 @@ def test_generate_flag_errors_name_the_flag(tmp_path, flags, match):
 def test_an_encoder_decoders_flags_are_checked_as_a_language_models(tmp_path, flags, match):
     """The sampling and length flags have one set of ranges for both kinds of model (check_limits)."""
     from lmkit.cli import generate
-    from lmkit.errors import UsageError
+    from lmkit.core.errors import UsageError
     args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), "--source_file", "s.txt", *flags])
     with pytest.raises(UsageError, match=match):
         generate.check_transduction_args(args)
@@ -147,7 +147,7 @@ def test_evaluate_refuses_the_data_cache_for_a_ptb_run(tmp_path):
     import json
 
     from lmkit.cli import evaluate
-    from lmkit.errors import UsageError
+    from lmkit.core.errors import UsageError
     (tmp_path / "config.json").write_text(json.dumps(load_config("config_small").to_dict()), encoding="utf-8")
     with pytest.raises(UsageError, match=r"--data_cache is for runs on your own text, but .* trained on PTB"):
         evaluate.main(["--model_dir", str(tmp_path), "--data_cache", "/tmp/x"])

@@ -1,4 +1,4 @@
-"""A preemption signal outside training (lmkit.preemption): exit status 75, one line, nothing half-written.
+"""A preemption signal outside training (lmkit.core.preemption): exit status 75, one line, nothing half-written.
 
 Slurm, Kubernetes and spot machines send SIGTERM (or the signal a job asks
 for) whatever the job is doing; a job script that requeues on 75 must see
@@ -18,7 +18,7 @@ from typing import Callable, List
 
 import pytest
 
-from lmkit.errors import PreemptedError, UsageError
+from lmkit.core.errors import PreemptedError, UsageError
 from tests.distributed.reliability.support import run_streamed
 from tests.helpers import ROOT, subprocess_env
 
@@ -51,7 +51,7 @@ def test_the_message_names_what_was_being_done_and_broad_excepts_do_not_swallow_
     # A checkpoint reader that calls any Exception damage, a download that tries the next mirror: the
     # signal passes them by (it is a BaseException), and the clean-ups still run.
     res = run_main_with("""
-from lmkit.preemption import doing
+from lmkit.core.preemption import doing
 with doing("encoding train_file into the data cache"):
     try:
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -113,7 +113,7 @@ def test_every_rank_stops_together_when_one_is_signalled_in_shared_work(monkeypa
     # PreemptedError, ahead of any usage error, so no rank waits in a collective for one that left.
     from lmkit import distributed as dist
     from lmkit.cli.common import same_outcome_everywhere
-    from lmkit.preemption import PreemptionSignal, as_error
+    from lmkit.core.preemption import PreemptionSignal, as_error
 
     def signalled():
         raise PreemptionSignal("stopped by SIGTERM while training the word tokenizer")

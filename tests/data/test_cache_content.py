@@ -59,7 +59,7 @@ def test_a_tokenizer_cached_for_a_file_edited_with_the_same_size_and_time_is_tra
 def _word_level(vocab):
     """An hf tokenizer over ``vocab`` (token -> id), words split at spaces; "\\n" is a token (the eos)."""
     tokenizers = pytest.importorskip("tokenizers")
-    from lmkit.data.hf_tokenizer import HFTokenizer
+    from lmkit.hub.tokenizer import HFTokenizer
 
     tk = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = tokenizers.pre_tokenizers.Split(" ", behavior="removed")
@@ -88,7 +88,7 @@ def test_ids_above_65535_are_kept_whole_in_the_cache(tmp_path):
 
 def test_an_id_beyond_the_vocab_size_is_refused_not_wrapped(tmp_path, monkeypatch):
     """A tokenizer whose vocab_size understates its ids (the old count of tokens): one DataError, no cache."""
-    from lmkit.data.hf_tokenizer import HFTokenizer
+    from lmkit.hub.tokenizer import HFTokenizer
 
     tokenizer = _word_level({"<unk>": 0, "\n": 1, "a": 2, "b": 70_000})
     monkeypatch.setattr(HFTokenizer, "vocab_size", property(lambda self: self.hf.get_vocab_size()))

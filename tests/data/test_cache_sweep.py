@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from lmkit import fileio
+from lmkit.core import fileio
 from lmkit.data import token_cache
 from lmkit.data.tokenizers import train_tokenizer
 
@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # A writer: makes a temporary folder as the encoder does, writes a partial ids.bin, says where, then waits.
 WRITER = """
 import os, sys, time
-from lmkit.fileio import TempFolder
+from lmkit.core.fileio import TempFolder
 folder = TempFolder(sys.argv[1], ".tmp-word-0123456789abcdef01234567-")
 with open(os.path.join(folder.path, "ids.bin"), "wb") as f:
     f.write(bytes(300_000))

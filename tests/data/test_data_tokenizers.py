@@ -340,7 +340,7 @@ def test_decode_rejects_ids_out_of_range():
 
 
 def test_one_registry():
-    from lmkit.data.hf_tokenizer import HFTokenizer
+    from lmkit.hub.tokenizer import HFTokenizer
     assert list(TOKENIZERS) == ["word", "sentencepiece", "char", "byte", "hf"]
     classes = [tokenizer_class(name) for name in TOKENIZERS]
     for name, cls in zip(TOKENIZERS, classes):

@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from lmkit.data import DataError, download, ensure_ptb
-from lmkit.fileio import LOCK_FILE, claimed, sweep_unclaimed, work_folder
+from lmkit.core.fileio import LOCK_FILE, claimed, sweep_unclaimed, work_folder
 
 FAST = dict(progress=False, backoff=0.0, timeout=10.0)
-OLD = time.time() - 3600  # an mtime past lmkit.fileio.STALE_AFTER_SECONDS
+OLD = time.time() - 3600  # an mtime past lmkit.core.fileio.STALE_AFTER_SECONDS
 
 
 class _Gate(BaseHTTPRequestHandler):
@@ -100,7 +100,7 @@ def test_a_download_larger_than_its_cap_stops_before_the_disk_fills(gate_server,
 def _killed_holder(path: str) -> None:
     """``path`` claimed by a process that is then killed (SIGKILL: no clean-up of its own)."""
     child = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from lmkit.fileio import claimed\n"
+        "import sys, time; from lmkit.core.fileio import claimed\n"
         f"with claimed({path!r}):\n    print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "held"
@@ -137,7 +137,7 @@ def test_download_sweeps_its_files_leftover_parts(gate_server, tmp_path):
 
 def test_ptb_and_export_work_folders_of_killed_jobs_are_swept(gate_server, kit, tmp_path):
     """A job killed while it extracted PTB left ``.ptb-download-*`` (was ``.ptb.*.tmp``); the next one sweeps it."""
-    from lmkit.hf import write_folder
+    from lmkit.hub.hf import write_folder
 
     base, server = gate_server
     texts = kit.make_corpus(0)

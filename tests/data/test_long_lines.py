@@ -31,7 +31,7 @@ def _long_line_text(seed: int, words: int) -> str:
 def _hf_bpe(folder):
     """A small GPT-2-style byte-level BPE (the ``tokenizers`` package), as the hf kind wraps it."""
     tokenizers = pytest.importorskip("tokenizers")
-    from lmkit.data.hf_tokenizer import HFTokenizer
+    from lmkit.hub.tokenizer import HFTokenizer
 
     tk = tokenizers.Tokenizer(tokenizers.models.BPE())
     tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)

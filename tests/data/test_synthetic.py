@@ -2,7 +2,7 @@
 import pytest
 
 from lmkit.data.synthetic import make_pairs, write_task
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 
 def _numbers(text):

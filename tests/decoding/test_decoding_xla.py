@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import decoding, dist
+from lmkit import decoding
+from lmkit import distributed as dist
 from lmkit.decoding.sampler import trace_count
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 from lmkit.models import build_model
 
 VOCAB = 60

@@ -1,4 +1,4 @@
-"""lmkit.generate / lmkit.generation: line breaks as text, windows past the context, stop strings."""
+"""lmkit.generate / lmkit.decoding.generation: line breaks as text, windows past the context, stop strings."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import tensorflow as tf
 import lmkit
 from lmkit.data.tokenizers import train_tokenizer
 from lmkit.decoding import GreedySampler, TopKSampler, decode
-from lmkit.errors import UsageError
-from lmkit.generation import generate_samples, readable
+from lmkit.core.errors import UsageError
+from lmkit.decoding.generation import generate_samples, readable
 from lmkit.models import build_model
 
 TEXT = "ROMEO:\nab cd\nJULIET:\nba dc\n\nROMEO:\ncab\n"
@@ -93,7 +93,7 @@ def test_context_slides_a_transformer_at_the_length_it_was_trained_on(tokenizer,
     with pytest.raises(UsageError, match="context = 1 must be an integer >= 2"):
         generate_samples(model, tokenizer, [prompt], max_new_tokens=[5], sampler=GreedySampler(), context=1)
     # A run's trained length is its num_steps; pretrained starts keep max_positions.
-    from lmkit.generation import trained_context
+    from lmkit.decoding.generation import trained_context
     (tmp_path / "config.json").write_text(json.dumps({"num_steps": 64, "init_from": ""}))
     assert trained_context(str(tmp_path)) == 64
     (tmp_path / "config.json").write_text(json.dumps({"num_steps": 64, "init_from": "gpt2_folder"}))
@@ -237,7 +237,7 @@ def test_streaming_writes_the_sample_as_it_comes(tokenizer, stop):
 
 
 def test_the_streamer_holds_back_what_may_still_change(tokenizer):
-    from lmkit.generation import _TextStreamer
+    from lmkit.decoding.generation import _TextStreamer
     out = []
     ids = tokenizer.encode("ab cd")
     streamer = _TextStreamer(tokenizer, [], budget=5, end_ids=[], stop=[" c"], write=out.append)
@@ -260,7 +260,7 @@ def test_the_streamer_holds_back_what_may_still_change(tokenizer):
 
 def test_beam_search_keeps_the_whole_context_unless_told(tmp_path, monkeypatch):
     """Beam search cannot slide: a run's trained length is no limit for it, an explicit context is."""
-    from lmkit import generation
+    from lmkit.decoding import generation
 
     model = tiny("transformer", 30, max_positions=16)
     seen = []

@@ -7,7 +7,7 @@ import pytest
 
 from lmkit.distributed.base import DistributedError
 from lmkit.distributed.env import choose_gpus, gpus_pinned, pin_gpus
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 
 
 class _Device:

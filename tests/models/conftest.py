@@ -1,3 +1,3 @@
-"""The fixtures of the lmkit.modules tests (seeds; eager and compiled runs)."""
+"""The fixtures of the lmkit.layers tests (seeds; eager and compiled runs)."""
 
-from tests.modules.conftest import _seeded, run  # noqa: F401 (pytest fixtures)
+from tests.layers.conftest import _seeded, run  # noqa: F401 (pytest fixtures)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from lmkit import distributed as dist
 from lmkit.config import ConfigError, TrainConfig
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 from lmkit.models import build_model
 from lmkit.train import Trainer
 from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
@@ -100,7 +100,7 @@ def test_accumulated_gradients_equal_the_big_batch_and_stay_sparse():
     def micro(xb, yb, sb):
         with tf.GradientTape() as tape:
             logits, new_state = model(xb, sb, training=True)
-            from lmkit.losses import window_loss
+            from lmkit.train.losses import window_loss
             loss = window_loss(yb, logits)
         return loss, tape.gradient(loss, variables), new_state
 

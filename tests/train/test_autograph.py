@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import modules
+from lmkit import layers as modules
 from lmkit.config import TrainConfig
 from lmkit.models import LanguageModel, build_model
 from lmkit.train import Trainer
 from lmkit.train.evaluation import Evaluator
-from lmkit.xla import use_autograph
+from lmkit.core.xla import use_autograph
 
 
 class BranchingLM(LanguageModel):

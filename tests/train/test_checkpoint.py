@@ -49,7 +49,7 @@ def test_incomplete_checkpoint_folders_are_ignored_and_cleaned(tmp_path):
 
 
 def test_restore_into_a_different_shape_is_a_clear_error(tmp_path):
-    from lmkit.errors import CheckpointError
+    from lmkit.core.errors import CheckpointError
     CheckpointManager(str(tmp_path), tf.train.Checkpoint(box=_Box(4))).save(1)
     mgr = CheckpointManager(str(tmp_path), tf.train.Checkpoint(box=_Box(5)))
     with pytest.raises(CheckpointError, match="does not match"):
@@ -103,10 +103,10 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
 def test_a_stored_run_with_model_params_resumes_and_changed_adapters_are_named(tmp_path):
     """model_params (every Llama run's) compare as model_config() merges them; LoRA keys must not change."""
     from lmkit.config import load_config
-    from lmkit.errors import CheckpointError
+    from lmkit.core.errors import CheckpointError
     from lmkit.train.startup import _check_stored
-    from lmkit.fileio import atomic_write_text
-    from lmkit.layout import CONFIG_FILE
+    from lmkit.core.fileio import atomic_write_text
+    from lmkit.core.layout import CONFIG_FILE
 
     config = load_config("config_transformer", {"model_params": {"position_embedding": "sinusoid"}})
     atomic_write_text(str(tmp_path / CONFIG_FILE), config.to_json())
@@ -196,7 +196,7 @@ def test_a_corrupt_latest_checkpoint_is_named_and_the_previous_one_is_used(tmp_p
 
 
 def test_no_readable_checkpoint_is_one_clear_error(tmp_path):
-    from lmkit.errors import CheckpointError
+    from lmkit.core.errors import CheckpointError
     _, mgr = _three_checkpoints(tmp_path)
     for _, path in mgr.all():
         _truncate_data(path)
@@ -209,7 +209,7 @@ def test_no_readable_checkpoint_is_one_clear_error(tmp_path):
 
 def test_a_newest_checkpoint_of_another_shape_is_an_error_not_a_fallback(tmp_path):
     """A changed config is the user's to fix: an older checkpoint that fits is not silently used instead."""
-    from lmkit.errors import CheckpointError
+    from lmkit.core.errors import CheckpointError
     box, mgr = _three_checkpoints(tmp_path)
     CheckpointManager(str(tmp_path), tf.train.Checkpoint(box=_Box(65))).save(4)
     lines = []
@@ -266,7 +266,7 @@ def _disk_fills_in_write(tmp_path, monkeypatch, how):
 
 @pytest.mark.parametrize("how", ["tensorflow", "python"])
 def test_a_full_disk_removes_the_partial_checkpoint_and_says_what_to_do(tmp_path, monkeypatch, how):
-    from lmkit.errors import CheckpointError
+    from lmkit.core.errors import CheckpointError
     box = _Box(256)
     mgr = CheckpointManager(str(tmp_path), tf.train.Checkpoint(box=box), keep=1)
     box.w.assign(tf.fill([256], 1.0))
@@ -300,7 +300,7 @@ def tree_of(folder):
 
 
 def test_another_write_error_is_one_clear_error_too(tmp_path, monkeypatch):
-    from lmkit.errors import CheckpointError
+    from lmkit.core.errors import CheckpointError
 
     def write(self, prefix, options=None):
         raise tf.errors.PermissionDeniedError(None, None, f"{prefix}_temp; Permission denied")
@@ -346,7 +346,7 @@ def small_tmpfs(tmp_path):
 def test_a_really_full_disk(small_tmpfs):
     """One 1 MiB checkpoint fits on the tmpfs, a second one does not: the first is kept, the space freed."""
     import shutil
-    from lmkit.errors import CheckpointError
+    from lmkit.core.errors import CheckpointError
     box = tf.Module()
     box.w = tf.Variable(tf.fill([256, 1024], 1.0))
     folder = str(small_tmpfs / "checkpoints")

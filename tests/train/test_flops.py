@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from lmkit.config import ConfigError, load_config
 from lmkit.models import build_model
-from lmkit.modules.lora import add_lora, frozen
+from lmkit.layers.lora import add_lora, frozen
 from lmkit.train import flops
 
 SMALL = {"hidden_size": 32, "vocab_size": 50, "num_steps": 8, "num_layers": 2, "max_positions": 16,

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import distributed as dist, precision
+from lmkit import distributed as dist
+from lmkit.layers import precision
 from lmkit.config import ConfigError, TrainConfig
-from lmkit.errors import NonFiniteError
+from lmkit.core.errors import NonFiniteError
 from lmkit.models import build_model
-from lmkit.modules.transformer import LayerNorm
+from lmkit.layers.transformer import LayerNorm
 from lmkit.train import Trainer
 from lmkit.train.loss_scale import DynamicLossScale
 from tests.scripts.gradient_bomb import GradientBomb

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from lmkit.config import TrainConfig
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 from lmkit.models import build_model
 from lmkit.train import Trainer
 from tests.helpers import ROOT, assert_within_rounding, mpirun_cmd, run

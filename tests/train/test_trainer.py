@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from lmkit import distributed as dist
 from lmkit.config import TrainConfig
-from lmkit.errors import CheckpointError, NonFiniteError, UsageError
+from lmkit.core.errors import CheckpointError, NonFiniteError, UsageError
 from lmkit.models import build_model
 from lmkit.train import Trainer
 from tests.scripts.gradient_bomb import GradientBomb

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from lmkit.errors import UsageError
+from lmkit.core.errors import UsageError
 from lmkit.train.watchdog import COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT, Watchdog
 from tests.distributed.reliability.support import run_streamed
 

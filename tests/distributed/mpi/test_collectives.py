@@ -146,7 +146,7 @@ def test_cached_text_reaches_every_rank_once_encoded(tmp_path_factory, case):
     """Rank 0 encodes into the cache; a rank without it encodes its own; one without the text receives it."""
     import os
 
-    from lmkit.cli.data import cached_text_everywhere
+    from lmkit.data.pipeline import cached_text_everywhere
     from lmkit.data.text import load_text_data
     from lmkit.data.tokenizers import ByteTokenizer
 
@@ -177,7 +177,7 @@ def test_cached_pairs_reach_every_rank_once_encoded(tmp_path_factory, case):
     """As the text above, for an encoder-decoder's pairs cached line by line: the pairs of an in-memory encoding."""
     import os
 
-    from lmkit.cli.data import cached_pairs_everywhere
+    from lmkit.data.pipeline import cached_pairs_everywhere
     from lmkit.data.paired import encode_pairs, read_pairs
     from lmkit.data.tokenizers import ByteTokenizer
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit import distributed as dist, launch
+from lmkit import distributed as dist
+from lmkit.distributed import launch
 from lmkit.distributed import horovod as hvd_backend
 from lmkit.distributed import native as native_backend
 

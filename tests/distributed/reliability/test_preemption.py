@@ -230,7 +230,7 @@ def test_with_device_prefetch_the_ranks_stop_two_steps_after_the_agreement(corpu
     assert (last["step"], last["epoch"], last["steps_in_epoch"], last["stopped_by"]) == (103, 1, 39, "preemption")
 
 
-# ---------------------------------------------------------------- signals outside training (lmkit.preemption)
+# ---------------------------------------------------------------- signals outside training (lmkit.core.preemption)
 def test_sigterm_during_the_final_test_evaluation_keeps_the_checkpoint_and_the_rerun_finishes(corpus, tmp_path):
     # After training wrote its last checkpoint, rank 0 evaluates the test split (held there by the faulty
     # example): a signal then stops the command with 75 too (it took SIGTERM's default action, 143), the

@@ -1,0 +1,583 @@
+"""Starts the workers of a native-backend job (``use_horovod = False``) on one or more hosts.
+
+    python -m lmkit.launch --hosts 127.0.0.1 --num_workers 2 -- \\
+        python examples/lm_ptb_distributed.py --use_horovod false --config config_small
+
+TensorFlow's ``MultiWorkerMirroredStrategy`` learns the cluster from the
+``TF_CONFIG`` environment variable of each worker: the address (host:port) of
+every worker and this worker's index.  The launcher writes it, together with
+
+* ``LMKIT_BACKEND=native`` (``dist.init()`` picks the native backend),
+* ``RANK`` (the worker's index, so errors are printed once by rank 0),
+* ``LMKIT_LOCAL_RANK`` / ``LMKIT_LOCAL_SIZE`` (workers sharing a host share
+  its cores and GPUs),
+
+and then
+
+* starts the workers of this host (``127.0.0.1``, ``localhost`` or its own
+  name) as subprocesses and waits for them; when one fails the others are
+  stopped, its exit status is returned, and the job's last line names the
+  worker that failed first, with its status or signal (the others' errors
+  that follow are mostly the consequence);
+* passes SIGTERM, SIGINT and SIGUSR1 on to the workers of this host, which
+  then stop together at a step boundary after a checkpoint (exit status 75,
+  "preempted, rerun to continue"), and waits for all of them;
+* binds each worker of this host to its share of the cores this launcher
+  may use (``--bind cores``, the default, as ``mpirun --bind-to core``
+  does; ``--bind none`` leaves them free);
+* for every other host prints the exact command to run there (start them by
+  hand or from a scheduler), or with ``--ssh`` runs it through ``ssh host``
+  in the same directory (needs password-less SSH and the same checkout and
+  virtual environment on every host, as Horovod does), or with ``--rsh AGENT``
+  through ``AGENT host command`` (as Open MPI's ``plm_rsh_agent``; e.g.
+  ``scripts/two_hosts.py``'s agent enters a network namespace); those
+  commands carry this shell's ``NCCL_*``, ``LMKIT_*``, ``TF_*``, ``CUDA_*``
+  and ``XLA_*`` variables and any named with ``--env NAME``, as
+  ``mpirun -x`` would.
+
+``python -m lmkit.launch --mpirun ARGS...`` and ``--horovodrun ARGS...``
+run that launcher instead (a Horovod job) and make SIGTERM, SIGINT and
+SIGUSR1 sent to this process a preemption of its ranks: Open MPI's
+``mpirun`` cannot forward SIGTERM (it sends the ranks SIGCONT, SIGTERM only
+``odls_base_sigkill_timeout`` seconds later and SIGKILL as long after that,
+then exits 1), and ``horovodrun`` over MPI runs mpirun under ``sh -c``, which
+dies of a signal without passing it on. The wrapper sends SIGUSR1, which
+mpirun forwards at once to every rank on every host, to each Open MPI
+launcher in its process tree (``horovodrun --gloo``: SIGTERM to horovodrun,
+which passes it to the ranks), and exits with the launcher's status (75
+after a preemption through mpirun).
+
+Worker ``i`` of ``N`` runs on host ``i // (N / number of hosts)``, or as many
+as ``host:slots`` says; its port is ``--port`` + its index on that host (on a
+job that stays on this host, free ports are picked when ``--port`` is not given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host
+from lmkit.core.errors import NonFiniteError, UsageError
+from lmkit.core.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
+
+__all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "core_sets", "main",
+           "FORWARDED_PREFIXES", "WRAPPED_LAUNCHERS", "run_wrapped", "mpi_launchers_below"]
+
+DEFAULT_PORT = 23456
+# Variables passed to the workers of other hosts, as `mpirun -x NAME` would (--env adds names).
+FORWARDED_PREFIXES = ("NCCL_", "LMKIT_", "TF_", "CUDA_", "XLA_")
+# How long the other workers may take to finish a preemption stop after the first one left.
+PREEMPTION_WAIT = 120.0
+# `python -m lmkit.launch --NAME ARGS...` runs launcher NAME with ARGS (a Horovod job).
+WRAPPED_LAUNCHERS = ("mpirun", "mpiexec", "horovodrun")
+# Process names of Open MPI's launcher (mpirun and mpiexec are links to orterun; 5.x: prterun).
+_OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker of the job.
+
+    Attributes:
+      rank: index of the worker (0 is the chief: it evaluates, logs and saves).
+      host: where it runs.
+      port: the port its TensorFlow server listens on.
+      local_rank: index among the workers of its host.
+      local_size: number of workers on its host.
+    """
+
+    rank: int
+    host: str
+    port: int
+    local_rank: int
+    local_size: int
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _free_ports(count: int) -> List[int]:
+    """Ports that are free on 127.0.0.1 right now (held open together, so all differ)."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def _parse_hosts(hosts: str, num_workers: int) -> List[Tuple[str, int]]:
+    """``"h1,h2"`` or ``"h1:2,h2:2"`` -> [(host, workers on it)]."""
+    if num_workers < 1:
+        raise UsageError(f"--num_workers {num_workers} must be >= 1")
+    items = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not items:
+        raise UsageError(f"--hosts {hosts!r} names no host; e.g. --hosts 127.0.0.1 or --hosts h1,h2")
+    parsed: List[Tuple[str, Optional[int]]] = []
+    for item in items:
+        # "host:slots"; an IPv6 address (several colons) has no slots.
+        host, slots = item.split(":") if item.count(":") == 1 else (item, "")
+        if slots and (not slots.isdigit() or int(slots) < 1):
+            raise UsageError(f"--hosts entry {item!r}: slots must be a positive integer (host:2)")
+        parsed.append((host, int(slots) if slots else None))
+    if all(s is None for _, s in parsed):
+        if num_workers % len(parsed):
+            raise UsageError(f"--num_workers {num_workers} cannot be spread evenly over {len(parsed)} "
+                             f"hosts; use a multiple of {len(parsed)} or give slots (h1:3,h2:1)")
+        return [(h, num_workers // len(parsed)) for h, _ in parsed]
+    if any(s is None for _, s in parsed):
+        raise UsageError(f"--hosts {hosts!r}: give slots for every host or for none")
+    total = sum(s for _, s in parsed)  # type: ignore[misc]
+    if total != num_workers:
+        raise UsageError(f"--hosts {hosts!r} has {total} slots but --num_workers is {num_workers}; "
+                         "make them agree")
+    return [(h, s) for h, s in parsed]  # type: ignore[misc]
+
+
+def plan(hosts: str, num_workers: int, port: Optional[int] = None) -> List[Worker]:
+    """The workers of a job, in rank order.
+
+    Args:
+      hosts: comma-separated host names, each optionally ``host:slots``.
+      num_workers: total number of workers.
+      port: first port on each host; None picks free ports when every host is
+        this one, else uses 23456.
+
+    Returns:
+      One :class:`Worker` per rank.
+
+    Raises:
+      ValueError: the hosts and the number of workers do not fit together.
+    """
+    per_host = _parse_hosts(hosts, num_workers)
+    all_local = all(is_local_host(h) for h, _ in per_host)
+    free = _free_ports(num_workers) if port is None and all_local else None
+    workers = []
+    for host, count in per_host:
+        for local in range(count):
+            rank = len(workers)
+            p = free[rank] if free else (port or DEFAULT_PORT) + local
+            workers.append(Worker(rank=rank, host=host, port=p, local_rank=local, local_size=count))
+    addresses = [w.address for w in workers]
+    if len(set(addresses)) != len(addresses):
+        raise UsageError(f"two workers share an address ({addresses}); list each host once")
+    return workers
+
+
+def worker_env(worker: Worker, workers: Sequence[Worker]) -> Dict[str, str]:
+    """The environment variables that make ``worker`` one of ``workers``."""
+    tf_config = {"cluster": {"worker": [w.address for w in workers]},
+                 "task": {"type": "worker", "index": worker.rank}}
+    return {"TF_CONFIG": json.dumps(tf_config, separators=(",", ":")),
+            BACKEND_ENV: "native",
+            "RANK": str(worker.rank),
+            LOCAL_RANK_ENV: str(worker.local_rank),
+            LOCAL_SIZE_ENV: str(worker.local_size)}
+
+
+def forwarded_env(environ: Optional[Mapping[str, str]] = None,
+                  names: Sequence[str] = ()) -> Dict[str, str]:
+    """The variables of ``environ`` (default: this process's) that other hosts' workers get.
+
+    Those starting with one of :data:`FORWARDED_PREFIXES` (NCCL's, lmkit's,
+    TensorFlow's, CUDA's and XLA's settings), as ``mpirun -x`` would pass
+    them, and every name in ``names`` (``--env NAME``) that is set.
+    """
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items())
+            if k.startswith(FORWARDED_PREFIXES) or k in names}
+
+
+def remote_command(worker: Worker, workers: Sequence[Worker], command: Sequence[str],
+                   cwd: str, forwarded: Optional[Mapping[str, str]] = None) -> str:
+    """The shell command that starts ``worker`` on its host (run from any shell there).
+
+    The worker's own variables (:func:`worker_env`) come first and win over
+    ``forwarded`` (default: :func:`forwarded_env`). The worker replaces the
+    shell (``exec``), so a signal sent to the process that runs this command
+    reaches the worker itself.
+    """
+    own = worker_env(worker, workers)
+    forwarded = forwarded_env() if forwarded is None else forwarded
+    env = {**own, **{k: v for k, v in forwarded.items() if k not in own}}
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return f"cd {shlex.quote(cwd)} && exec env {env} {' '.join(shlex.quote(c) for c in command)}"
+
+
+def core_sets(count: int, cpus: Optional[Sequence[int]] = None) -> List[Optional[List[int]]]:
+    """Each of ``count`` workers' share of ``cpus`` (default: the cores this process may use).
+
+    Consecutive blocks of equal size, as ``mpirun --bind-to core`` places its
+    ranks; None for every worker when there are fewer cores than workers
+    (then binding would put two workers on one core).
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if cpus is None else sorted(cpus)
+    per = len(cpus) // count if count else 0
+    if per < 1:
+        return [None] * count
+    return [cpus[i * per:(i + 1) * per] for i in range(count)]
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace: float = 10.0) -> None:
+    """Ends the workers still running: SIGTERM twice (an lmkit worker leaves at once on the
+    second; one signal would ask it to checkpoint first), then SIGKILL after ``grace`` s."""
+    for _ in range(2):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _children_by_parent(proc_root: str = "/proc") -> Dict[int, List[Tuple[int, str]]]:
+    """Every process's children as (pid, name), from ``/proc/PID/stat``."""
+    children: Dict[int, List[Tuple[int, str]]] = {}
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, entry, "stat")) as f:
+                stat = f.read()
+        except OSError:  # gone since the listing
+            continue
+        # "pid (name) state ppid ...": the name may hold spaces and parentheses.
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append((int(entry), name))
+    return children
+
+
+def mpi_launchers_below(pid: int, proc_root: str = "/proc") -> List[int]:
+    """The Open MPI launchers (mpirun, mpiexec, orterun, prterun) among ``pid`` and its
+    descendants, outermost first; their own descendants (ranks, orted) are not searched."""
+    children = _children_by_parent(proc_root)
+    name = ""
+    try:
+        with open(os.path.join(proc_root, str(pid), "comm")) as f:
+            name = f.read().strip()
+    except OSError:
+        pass
+    found, todo = [], [(pid, name)]
+    while todo:
+        p, n = todo.pop(0)
+        if n in _OPEN_MPI_LAUNCHERS:
+            found.append(p)
+            continue
+        todo.extend(children.get(p, []))
+    return found
+
+
+def _die_with_parent() -> None:
+    """In the launcher's child: SIGTERM when the wrapper dies (even of SIGKILL), so an
+    orphaned job does not train on unseen; mpirun then aborts its ranks."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _own_group_dying_with_parent() -> None:
+    """In the launcher's child: its own process group (``Popen(process_group=0)`` is Python 3.11+
+    only), then :func:`_die_with_parent`."""
+    os.setpgid(0, 0)
+    _die_with_parent()
+
+
+def run_wrapped(command: Sequence[str], give_up_after: float = PREEMPTION_WAIT + 60.0) -> int:
+    """Runs a Horovod launcher (``mpirun ...``, ``horovodrun ...``) with its ranks as a
+    preemptible job: SIGTERM, SIGINT or SIGUSR1 to this process becomes SIGUSR1 to every
+    Open MPI launcher in the command's process tree (mpirun forwards it to all ranks at
+    once; they stop together with a checkpoint and exit 75), or SIGTERM to the command
+    when it has none (``horovodrun --gloo`` passes that on). A second signal is sent on the
+    same way (the ranks then leave at once); a third, or a stop that takes longer than
+    ``give_up_after`` seconds, ends the launcher with SIGTERM (Open MPI then kills the ranks).
+
+    Returns the launcher's exit status (128 + N when a signal N ended it).
+    """
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    received: List[float] = []
+    signals: List[int] = []
+    proc: Optional[subprocess.Popen] = None
+
+    def pass_on(signum: int) -> None:
+        assert proc is not None
+        if proc.poll() is not None:
+            return
+        if len(received) >= 3:
+            proc.send_signal(signal.SIGTERM)
+            return
+        targets = mpi_launchers_below(proc.pid)
+        name = signal.Signals(signum).name
+        if targets:
+            print(f"[launch] {name}: passing SIGUSR1 to Open MPI's launcher (pid "
+                  f"{', '.join(map(str, targets))}) for the ranks to stop with a checkpoint",
+                  file=sys.stderr, flush=True)
+            for pid in targets:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        else:
+            print(f"[launch] {name}: passing SIGTERM to {os.path.basename(command[0])} "
+                  f"(pid {proc.pid}) for the ranks to stop with a checkpoint", file=sys.stderr, flush=True)
+            proc.send_signal(signal.SIGTERM)
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(time.monotonic())
+        signals.append(signum)
+        if proc is not None:  # else held until the launcher exists (below)
+            pass_on(signum)
+
+    # The handlers come first: a scheduler's signal while the launcher starts is held and
+    # passed on once it exists, never lost to whatever handler was there before.
+    previous = {sig: signal.signal(sig, on_signal) for sig in PREEMPTION_SIGNALS}
+    try:
+        try:
+            # Its own process group: Ctrl-C in a terminal reaches this wrapper only (mpirun
+            # would abort on SIGINT); a terminal's stdin is not passed on (the ranks do not read it).
+            proc = subprocess.Popen(list(command), preexec_fn=_own_group_dying_with_parent,
+                                    stdin=subprocess.DEVNULL if interactive else None)
+        except FileNotFoundError:
+            raise UsageError(f"python -m lmkit.launch --{os.path.basename(command[0])}: "
+                             f"{command[0]!r} was not found; install it or put it on PATH") from None
+        if received:
+            pass_on(signals[-1])
+        while True:
+            try:
+                code = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0] > give_up_after and len(received) < 3:
+                    print(f"[launch] the job did not stop within {give_up_after:g} s of the signal; "
+                          "ending it", file=sys.stderr, flush=True)
+                    received.extend([time.monotonic()] * 2)
+                    proc.send_signal(signal.SIGTERM)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Parses the flags, starts the workers and returns the job's exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("--") and argv[0][2:] in WRAPPED_LAUNCHERS:
+        if len(argv) == 1:
+            print(f"python -m lmkit.launch {argv[0]}: give the launcher's arguments, e.g. "
+                  f"{argv[0]} -np 2 python -m lmkit train --config config_small", file=sys.stderr)
+            return 2
+        try:
+            return run_wrapped([argv[0][2:], *argv[1:]])
+        except UsageError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+    parser = argparse.ArgumentParser(
+        prog="python -m lmkit.launch",
+        description="Start the workers of a native-backend (TF_CONFIG) lmkit job.",
+        epilog="example: python -m lmkit.launch --hosts 127.0.0.1 --num_workers 2 -- "
+               "python examples/lm_ptb_distributed.py --use_horovod false.  A Horovod job: "
+               "python -m lmkit.launch --mpirun -np 2 python -m lmkit train ... (or --horovodrun "
+               "ARGS) runs that launcher and turns SIGTERM into a preemption of its ranks.")
+    parser.add_argument("--hosts", default="127.0.0.1",
+                        help="comma-separated hosts, optionally host:slots (default 127.0.0.1)")
+    parser.add_argument("--num_workers", type=int, required=True, help="total number of workers")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"first port on each host (default: free ports on this host, else {DEFAULT_PORT})")
+    parser.add_argument("--ssh", action="store_true",
+                        help="start the workers of other hosts through ssh (else print their commands)")
+    parser.add_argument("--rsh", default=None, metavar="AGENT",
+                        help="start the workers of other hosts as `AGENT host command` "
+                             "(like mpirun's plm_rsh_agent; --ssh is `ssh -o BatchMode=yes`)")
+    parser.add_argument("--bind", choices=("cores", "none"), default="cores",
+                        help="bind each worker of this host to its share of the cores (default), "
+                             "or leave them free")
+    parser.add_argument("--env", "-x", action="append", default=[], metavar="NAME",
+                        help="also pass this variable to other hosts' workers (repeatable; those "
+                             f"starting with {', '.join(FORWARDED_PREFIXES)} always are)")
+    parser.add_argument("--dry_run", action="store_true", help="print every worker's command and exit")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- followed by the training command")
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given; put it after --, e.g. -- python examples/lm_ptb_distributed.py")
+    try:
+        workers = plan(args.hosts, args.num_workers, args.port)
+    except ValueError as exc:
+        parser.error(str(exc))
+    cwd = os.getcwd()
+    bad = [n for n in args.env if not n.isidentifier()]
+    if bad:
+        parser.error(f"--env {bad[0]!r} is not a variable name; give a name, e.g. --env PYTHONPATH")
+    forwarded = forwarded_env(names=args.env)
+    if args.dry_run:
+        for w in workers:
+            print(f"# worker {w.rank} on {w.host}\n{remote_command(w, workers, command, cwd, forwarded)}")
+        return 0
+    agent = shlex.split(args.rsh) if args.rsh else (["ssh", "-o", "BatchMode=yes"] if args.ssh else None)
+    local = [w for w in workers if is_local_host(w.host)]
+    remote = [w for w in workers if w not in local]
+    cores = dict(zip((w.rank for w in local),
+                     core_sets(len(local)) if args.bind == "cores" else [None] * len(local)))
+    if remote and not agent:
+        print("[launch] start these workers on their hosts (same checkout and venv):", file=sys.stderr)
+        for w in remote:
+            print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd, forwarded)}",
+                  file=sys.stderr)
+    procs: List[subprocess.Popen] = []
+    started: List[Worker] = []  # the worker of each of procs
+    signalled: List[int] = []
+    reached = [0]  # how many of procs the signals went to
+
+    def forward(signum: int, frame: object) -> None:
+        # A scheduler's notice (SIGTERM, SIGUSR1, Ctrl-C) goes to every worker of this host:
+        # they stop together at a step boundary and rank 0 writes a checkpoint.
+        signalled.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+        reached[0] = len(procs)
+
+    previous = {sig: signal.signal(sig, forward) for sig in PREEMPTION_SIGNALS}
+    try:
+        for w in workers:
+            if w.rank in cores:  # this host's (is_local_host, asked once per worker above)
+                bind = cores[w.rank]
+                procs.append(subprocess.Popen(
+                    command, env={**os.environ, **worker_env(w, workers)},
+                    preexec_fn=(lambda c=bind: os.sched_setaffinity(0, c)) if bind else None))
+                started.append(w)
+            elif agent:
+                procs.append(subprocess.Popen([*agent, w.host,
+                                               remote_command(w, workers, command, cwd, forwarded)]))
+                started.append(w)
+        if signalled:  # a notice while the workers started: the later ones get it too
+            for p in procs[reached[0]:]:
+                p.send_signal(signalled[-1])
+        return _wait(procs, signalled, started, len(workers))
+    except KeyboardInterrupt:
+        _stop(procs)
+        return 130
+    finally:  # main is also called in-process (tests, notebooks): its handlers do not outlive it
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# Statuses every lmkit rank exits with together, after rank 0 printed why (bad input, a
+# non-finite loss, a preemption): which worker's exit the launcher saw first says nothing.
+_EVERY_RANK_STATUSES = (UsageError.exit_code, NonFiniteError.exit_code, PREEMPTED_EXIT_STATUS)
+
+
+def _exit_text(code: int) -> str:
+    """``exit status N`` or ``killed by SIGNAME`` for a Popen return code."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def _note_end(proc: subprocess.Popen, index: int, ended: List[int]) -> None:
+    """On its own thread: appends ``index`` to ``ended`` when ``proc`` ends, then reaps it.
+
+    Noted before reaped (``WNOWAIT``): a process that sees this one gone knows
+    that its own end, if it ends now, comes later in ``ended``.
+    """
+    if hasattr(os, "waitid"):
+        try:
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass  # reaped already (Popen.send_signal polls)
+    else:  # macOS: noted when reaped
+        proc.wait()
+    ended.append(index)
+    proc.wait()
+
+
+def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: Sequence[Worker],
+          size: int) -> int:
+    """The job's exit status: 0 when every worker succeeded, else that of the first to fail.
+
+    A worker that fails while the others still run stops them, unless the job
+    is stopping for a preemption (a signal, or a worker's preempted status):
+    then every worker finishes its own stop, within the grace period. The
+    worker that failed first (in time: the others' errors after it are mostly
+    its consequence) is named on stderr, with its status or signal.
+
+    Args:
+      procs: the started workers' processes.
+      signalled: the preemption signals received so far (the list grows).
+      workers: the :class:`Worker` of each of ``procs`` (for the messages).
+      size: the job's number of workers (those of other hosts included).
+    """
+    ended: List[int] = []  # indices into procs, in the order their processes ended
+    for i, p in enumerate(procs):
+        threading.Thread(target=_note_end, args=(p, i, ended), name=f"lmkit-launch-wait-{i}",
+                         daemon=True).start()
+
+    def running() -> bool:
+        return len(ended) < len(procs)
+
+    def name(i: int) -> str:
+        return f"worker {workers[i].rank} of {size} (on {workers[i].host}, pid {procs[i].pid})"
+
+    while True:
+        done = list(ended)
+        if any(procs[i].returncode is None for i in done):  # noted, not reaped yet: a moment
+            time.sleep(0.01)
+            continue
+        failed = [i for i in done if procs[i].returncode != 0]
+        if failed:
+            first = failed[0]
+            code = procs[first].returncode
+            if (signalled or code == PREEMPTED_EXIT_STATUS) and running():
+                deadline = time.monotonic() + PREEMPTION_WAIT
+                while running() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            if running():
+                how = "stopped" if code == PREEMPTED_EXIT_STATUS else "failed"
+                print(f"[launch] {name(first)} {how} ({_exit_text(code)}); stopping the others",
+                      file=sys.stderr, flush=True)
+                _stop(procs)
+            if len(procs) > 1 and code not in _EVERY_RANK_STATUSES:
+                # The job's last line names the cause, which the other workers' errors may have buried.
+                why = ("its own message above says why" if code > 0 else
+                       "a signal from outside, e.g. the kernel's when memory ran out")
+                print(f"[launch] the job failed: {name(first)} failed first ({_exit_text(code)}; {why}); "
+                      "the other workers' errors after it follow from it", file=sys.stderr, flush=True)
+            return code if code > 0 else 1
+        if len(done) == len(procs):
+            return 0
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

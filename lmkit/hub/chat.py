@@ -1,0 +1,120 @@
+"""Chat templates: a Hugging Face folder's Jinja template turns messages into the prompt text.
+
+Chat models are trained on conversations laid out by one template each
+(``<|im_start|>user ...<|im_end|>`` for Qwen, ``<|start_header_id|>`` for
+Llama 3). The template is Jinja, stored in ``chat_template.jinja``
+(transformers 5) or as ``chat_template`` in ``tokenizer_config.json``
+(earlier versions; a string, or a list of named templates). It is rendered
+with Jinja2's sandbox, as transformers does, with ``messages``,
+``add_generation_prompt`` and the folder's special tokens (``bos_token``,
+``eos_token``, ...) as variables, ``raise_exception`` and ``strftime_now``
+as functions and ``tojson`` as a filter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from lmkit.core.errors import UsageError
+
+__all__ = ["ChatTemplate", "read_chat_template"]
+
+TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _token_text(value: Any) -> Optional[str]:
+    """A special token of tokenizer_config.json: a string or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class ChatTemplate:
+    """A folder's chat template and special tokens.
+
+    Args:
+      source: the template's Jinja text.
+      special_tokens: ``bos_token``, ``eos_token``... -> their text.
+      where: the file it came from (for messages).
+    """
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str], where: str) -> None:
+        try:
+            import jinja2
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise UsageError("chat templates are rendered with jinja2, which is not installed; "
+                             "pip install 'lmkit[hf]' (or pip install jinja2)") from None
+
+        def raise_exception(message: str) -> None:
+            raise UsageError(f"{where}: the chat template refused the messages: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self.template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise UsageError(f"{where}: the chat template is not valid Jinja ({exc})") from None
+        self.special_tokens = dict(special_tokens)
+        self.where = where
+
+    @property
+    def eos_token(self) -> Optional[str]:
+        """The end-of-turn text the template closes a message with (its ``eos_token``)."""
+        return self.special_tokens.get("eos_token")
+
+    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        """The prompt text for ``messages`` (each ``{"role": ..., "content": ...}``).
+
+        Raises:
+          UsageError: the template raised (e.g. roles out of order) or failed.
+        """
+        import jinja2
+        try:
+            return self.template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                        **self.special_tokens)
+        except jinja2.TemplateError as exc:
+            raise UsageError(f"{self.where}: the chat template failed on these messages ({exc})") from None
+
+    @staticmethod
+    def messages(prompt: str, system: Optional[str] = None) -> List[Dict[str, str]]:
+        """One user turn (after a system turn when ``system`` is given)."""
+        out = [{"role": "system", "content": system}] if system else []
+        return out + [{"role": "user", "content": prompt}]
+
+
+def read_chat_template(folder: str) -> ChatTemplate:
+    """The chat template of a Hugging Face folder.
+
+    Raises:
+      UsageError: the folder has none (naming the files looked at), or it is broken.
+    """
+    config_path = os.path.join(folder, TOKENIZER_CONFIG)
+    config: Dict[str, Any] = {}
+    if os.path.isfile(config_path):
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{config_path} is not readable JSON ({exc})") from None
+    special = {k: t for k in _SPECIAL if (t := _token_text(config.get(k))) is not None}
+    path = os.path.join(folder, TEMPLATE_FILE)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return ChatTemplate(f.read(), special, path)
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if isinstance(template, str) and template:
+        return ChatTemplate(template, special, config_path)
+    raise UsageError(f"{folder} has no chat template (neither {TEMPLATE_FILE} nor chat_template in "
+                     f"{TOKENIZER_CONFIG}); --chat needs a chat model's folder, or leave --chat out")

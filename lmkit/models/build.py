@@ -1,0 +1,73 @@
+"""A run's model as its config describes it: built, pretrained weights loaded, LoRA adapters added.
+
+``lmkit train`` (:func:`build_run_model`) and :func:`lmkit.train.load_model`
+(:func:`restore_lora_run`) share these steps, so a LoRA run is rebuilt for
+generation, evaluation and export exactly as it was trained: the base from
+its ``init_from`` folder, the adapters from the run's checkpoint (which holds
+nothing else), merged into the base's kernels.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Tuple
+
+from lmkit.core.errors import UsageError
+
+__all__ = ["build_run_model", "describe_lora", "lora_targets_of"]
+
+
+def lora_targets_of(config: Any, model: Any) -> Tuple[str, ...]:
+    """The Linear layer names ``config.lora_targets`` lists, or the model's defaults when it is empty."""
+    if config.lora_targets.strip():
+        return tuple(t.strip() for t in config.lora_targets.split(",") if t.strip())
+    targets = tuple(getattr(model, "lora_targets", ()))
+    if not targets:
+        raise UsageError(f"model {config.model!r} names no default LoRA targets; set lora_targets "
+                         "(comma-separated names of its linear layers)")
+    return targets
+
+
+def build_run_model(config: Any, *, load_pretrained: bool = True) -> Any:
+    """The model of ``config`` (a TrainConfig), with ``init_from``'s weights and ``lora_rank``'s adapters.
+
+    With ``lora_rank`` > 0 the base's variables are created not trainable
+    (so neither gradients nor optimizer slots are made for them) and the
+    adapters are the only trainable variables. Call it inside the backend's
+    ``dist.scope()``. ``load_pretrained=False`` skips reading the folder (a
+    checkpoint restores every weight next).
+    """
+    from lmkit.models import build_model
+    from lmkit.layers.lora import add_lora, frozen
+
+    if config.lora_rank:
+        with frozen():
+            model = build_model(config.model_config())
+    else:
+        model = build_model(config.model_config())
+    if config.init_from and load_pretrained:
+        from lmkit.hub.hf import load_pretrained_weights
+        if not os.path.isdir(config.init_from):
+            raise UsageError(f"the base model folder {config.init_from} (init_from) is gone; a LoRA run "
+                             "keeps only its adapters: put the folder back or edit init_from in the run's "
+                             "config.json")
+        load_pretrained_weights(model, config.init_from)
+    if config.lora_rank:
+        add_lora(model, rank=config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
+                 targets=lora_targets_of(config, model))
+    return model
+
+
+def describe_lora(model: Any) -> str:
+    """One line: the adapters' size against the frozen base's (empty without adapters)."""
+    from lmkit.layers.lora import lora_of
+
+    lora = lora_of(model)
+    if lora is None:
+        return ""
+    trained = lora.num_parameters()
+    total = int(sum(v.shape.num_elements() for v in model.variables))
+    base = total - trained
+    return (f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {', '.join(lora.targets)} "
+            f"({len(lora.adapters)} layers): {trained:,} trained parameters, {trained / base:.3%} of the "
+            f"frozen base's {base:,}")

@@ -1,0 +1,152 @@
+"""Config loading: the shipped configs and every kind of bad key."""
+import os
+
+import pytest
+
+from lmkit.config import ConfigError, TrainConfig, available_configs, load_config
+from lmkit.core.errors import UsageError
+
+ZAREMBA = {
+    # name: (init_scale, epochs, hidden, keep_prob, num_steps, clip, decay, decay start)
+    "config_small": (0.1, 13, 200, 1.0, 20, 5.0, 0.5, 4),
+    "config_medium": (0.05, 39, 650, 0.5, 35, 5.0, 0.8, 6),
+    "config_large": (0.04, 55, 1500, 0.35, 35, 10.0, 1 / 1.15, 15),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZAREMBA))
+def test_ptb_configs_have_the_zaremba_values(name):
+    cfg = load_config(name)
+    init, epochs, hidden, keep, steps, clip, decay, start = ZAREMBA[name]
+    assert (cfg.model, cfg.num_layers, cfg.forget_bias, cfg.batch_size) == ("lstm", 2, 0.0, 20)
+    assert (cfg.optimizer, cfg.learning_rate, cfg.vocab_size) == ("sgd", 1.0, 10000)
+    assert cfg.init_scale == init and cfg.num_epochs == epochs and cfg.hidden_size == hidden
+    assert cfg.keep_prob == keep and cfg.num_steps == steps and cfg.max_grad_norm == clip
+    assert cfg.lr_decay == pytest.approx(decay) and cfg.lr_decay_start_epoch == start
+
+
+def test_every_shipped_config_loads():
+    names = available_configs()
+    assert {"config_small", "config_medium", "config_large", "config_transformer"} <= set(names)
+    for name in names:
+        assert isinstance(load_config(name), TrainConfig)
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "cfg.py"
+    path.write_text(text)
+    return str(path)
+
+
+BASE = open(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "config_small.py")).read()
+
+
+def test_unknown_key_is_named_with_a_suggestion(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'hiden_size'; did you mean 'hidden_size'"):
+        load_config(_write(tmp_path, BASE + "\nhiden_size = 3\n"))
+
+
+def test_missing_key_is_named(tmp_path):
+    text = "\n".join(l for l in BASE.splitlines() if not l.startswith("num_steps"))
+    with pytest.raises(ConfigError, match="missing required key 'num_steps'"):
+        load_config(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"num_layers": 2.7}, "num_layers = 2.7 must be an integer"),
+    ({"tie_weights": "False"}, "tie_weights = 'False' must be True or False"),
+    ({"keep_prob": 1.5}, r"keep_prob = 1.5 must be in \(0, 1\]"),
+    ({"model": "rnn"}, "model = 'rnn' is not one of lstm, gru, transformer"),
+    ({"lr_scaling": "cubic"}, "lr_scaling = 'cubic' is not one of none, linear, sqrt"),
+    ({"lora_rank": 8}, "lora_rank = 8 adapts a pretrained model; pass --init_from"),
+    ({"lora_rank": -1}, "lora_rank = -1 must be >= 0"),
+    ({"lora_alpha": 0.0}, "lora_alpha = 0.0 must be > 0"),
+    ({"lora_dropout": 1.0}, r"lora_dropout = 1.0 must be in \[0, 1\)"),
+])
+def test_bad_values_are_rejected_not_coerced(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("config_small", overrides=override)
+
+
+def test_unknown_config_name_lists_the_available_ones():
+    with pytest.raises(ConfigError, match=r"unknown config 'config_smal'; did you mean 'config_small'"):
+        load_config("config_smal")
+
+
+def test_config_error_is_a_usage_error_and_json_round_trips():
+    assert issubclass(ConfigError, UsageError)
+    cfg = load_config("config_transformer")
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(batch_size=64).batch_size == 64
+    with pytest.raises(ConfigError, match="hidden_size 256 is not divisible by num_heads 3; use a multiple of 3"):
+        cfg.replace(num_heads=3)
+
+
+def test_usage_errors_keep_their_type_through_tf_function():
+    import tensorflow as tf
+
+    from lmkit.core.checks import check_positive_int
+
+    @tf.function
+    def traced(x):
+        check_positive_int("num_layers", 0)
+        return x
+
+    with pytest.raises(UsageError, match="num_layers 0 must be a positive integer"):
+        traced(tf.constant(1))
+
+
+PAIRS = {"source_file": "s.txt", "target_file": "t.txt"}
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"data": "pairs"}, "source_file = '' is empty but data = 'pairs' needs both sides; pass --source_file"),
+    ({"data": "pairs", "source_file": "s.txt"}, "target_file = '' is empty but data = 'pairs' needs both sides"),
+    ({"data": "pairs", **PAIRS, "train_file": "x.txt"}, "train_file = 'x.txt' is set but data = 'pairs' reads"),
+    ({"data": "pairs", **PAIRS, "valid_source_file": "v.txt"},
+     "valid_target_file = '' is empty but valid_source_file is set; give both sides"),
+    ({"data": "pairs", **PAIRS, "share_vocab": False}, "share_embeddings = True needs one vocabulary"),
+    ({"data": "pairs", **PAIRS, "max_target_length": 64},
+     r"max_target_length = 64 exceeds what the model holds: max_positions - 1 \(the start or end id\) = 63"),
+    ({"data": "pairs", **PAIRS, "max_source_length": 65},
+     "max_source_length = 65 exceeds what the model holds: max_source_positions = 64"),
+    ({"data": "text", "train_file": "x.txt", **PAIRS}, "source_file = 's.txt' is set but data = 'text'"),
+])
+def test_paired_data_keys_are_checked(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("config_seq2seq", override)
+
+
+def test_the_seq2seq_configs_train_on_pairs_with_the_flags():
+    cfg = load_config("config_seq2seq", {"data": "pairs", **PAIRS})
+    assert (cfg.model, cfg.share_vocab, cfg.share_embeddings) == ("transformer_seq2seq", True, True)
+    assert (cfg.source_length_limit, cfg.target_length_limit) == (64, 63)  # 0: what the model holds
+    assert cfg.model_config()["max_source_positions"] == 64
+    rnn = load_config("config_seq2seq_rnn", {"data": "pairs", **PAIRS, "max_target_length": 20})
+    assert rnn.target_length_limit == 20 and rnn.model_config()["attention"] == "luong"
+
+
+def test_text_data_takes_every_tokenizer_and_ptb_only_words():
+    for tokenizer in ("word", "sentencepiece", "char", "byte"):
+        assert load_config("config_transformer", {"data": "text", "train_file": "x.txt",
+                                                  "tokenizer": tokenizer}).tokenizer == tokenizer
+        assert load_config("config_seq2seq", {"data": "pairs", **PAIRS, "tokenizer": tokenizer}).tokenizer == tokenizer
+    with pytest.raises(ConfigError, match="tokenizer = 'char' applies to data = 'text'"):
+        load_config("config_small", {"tokenizer": "char"})
+
+
+def test_a_local_config_that_shadows_a_built_in_one_is_named_once(tmp_path, monkeypatch, capsys):
+    """./configs/config_small.py of an untrusted checkout runs as code: lmkit says whose file it runs."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "config_small.py").write_text(
+        open(os.path.join(os.path.dirname(__import__("lmkit").__file__), "configs", "config_small.py")).read()
+        + "\nhidden_size = 7\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("config_small").hidden_size == 7
+    err = capsys.readouterr().err
+    assert err.count("shadows lmkit's built-in config_small") == 1
+    assert str(tmp_path / "configs" / "config_small.py") in err
+    assert load_config("config_medium").hidden_size == 650  # lmkit's own: no note
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    load_config("config_small")
+    assert capsys.readouterr().err == ""  # rank 0 alone says it

@@ -1,0 +1,81 @@
+"""Chat templates (lmkit.hub.chat, lmkit generate --chat) against transformers' apply_chat_template."""
+import json
+import os
+import shutil
+
+import pytest
+
+from lmkit.hub.chat import read_chat_template
+from lmkit.core.errors import UsageError
+from tests.hub.test_llama import _lmkit, make_llama_folder
+
+pytestmark = pytest.mark.transformers
+
+# Qwen2's layout, with a system turn that defaults when none is given.
+TEMPLATE = ("{% if messages[0]['role'] != 'system' %}{{ bos_token }}<|im_start|>system\nYou are helpful.<|im_end|>\n"
+            "{% endif %}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+            "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+            "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("chat") / "llama")
+    make_llama_folder(path, chat_template=TEMPLATE)
+    return path
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_the_prompt_and_its_ids_equal_transformers(folder, system):
+    from transformers import AutoTokenizer
+    from lmkit.hub.hf import read_tokenizer
+    reference = AutoTokenizer.from_pretrained(folder)
+    template = read_chat_template(folder)
+    messages = template.messages("the cat sat on\nthe mat", system)
+    text = template.render(messages)
+    assert text == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|endoftext|>" if system is None else "<|im_start|>system\nBe brief.")
+    ids = read_tokenizer(folder).hf.encode(text, add_special_tokens=False).ids
+    expected = reference.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    assert ids == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    assert template.eos_token == "<|im_end|>"
+
+
+def test_a_template_in_tokenizer_config_is_read_and_errors_are_named(folder, tmp_path):
+    legacy = str(tmp_path / "legacy")
+    shutil.copytree(folder, legacy)
+    os.remove(os.path.join(legacy, "chat_template.jinja"))
+    config_path = os.path.join(legacy, "tokenizer_config.json")
+    config = json.load(open(config_path))
+    json.dump({**config, "chat_template": [{"name": "default", "template": TEMPLATE}]}, open(config_path, "w"))
+    assert read_chat_template(legacy).render([{"role": "user", "content": "hi"}]) == \
+        read_chat_template(folder).render([{"role": "user", "content": "hi"}])
+    with pytest.raises(UsageError, match=r"the chat template refused the messages: unknown role tool"):
+        read_chat_template(legacy).render([{"role": "tool", "content": "x"}])
+    json.dump(config, open(config_path, "w"))
+    with pytest.raises(UsageError, match=r"has no chat template \(neither chat_template\.jinja nor chat_template in "
+                                         r"tokenizer_config\.json\)"):
+        read_chat_template(legacy)
+
+
+def test_generate_with_chat_stops_at_the_end_of_the_turn(folder):
+    from lmkit.cli import generate
+    args = generate.build_parser("lmkit generate").parse_args(["--model_dir", folder, "--chat", "--prompt", "hi"])
+    _, prompts, _ = generate.check_args(args)
+    assert args.stop == ["<|im_end|>"]  # the template's eos_token ends the assistant's turn
+    assert args.start_token is False  # the template writes the start token itself: none is put before it
+    from transformers import AutoTokenizer
+    expected = AutoTokenizer.from_pretrained(folder).apply_chat_template([{"role": "user", "content": "hi"}],
+                                                                         tokenize=True, add_generation_prompt=True)
+    assert prompts[0] == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+
+
+def test_generate_with_chat_lays_out_the_turn(folder):
+    res = _lmkit("generate", "--model_dir", folder, "--chat", "--system", "Be brief.", "--prompt", "the cat",
+                 "--strategy", "greedy", "--max_new_tokens", "8", "--one_line")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("[0.0] <|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nthe cat"
+                                 "<|im_end|>\\n<|im_start|>assistant\\n"), res.stdout
+    res = _lmkit("generate", "--model_dir", folder, "--system", "x", "--prompt", "the cat")
+    assert res.returncode == 2 and "--system gives a chat's system turn; add --chat" in res.stderr
