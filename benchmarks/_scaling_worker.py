@@ -22,7 +22,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import parse_overrides  # noqa: E402

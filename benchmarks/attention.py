@@ -10,11 +10,11 @@ for each variant:
   the compute dtype), differentiated by TensorFlow, whose softmax gradient
   keeps the float32 probabilities: an extra [batch, heads, time, time] array
   written in the forward pass and read twice in the backward pass;
-* ``lmkit``: :func:`lmkit.layers.transformer.attend` as it is, whose
-  :func:`~lmkit.layers.transformer.masked_softmax` computes in float32 and
+* ``lmkit``: :func:`lmkit.layers.attention.attend` as it is, whose
+  :func:`~lmkit.layers.attention.masked_softmax` computes in float32 and
   keeps the probabilities in the compute dtype only (for float32 inputs the
   two variants are the same program);
-* ``causal_blocks``: :func:`lmkit.layers.transformer.causal_attend` with
+* ``causal_blocks``: :func:`lmkit.layers.attention.causal_attend` with
   ``--blocks`` query blocks (a model's ``attention_blocks``, off by default),
   block i attending to the keys of blocks 0..i only, so the matmuls and
   softmax skip about half of the masked upper triangle (with 2 blocks a
@@ -51,8 +51,15 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (RESULTS_DIR, command_line, machine_info, package_version, ratio_spread,  # noqa: E402
-                                summarize, write_json)
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    command_line,
+    machine_info,
+    package_version,
+    ratio_spread,
+    summarize,
+    write_json,
+)
 
 VARIANTS = ("float32_probs", "lmkit", "causal_blocks", "cudnn")
 DEFAULT_VARIANTS = ("float32_probs", "lmkit", "causal_blocks")  # cudnn needs a GPU
@@ -103,7 +110,7 @@ def causal_mask(queries: int, keys: int):
     """[1, 1, queries, keys] bool: query i sees keys 0..i (lmkit's own mask)."""
     import tensorflow as tf
 
-    from lmkit.layers.transformer import causal_mask as lmkit_causal_mask
+    from lmkit.layers.attention import causal_mask as lmkit_causal_mask
     return lmkit_causal_mask(tf.range(queries), tf.range(keys))
 
 
@@ -124,14 +131,14 @@ def float32_probs_attend(queries, keys, values, mask):
 
 
 def lmkit_attend(queries, keys, values, mask):
-    from lmkit.layers.transformer import attend
+    from lmkit.layers.attention import attend
     return attend(queries, keys, values, mask, 0.0, False)
 
 
 def causal_blocks_attend(blocks: int) -> Callable[..., Any]:
     """lmkit's attention in ``blocks`` query blocks (``attention_blocks``): the masked key blocks are never computed."""
     def run(queries, keys, values, mask):
-        from lmkit.layers.transformer import causal_attend
+        from lmkit.layers.attention import causal_attend
         del mask  # each block builds its own
         return causal_attend(queries, keys, values, blocks, 0.0, False)
     return run

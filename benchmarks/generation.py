@@ -57,8 +57,16 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                median_ratio, save_figure, summarize, write_json)
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    command_line,
+    load_average,
+    machine_info,
+    median_ratio,
+    save_figure,
+    summarize,
+    write_json,
+)
 
 CONFIGS = {"lstm": "config_small", "transformer": "config_transformer"}
 MODES = {"cached_xla": (True, True), "cached": (True, False), "uncached": (False, False)}  # (cache, XLA)

@@ -36,8 +36,15 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                median_ratio, summarize, write_json)
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    command_line,
+    load_average,
+    machine_info,
+    median_ratio,
+    summarize,
+    write_json,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,9 +81,9 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from lmkit import decoding
-    from lmkit.hub import hf
     from lmkit.config import TrainConfig
     from lmkit.models import build_model
+    from lmkit.models.gpt2 import convert as hf
     from lmkit.train import Trainer
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(args.threads)

@@ -35,7 +35,6 @@ Writes ``benchmarks/results/llama.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys
@@ -44,9 +43,17 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                package_version, ratio_spread, summarize, write_json)
-from benchmarks.train_throughput import _reply, set_threads, synthetic_batches, Worker  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    command_line,
+    load_average,
+    machine_info,
+    package_version,
+    ratio_spread,
+    summarize,
+    write_json,
+)
+from benchmarks.train_throughput import Worker, _reply, set_threads, synthetic_batches  # noqa: E402
 
 SHAPE = dict(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, rms_norm_eps=1e-5)
@@ -88,7 +95,7 @@ class LmkitTrain:
         import tensorflow as tf
 
         from lmkit.config import load_config
-        from lmkit.hub.hf import pretrained_training_config
+        from lmkit.hub.converters import pretrained_training_config
         from lmkit.models.build import build_run_model
         from lmkit.train import Trainer
         self.tf = tf
@@ -164,8 +171,8 @@ class LmkitGenerate:
         import numpy as np
 
         from lmkit import decoding
-        from lmkit.hub import hf_llama
         from lmkit.models import build_model
+        from lmkit.models.llama import convert as hf_llama
         self.model = build_model(hf_llama.llama_model_config(hf_llama.read_llama_config(folder)))
         hf_llama.load_llama_weights(self.model, folder)  # the folder has no tokenizer: ids only
         self.decoding, self.sampler = decoding, decoding.GreedySampler()

@@ -33,11 +33,10 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (REPO, RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                package_version, write_json)
+from benchmarks._common import REPO, RESULTS_DIR, command_line, load_average, machine_info, package_version, write_json  # noqa: E402
 from benchmarks.llama import SHAPE  # noqa: E402
 
 RUNS = {

@@ -26,8 +26,7 @@ from typing import Any, Dict, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import scaling  # noqa: E402
-from benchmarks._common import (RESULTS_DIR, command_line, load_average, machine_info, save_figure,  # noqa: E402
-                                write_json)
+from benchmarks._common import RESULTS_DIR, command_line, load_average, machine_info, save_figure, write_json  # noqa: E402
 
 STEPS = {"config_small": 300, "config_medium": 40}
 QUICK_STEPS = {"config_small": 100, "config_medium": 12}

@@ -42,8 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks._common import command_line  # noqa: E402
-from tests.distributed.reliability.support import (horovodrun_gloo_cmd, mpirun, run_streamed, write_config,  # noqa: E402
-                                            write_corpus)
+from tests.distributed.reliability.support import horovodrun_gloo_cmd, mpirun, run_streamed, write_config, write_corpus  # noqa: E402
 
 LAUNCHERS = {
     "local": (lambda args: [sys.executable, "-m", "lmkit", "train", "--backend", "local", *args],

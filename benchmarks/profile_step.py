@@ -46,8 +46,16 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (RESULTS_DIR, command_line, idle_gaps, intervals_union, load_average,  # noqa: E402
-                                machine_info, parse_overrides, write_json)
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    command_line,
+    idle_gaps,
+    intervals_union,
+    load_average,
+    machine_info,
+    parse_overrides,
+    write_json,
+)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -48,8 +48,16 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (REPO, RESULTS_DIR, command_line, load_average, machine_info,  # noqa: E402
-                                save_figure, summarize, write_json)
+from benchmarks._common import (  # noqa: E402
+    REPO,
+    RESULTS_DIR,
+    command_line,
+    load_average,
+    machine_info,
+    save_figure,
+    summarize,
+    write_json,
+)
 
 WORKER = os.path.join(REPO, "benchmarks", "_scaling_worker.py")
 TWO_HOSTS = os.path.join(REPO, "scripts", "two_hosts.py")

@@ -69,8 +69,17 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks._common import (REPO, RESULTS_DIR, command_line, intervals_union, load_average, machine_info,  # noqa: E402
-                                save_figure, summarize, write_json)
+from benchmarks._common import (  # noqa: E402
+    REPO,
+    RESULTS_DIR,
+    command_line,
+    intervals_union,
+    load_average,
+    machine_info,
+    save_figure,
+    summarize,
+    write_json,
+)
 
 WORKER = os.path.join(REPO, "benchmarks", "_scaling_worker.py")
 PYTHON = os.path.join(REPO, ".venv", "bin", "python")
@@ -335,7 +344,8 @@ def plot(results: Dict[str, Any], path: str) -> Optional[str]:
         tl = coll.get("timeline", {})
         ax.set_title(f"{config}: {results['threads_per_rank']} intra-op thread(s) per rank; collectives "
                      f"{tl.get('collective_ms_per_step', float('nan')):.1f} ms/step (timeline), "
-                     f"2-rank step - half-batch step = {coll.get('step_minus_half_batch_step_ms', float('nan')):.1f} ms; "
+                     "2-rank step - half-batch step = "
+                     f"{coll.get('step_minus_half_batch_step_ms', float('nan')):.1f} ms; "
                      f"collectives alone {coll.get('collectives_alone_ms', {}).get('median', float('nan')):.1f} ms",
                      fontsize=9)
     return save_figure(fig, path)
@@ -377,7 +387,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for key, eff in results["configs"][config]["efficiency"].items():
                 log(f"[{config}] efficiency {key}: {eff:.3f}")
             if results["configs"][config]["collectives"]:
-                log(f"[{config}] collectives: {json.dumps({k: v for k, v in results['configs'][config]['collectives'].items() if k != 'timeline'})}")
+                collectives = results['configs'][config]['collectives']
+                log(f"[{config}] collectives: {json.dumps({k: v for k, v in collectives.items() if k != 'timeline'})}")
     results["load_average_at_end"] = load_average()
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
     path = write_json(args.output, results)

@@ -1,24 +1,24 @@
 #!/usr/bin/env python
-"""Trains a PTB language model in one process (no Horovod needed).
+"""Trains a PTB language model in one process with ``lmkit train`` (no Horovod needed).
 
     python examples/lm_ptb.py --config config_small
 
-The same trainer as examples/lm_ptb_distributed.py, at size 1; its
-checkpoints resume under mpirun and the other way round.
+The same as ``lmkit train`` (``lmkit/cli/train.py``, ``lmkit train --help`` for
+the flags) at size 1; its checkpoints resume under ``mpirun -np N lmkit train``
+and the other way round. examples/lm_ptb_distributed.py builds the same
+training from lmkit's modules, in a page.
 """
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from lm_ptb_distributed import main as _main  # noqa: E402
-
+from lmkit.cli import train  # noqa: E402  (imports no TensorFlow)
 from lmkit.cli.common import run_main  # noqa: E402
 
 
 def main(argv=None) -> int:
-    return _main(argv, distributed=False)
+    return train.main(argv, prog="lm_ptb.py", distributed=False)
 
 
 if __name__ == "__main__":

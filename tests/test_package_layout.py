@@ -44,6 +44,41 @@ def test_old_module_names_still_import_and_name_their_new_home():
                                    "(`from lmkit import distributed as dist`)")
 
 
+NAMES_PROBE = """
+import importlib, json, warnings
+warnings.simplefilter("ignore", DeprecationWarning)
+from lmkit.core.moved import GONE_NAMES, NAMES
+out = {"names": [], "gone": {}}
+for old, new in sorted(NAMES.items()):
+    module, _, name = old.rpartition(".")
+    target, _, attr = new.partition(":")
+    if getattr(importlib.import_module(module), name) is not getattr(importlib.import_module(target), attr):
+        out["names"].append(old)
+for old, how in sorted(GONE_NAMES.items()):
+    module, _, name = old.rpartition(".")
+    try:
+        exec(f"from {module} import {name}")
+        out["gone"][old] = "imported"
+    except ImportError as exc:
+        out["gone"][old] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_names_that_left_their_module_resolve_and_removed_ones_say_what_to_write():
+    import json
+
+    from lmkit.core.moved import GONE_NAMES
+
+    out = subprocess.run([sys.executable, "-c", NAMES_PROBE], cwd=ROOT, env=subprocess_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["names"] == []  # every old name is the very object of its new home
+    for old, how in GONE_NAMES.items():
+        assert found["gone"][old] == f"{old} was removed in lmkit 0.3; write {how}"
+
+
 def test_no_folder_is_named_like_a_build_output():
     for top in ("lmkit", "tests"):
         for folder, dirs, _ in os.walk(os.path.join(ROOT, top)):

@@ -1,7 +1,8 @@
 """Command-line plumbing shared by the ``lmkit`` commands and the examples.
 
 * :class:`Parser`: argparse that reports a bad flag once (rank 0), exit 2;
-* :func:`run_main` quiets TensorFlow's start-up chatter (unless --verbose) and runs a ``main`` so that bad input prints one message
+* :func:`run_main` quiets TensorFlow's start-up chatter (unless --verbose) and runs a ``main`` so
+  that bad input prints one message
   (rank 0) and exits 2, a preemption signal at any point prints one line and
   exits 75 (:mod:`lmkit.core.preemption`), and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
@@ -20,8 +21,8 @@ import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from lmkit.distributed.env import launcher_rank
 from lmkit.core.errors import LmkitError, PreemptedError, UsageError
+from lmkit.distributed.env import launcher_rank
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,7 +37,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse_overrides(items: Sequence[str]) -> Dict[str, Any]:
-    """``["batch_size=40", "optimizer='adam'"]`` -> ``{"batch_size": 40, "optimizer": "adam"}``."""
+    """``["batch_size=40", "optimization.optimizer=adam"]`` -> ``{"batch_size": 40, "optimization.optimizer": "adam"}``.
+
+    A value is a Python literal (``40``, ``0.5``, ``True``, ``{"attention_blocks": 4}``) or else a
+    string; a key is flat (``batch_size``) or dotted with its section (``optimization.optimizer``),
+    as :func:`lmkit.config.load_config` takes them.
+    """
     out: Dict[str, Any] = {}
     for item in items:
         if "=" not in item:

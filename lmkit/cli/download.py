@@ -38,8 +38,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None, prog: str = "lmkit download") -> int:
     """Downloads as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
-    from lmkit.data.corpora import CORPORA, fetch_corpus
     from lmkit.core.errors import UsageError
+    from lmkit.data.corpora import CORPORA, fetch_corpus
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)

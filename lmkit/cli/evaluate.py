@@ -39,7 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lmkit.cli.common import add_beam_flags, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.core.errors import UsageError
@@ -104,33 +104,36 @@ def _text_path(args: argparse.Namespace, config) -> str:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> int:
     """Evaluates as the flags say; returns the exit status."""
     args = build_parser(prog).parse_args(argv)
-    from lmkit.hub.hf import is_hf_folder
-    hf_folder = is_hf_folder(args.model_dir)
-    if not hf_folder:
+    from lmkit.decoding.source import open_folder
+    folder = open_folder(args.model_dir)
+    if not folder.hugging_face:
         check_model_dir(args.model_dir)
     if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch_size {args.batch_size} must be >= 1")
     if args.num_steps is not None and args.num_steps < 1:
         raise UsageError(f"--num_steps {args.num_steps} must be >= 1")
     from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
-    from lmkit.decoding.transduction import is_seq2seq_run
-    if is_seq2seq_run(args.model_dir):
+    if folder.conditional:
         set_doing(f"evaluating {args.model_dir} on source/target pairs")
-        return _evaluate_pairs(args)
+        return _evaluate_pairs(args, folder)
     if args.source_file or args.target_file:
         raise UsageError(f"--source_file and --target_file evaluate an encoder-decoder, but {args.model_dir} holds a "
                          "language model; pass --text_file")
+    return _evaluate_text(args, folder)
+
+
+def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
+    """Perplexity of a language model on a text, per token and per word."""
     from lmkit.config import TrainConfig
+    from lmkit.core.layout import read_config_dict
+    from lmkit.core.preemption import set_doing
     from lmkit.data.text import load_text_data
     from lmkit.data.token_cache import cache_root
-    from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.core.layout import read_config_dict
 
-    if hf_folder:  # a pretrained model's folder: its own tokenizer, no run config and no splits
-        from lmkit.decoding.generation import hf_folder_tokenizer
+    if folder.hugging_face:  # a pretrained model's folder: its own tokenizer, no run config and no splits
         if args.text_file is None:
             raise UsageError(f"{args.model_dir} is a Hugging Face folder, which has no data splits; pass --text_file")
-        config, checkpoint, tokenizer = None, None, hf_folder_tokenizer(args.model_dir, args.checkpoint)
+        config, checkpoint, tokenizer = None, None, folder.tokenizer(args.checkpoint)
         cache = cache_root(args.data_cache or "")
     else:
         config = TrainConfig.from_dict(read_config_dict(args.model_dir),
@@ -143,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
         else:
             cache = None
         checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
-        tokenizer = tokenizer_of_run(args.model_dir)
+        tokenizer = folder.tokenizer()
     path = _text_path(args, config)
     named = "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"
     # checks the file (no TF yet), then encodes it or maps its cached ids
@@ -152,25 +155,32 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit evaluate") -> 
     user_modules_importable()
 
     from lmkit import distributed as dist
-    from lmkit.data.batching import num_bptt_batches
-    from lmkit.train.evaluation import Evaluator, word_perplexity
-    from lmkit.train.metrics import perplexity
 
     dist.init(backend="local")
     set_doing(f"loading the model of {args.model_dir}")
-    if hf_folder:
-        from lmkit.decoding.generation import load_for_generation
-        model, _, _ = load_for_generation(args.model_dir, None, tokenizer)
+    generator = folder.load(checkpoint, tokenizer if folder.hugging_face else None)
+    model = generator.model
+    if folder.hugging_face:
         num_steps, batch = args.num_steps or model.max_positions, args.batch_size or 8
     else:
-        from lmkit.train.checkpoint import load_model
-        model, tokenizer, config = load_model(args.model_dir, checkpoint)
+        tokenizer, config = generator.tokenizer, generator.config
         num_steps = args.num_steps or config.num_steps
         batch = args.batch_size or config.eval_batch_size or config.batch_size
     limit = getattr(model, "max_positions", None)
     if args.num_steps is not None and limit is not None and args.num_steps > limit:
         raise UsageError(f"--num_steps {args.num_steps} exceeds the {limit} positions the model holds "
                          f"(max_positions); use --num_steps {limit} or fewer")
+    return _report_perplexity(args, model, tokenizer, text, path, num_steps, batch)
+
+
+def _report_perplexity(args: argparse.Namespace, model: Any, tokenizer: Any, text: Any, path: str, num_steps: int,
+                       batch: int) -> int:
+    """Reads ``text`` in windows of ``num_steps`` tokens, ``batch`` rows at a time, and prints the perplexity."""
+    from lmkit.core.preemption import set_doing
+    from lmkit.data.batching import num_bptt_batches
+    from lmkit.train.evaluation import Evaluator, word_perplexity
+    from lmkit.train.metrics import perplexity
+
     # Long evaluations say how far they are, every few seconds, on stderr.
     per_batch = batch * num_steps
     total = per_batch * num_bptt_batches(len(text.train), batch, num_steps)  # the windows mean_loss reads
@@ -215,13 +225,13 @@ def _pair_paths(args: argparse.Namespace, config) -> "tuple[str, str]":
     return source, target
 
 
-def _evaluate_pairs(args: argparse.Namespace) -> int:
+def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     """Perplexity, BLEU and exact match of an encoder-decoder on line-aligned pairs."""
     from lmkit.config import TrainConfig
-    from lmkit.data.paired import encode_pairs, read_pairs
-    from lmkit.data.tokenizers import tokenizer_of_run
     from lmkit.core.layout import read_config_dict
-    from lmkit.decoding.transduction import score, source_tokenizer_of_run
+    from lmkit.data.paired import encode_pairs, read_pairs
+    from lmkit.decoding.source import source_tokenizer_of_run
+    from lmkit.decoding.transduction import score
 
     for flag, value in (("--beam_width", args.beam_width), ("--max_new_tokens", args.max_new_tokens)):
         if value is not None and value < 1:
@@ -229,15 +239,14 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     if args.data_cache is not None:
         raise UsageError(f"--data_cache is for language models; {args.model_dir} holds an encoder-decoder, whose "
                          "pairs are read in memory (their text is needed for BLEU anyway); leave it out")
-    from lmkit.hub.hf import is_hf_folder
-    hf_folder = is_hf_folder(args.model_dir)  # BART: no run config, the tokenizers and sizes of the folder
+    hf_folder = folder.hugging_face  # BART: no run config, the tokenizers and sizes of the folder
     config = None if hf_folder else TrainConfig.from_dict(read_config_dict(args.model_dir),
                                                           source=f"{args.model_dir}/{CONFIG_FILE}")
     checkpoint = args.checkpoint if hf_folder else resolve_checkpoint(args.model_dir, args.checkpoint)
     source_path, target_path = _pair_paths(args, config)
     sources, references = read_pairs(source_path, target_path)  # checks the files: no TF yet
     if not hf_folder:
-        tokenizer = tokenizer_of_run(args.model_dir)
+        tokenizer = folder.tokenizer()
         source_tokenizer = source_tokenizer_of_run(args.model_dir, config.share_vocab)
     user_modules_importable()
 
@@ -245,35 +254,28 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
     from lmkit.data.paired import SpecialIds
     from lmkit.train.evaluation import PairEvaluator
     from lmkit.train.metrics import perplexity
-    from lmkit.decoding.registry import rules_of_settings
-    from lmkit.decoding.transduction import load_seq2seq, transduce
 
     dist.init(backend="local")
-    run = load_seq2seq(args.model_dir, checkpoint)
+    generator = folder.load(checkpoint)
     if hf_folder:
-        tokenizer, source_tokenizer = run.tokenizer, run.source_tokenizer
+        tokenizer, source_tokenizer = generator.tokenizer, generator.source_tokenizer
     # Perplexity over the pairs the model can read; BLEU and exact match over every line.
-    max_source = run.model.source_positions.max_positions if hf_folder else config.max_source_positions
+    max_source = generator.model.source_positions.max_positions if hf_folder else config.max_source_positions
     pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
-                         max_source_length=max_source, max_target_length=run.model.max_positions - 1)
+                         max_source_length=max_source, max_target_length=generator.model.max_positions - 1)
     batch = args.batch_size or (32 if hf_folder else config.eval_batch_size or config.batch_size)
-    total, tokens = PairEvaluator(run.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
+    total, tokens = PairEvaluator(generator.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)
-    update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)
-    strategy, sampler, decoding = _pair_decoding(args, run.model.max_positions)
-    outputs = transduce(run, sources, strategy=strategy, sampler=sampler, rules=rules_of_settings(decoding),
-                        max_new_tokens=decoding["max_new_tokens"],
-                        min_new_tokens=decoding["min_new_tokens"], batch_size=batch,
-                        on_batch=lambda done, _: update(done))
+    outputs, sampler, decoding = _decode_pairs(args, generator, sources, source_path, batch)
     if args.output:
         from lmkit.core.fileio import atomic_write_text
         atomic_write_text(args.output, "".join(text.replace("\n", " ") + "\n" for text in outputs))
     scores = score(outputs, references)
     report = {"model_dir": args.model_dir, "source_file": source_path, "target_file": target_path,
               "pairs": len(sources), "scored_pairs": len(pairs), "target_tokens": tokens,
-              "loss_per_token": loss, "perplexity": perplexity(loss), "strategy": strategy,
+              "loss_per_token": loss, "perplexity": perplexity(loss), "strategy": args.strategy,
               **({"beam_width": sampler.beam_width, "length_penalty": sampler.length_penalty,
-                  "beam_scoring": sampler.scoring} if strategy == "beam" else {}),
+                  "beam_scoring": sampler.scoring} if args.strategy == "beam" else {}),
               "decoding": decoding, **scores}
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -281,14 +283,15 @@ def _evaluate_pairs(args: argparse.Namespace) -> int:
         skipped = "" if len(pairs) == len(sources) else f" of {len(pairs)} readable pairs ({pairs.report.summary()})"
         print(f"{target_path}: perplexity {report['perplexity']:.2f} per token ({tokens} target tokens{skipped}), "
               f"BLEU {scores['bleu']:.2f}, exact match {100 * scores['exact_match']:.1f}% of {len(sources)} "
-              f"({strategy})", flush=True)
+              f"({args.strategy})", flush=True)
     return 0
 
 
-def _pair_decoding(args: argparse.Namespace, max_positions: int) -> Tuple[str, Any, Dict[str, Any]]:
-    """``(strategy, sampler, settings)`` of an encoder-decoder's outputs, resolved as ``lmkit generate``
-    resolves them: the flags, else what the model folder's generation_config.json asks for (beam search
-    or not, its rules on tokens and its lengths, fitted to the decoder's ``max_positions``), else greedy.
+def _decode_pairs(args: argparse.Namespace, generator: Any, sources: Sequence[str], source_path: str,
+                  batch: int) -> Tuple[List[str], Any, Dict[str, Any]]:
+    """``(outputs, sampler, settings)``: each source decoded as ``lmkit generate`` decodes it (the flags, else
+    what the model folder's generation_config.json asks for: beam search or not, its rules on tokens and its
+    lengths, fitted to the decoder; else greedy), ``batch`` sources side by side.
 
     Decoding stays deterministic: a folder that asks for sampling is decoded greedily (with its rules and
     lengths). The settings (the sampler's, the rules, ``min_new_tokens`` / ``max_new_tokens``) go into
@@ -296,19 +299,24 @@ def _pair_decoding(args: argparse.Namespace, max_positions: int) -> Tuple[str, A
     """
     import sys
 
-    from lmkit.cli.generate import build_sampler, fit_lengths, preset_note, resolve_flags
+    from lmkit.cli.generate import build_sampler, fit_lengths, generation_config, preset_note, resolve_flags
+    from lmkit.decoding.config import LENGTH_KEYS, GenerationConfig
+    from lmkit.decoding.generation import generate
     from lmkit.decoding.registry import RULE_KEYS
-    from lmkit.hub.hf import model_generation_preset
-    preset, args.preset_source = model_generation_preset(args.model_dir)
-    if preset.get("strategy") not in (None, "beam"):  # sampling: its rules and lengths, decoded greedily
-        preset = {key: value for key, value in preset.items()
-                  if key in ("min_new_tokens", "max_new_tokens", *RULE_KEYS)}
+
+    preset, args.preset_source = generator.folder.generation_config()
+    if preset.strategy not in (None, "beam"):  # sampling: its rules and lengths, decoded greedily
+        preset = GenerationConfig.from_dict({key: value for key, value in preset.given().items()
+                                             if key in (*LENGTH_KEYS, *RULE_KEYS)})
     resolve_flags(args, preset, "greedy")
-    fit_lengths(args, max_positions)
+    fit_lengths(args, generator.model.max_positions)
     sampler = build_sampler(args)
     note = preset_note(args, sampler)
     if note:
         sys.stderr.write(note + "\n")
     decoding = {**sampler.get_config(), **{key: getattr(args, key) for key in RULE_KEYS},
                 "min_new_tokens": args.min_new_tokens, "max_new_tokens": args.max_new_tokens}
-    return args.strategy, sampler, decoding
+    update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)
+    samples = generate(generator, sources, generation_config(args).replace(batch_size=batch), sampler=sampler,
+                       on_batch=lambda done, _: update(done), return_samples=True)
+    return [sample.text for sample in samples], sampler, decoding

@@ -16,7 +16,9 @@ source folder's config, tokenizer and chat template
 trained from scratch with one of those tokenizers (the config of the family
 that holds it, docs/llama.md), or a BART fine-tune
 (``AutoModelForSeq2SeqLM.from_pretrained(output)``). A LoRA run
-(``--lora_rank``) exports with its adapters merged into the weights.
+(``--lora_rank``) exports with its adapters merged into the weights. The
+converter of the run's model family writes the folder
+(``lmkit/models/<family>/convert.py``).
 
     lmkit export --model_dir runs/lora --format peft --output adapters
 
@@ -30,7 +32,7 @@ Exit status: 0 done, 2 bad input (one ``error:`` line), 1 a crash.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.core.layout import resolve_checkpoint
@@ -49,48 +51,56 @@ def build_parser(prog: str = "lmkit export"):
     return p
 
 
+def _converter(model_dir: str, adapters: bool) -> Any:
+    """The Hugging Face converter of the run's family (:func:`lmkit.models.registry.converter_of_model`).
+
+    Raises:
+      UsageError: a family without one, or ``adapters`` asked of a run without LoRA adapters or of a
+        family that does not write them.
+    """
+    from lmkit.core.errors import UsageError
+    from lmkit.core.layout import read_config_dict
+    from lmkit.models.registry import converter_of_model, family_converters, family_of_model, pretrained_models
+
+    saved = read_config_dict(model_dir)
+    model = saved.get("model")
+    converter = converter_of_model(model) if isinstance(model, str) else None
+    if adapters and (converter is None or not converter.exports_adapters or not saved.get("lora_rank")):
+        writers = [c.title for c in family_converters().values() if c.exports_adapters]
+        raise UsageError(f"export --format peft writes the LoRA adapters of a {' or '.join(writers)} run; "
+                         f"{model_dir} is a {model!r} run with lora_rank = {saved.get('lora_rank', 0)}: train with "
+                         "--init_from FOLDER --lora_rank R, or use --format hf")
+    if converter is None:
+        family = family_of_model(model) if isinstance(model, str) else None
+        whose = f"the {family} family, which has none" if family else "no family of lmkit's"
+        raise UsageError(f"export --format hf writes a model of a family with a Hugging Face converter "
+                         f"({', '.join(pretrained_models())}); {model_dir} holds a {model!r} model, of {whose}")
+    return converter
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> int:
     """Exports as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
-    from lmkit.core.errors import UsageError
-    from lmkit.hub.hf import check_new_folder
+    from lmkit.hub.folders import check_new_folder
 
     args = build_parser(prog).parse_args(argv)
     check_model_dir(args.model_dir)
     check_new_folder(args.output)  # before TensorFlow loads
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
     user_modules_importable()
+    adapters = args.format == "peft"
+    converter = _converter(args.model_dir, adapters)  # the run's family writes it
 
     from lmkit import distributed as dist
-    from lmkit.hub.hf import default_dropout, export_gpt2
     from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
     from lmkit.train.checkpoint import load_model
 
     dist.init(backend="local")
     set_doing(f"exporting {args.model_dir} into {args.output}")
-    if args.format == "peft":
-        from lmkit.core.layout import read_config_dict
-        saved = read_config_dict(args.model_dir)
-        if saved.get("model") != "llama" or not saved.get("lora_rank"):
-            raise UsageError(f"export --format peft writes the LoRA adapters of a Llama/Qwen2/Mistral run; "
-                             f"{args.model_dir} is a {saved.get('model')!r} run with lora_rank = "
-                             f"{saved.get('lora_rank', 0)}: train with --init_from FOLDER --lora_rank R, or "
-                             "use --format hf")
-        from lmkit.hub.hf_llama import export_llama_adapters
-        model, _, config = load_model(args.model_dir, checkpoint, merge_adapters=False)
-        files = export_llama_adapters(model, config.init_from, args.output)
-        print(f"wrote {args.output}: {', '.join(files)}", flush=True)
-        return 0
-    model, tokenizer, config = load_model(args.model_dir, checkpoint)
-    if config.model == "llama" and not config.init_from:  # trained from scratch: the family that holds it
-        from lmkit.hub.hf_llama import export_llama_from_scratch
-        files = export_llama_from_scratch(model, tokenizer, args.output)
-    elif config.model == "llama":  # a Llama, Qwen2 or Mistral fine-tune: its source folder's family
-        from lmkit.hub.hf_llama import export_llama
-        files = export_llama(model, config.init_from, args.output)
-    elif config.model == "transformer_seq2seq":  # a BART fine-tune
-        from lmkit.hub.hf_bart import export_bart
-        files = export_bart(model, config.init_from, args.output)
+    # A LoRA run: its adapters alone (peft), or merged into the base's kernels (hf).
+    model, tokenizer, config = load_model(args.model_dir, checkpoint, merge_adapters=not adapters)
+    if adapters:
+        files = converter.export_adapters(model, config, args.output)
     else:
-        files = export_gpt2(model, tokenizer, args.output, dropout=default_dropout(config))
+        files = converter.export(model, tokenizer, config, args.output)
     print(f"wrote {args.output}: {', '.join(files)}", flush=True)
     return 0

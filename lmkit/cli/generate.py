@@ -69,14 +69,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
-from lmkit.cli.common import (OutputClosed, add_beam_flags, check_model_dir, model_dir_parser,
-                              user_modules_importable)
-from lmkit.decoding.registry import (DEFAULTS, RULE_KEYS, SAMPLER_NAMES, resolve_settings, rules_of_settings,
-                                    sampler_of_settings)
+from lmkit.cli.common import OutputClosed, add_beam_flags, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.core.errors import UsageError
-from lmkit.hub.hf import is_hf_folder, model_generation_preset
+from lmkit.decoding.config import GenerationConfig
+from lmkit.decoding.registry import DEFAULTS, RULE_KEYS, SAMPLER_NAMES
+from lmkit.decoding.source import ModelFolder, open_folder
 
 __all__ = ["build_parser", "check_args", "main"]
 
@@ -166,7 +165,7 @@ def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
 def _chat_template(args: argparse.Namespace) -> Any:
     """The chat template --chat uses: the Hugging Face folder's, or that of the folder a run started from."""
     from lmkit.hub.chat import read_chat_template
-    if is_hf_folder(args.model_dir):
+    if open_folder(args.model_dir).hugging_face:
         return read_chat_template(args.model_dir)
     from lmkit.core.layout import read_config_dict
     source = read_config_dict(args.model_dir).get("init_from")
@@ -188,14 +187,13 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         a prompt that is empty after tokenization or too long, naming the
         flag and the fix.
     """
-    from lmkit.data.tokenizers import tokenizer_of_run
-
     if args.source_file is not None:
         raise UsageError(f"--source_file is for an encoder-decoder's run, but {args.model_dir} holds a language "
                          "model; give its text as --prompt")
     if args.max_length is None:
         args.max_length = 50
-    preset, args.preset_source = model_generation_preset(args.model_dir)
+    folder = open_folder(args.model_dir)
+    preset, args.preset_source = folder.generation_config()
     resolve_flags(args, preset, "top_p")
     check_limits(args, [
         ("--max_length", args.max_length, args.max_length >= 1, "must be >= 1"),
@@ -214,12 +212,9 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     if args.stream is None:  # on a terminal, one sample streams
         args.stream = sys.stdout.isatty() and single and args.strategy != "beam" and not args.one_line
     check_beam_samples(args)
-    if is_hf_folder(args.model_dir):  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral), read as it is
-        from lmkit.decoding.generation import hf_folder_tokenizer
-        tokenizer = hf_folder_tokenizer(args.model_dir, args.checkpoint)
-    else:
+    if not folder.hugging_face:  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral) is read as it is
         check_model_dir(args.model_dir)
-        tokenizer = tokenizer_of_run(args.model_dir)
+    tokenizer = folder.tokenizer(args.checkpoint)
     vocab = getattr(tokenizer, "vocab", None) if tokenizer.name == "word" else None
     if args.system is not None and not args.chat:
         raise UsageError("--system gives a chat's system turn; add --chat (or drop --system)")
@@ -253,33 +248,28 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
         unknown.append([w for w in text.split() if w not in vocab] if vocab is not None else [])
     args.stop = [_unescape(s) for s in args.stop or []]
     if args.stop:
-        from lmkit.decoding.generation import check_stop_strings
+        from lmkit.decoding.text import check_stop_strings
         check_stop_strings(args.stop, tokenizer)
     return tokenizer, prompts, unknown
 
 
-def resolve_flags(args: argparse.Namespace, preset: Dict[str, Any], default_strategy: str) -> None:
-    """Fills in the strategy and the sampling flags left out: the model folder's ``preset``, else lmkit's defaults.
+def generation_config(args: argparse.Namespace) -> GenerationConfig:
+    """The :class:`GenerationConfig` of the flags (those the command has; a flag left out is None)."""
+    flags = {key: getattr(args, key) for key in GenerationConfig.keys() if hasattr(args, key)}
+    return GenerationConfig.from_dict(flags)
+
+
+def resolve_flags(args: argparse.Namespace, preset: GenerationConfig, default_strategy: str) -> None:
+    """Fills in the strategy and the sampling flags left out: the model folder's ``preset``, else lmkit's defaults
+    (:meth:`GenerationConfig.resolve`).
 
     ``args.preset_used`` keeps the preset's values that were taken (no flag gave them), for the note
     :func:`preset_note` writes. A flag the command does not have (``lmkit evaluate`` has fewer) counts as
     left out.
     """
-    given = {key: getattr(args, key, None) for key in DEFAULTS}
-    given_strategy = args.strategy
-    args.strategy, settings = resolve_settings(args.strategy, given, preset, default_strategy)
-    args.preset_used = {key: value for key, value in preset.items() if key == "strategy" or key in DEFAULTS
-                        if (given_strategy if key == "strategy" else given.get(key)) is None
-                        and settings.get(key, value) == value}
-    for key, value in settings.items():
-        setattr(args, key, value)
-    for key in ("min_new_tokens", "max_new_tokens"):  # an encoder-decoder folder's lengths
-        if getattr(args, key, None) is None:
-            setattr(args, key, preset.get(key))
-            if key in preset:
-                args.preset_used[key] = preset[key]
-    if args.min_new_tokens is None:
-        args.min_new_tokens = 0
+    resolved, args.preset_used = generation_config(args).resolve(preset, default_strategy)
+    for key in (*DEFAULTS, "strategy", "min_new_tokens", "max_new_tokens"):
+        setattr(args, key, getattr(resolved, key))
 
 
 def preset_note(args: argparse.Namespace, sampler: Any) -> Optional[str]:
@@ -329,12 +319,12 @@ def _describe_unknown(unknown: Sequence[str], vocab: Any) -> str:
 
 def build_sampler(args: argparse.Namespace):
     """The --strategy sampler, from the registry, with the (resolved) flags its constructor takes."""
-    return sampler_of_settings(args.strategy, {key: getattr(args, key) for key in DEFAULTS})
+    return generation_config(args).sampler()
 
 
 def build_rules(args: argparse.Namespace):
     """The rules on tokens of the (resolved) flags: ``decode(..., rules=)``."""
-    return rules_of_settings({key: getattr(args, key) for key in RULE_KEYS})
+    return generation_config(args).rules()
 
 
 def _sources(args: argparse.Namespace) -> List[str]:
@@ -404,7 +394,7 @@ def check_transduction_args(args: argparse.Namespace) -> None:
         if given:
             raise UsageError(f"{flag} applies to language models; {args.model_dir} holds an encoder-decoder, which "
                              "writes one line per source (--max_new_tokens bounds it)")
-    preset, args.preset_source = model_generation_preset(args.model_dir)
+    preset, args.preset_source = open_folder(args.model_dir).generation_config()
     resolve_flags(args, preset, "greedy")
     check_limits(args, [("--batch_size", args.batch_size, args.batch_size >= 1, "must be >= 1")])
     if args.num_samples > 1 and args.strategy == "greedy":
@@ -417,68 +407,57 @@ def fit_lengths(args: argparse.Namespace, max_positions: int) -> None:
     """An encoder-decoder's output bounds, fitted to its decoder (``max_positions``, the start id included).
 
     A folder's ``max_length`` past what the decoder holds becomes that; its ``min_length`` at or past the
-    bound lets the end come only last (as in ``transformers``). A flag past the decoder is an error.
+    bound lets the end come only last (as in ``transformers``; :meth:`GenerationConfig.fit_decoder`). A
+    flag past the decoder is an error.
     """
     limit = max_positions - 1
-    if args.preset_used.get("max_new_tokens", 0) > limit:  # the folder's max_length: what the decoder holds
-        args.max_new_tokens = args.preset_used["max_new_tokens"] = limit
+    config, args.preset_used = generation_config(args).fit_decoder(max_positions, args.preset_used)
+    args.max_new_tokens, args.min_new_tokens = config.max_new_tokens, config.min_new_tokens
     if args.max_new_tokens is not None and args.max_new_tokens > limit:
         raise UsageError(f"--max_new_tokens {args.max_new_tokens} exceeds what the decoder holds: {limit} "
                          f"(max_positions {max_positions}, the start id included)")
-    bound = limit if args.max_new_tokens is None else args.max_new_tokens
-    if "min_new_tokens" in args.preset_used and args.min_new_tokens >= bound:
-        args.min_new_tokens = args.preset_used["min_new_tokens"] = bound - 1
 
 
-def _transduce_main(args: argparse.Namespace) -> int:
+def _transduce_main(args: argparse.Namespace, folder: ModelFolder) -> int:
     """``lmkit generate`` for an encoder-decoder: one output line per source."""
     check_transduction_args(args)
     sources = _sources(args)
-    strategy = args.strategy
     user_modules_importable()
     from lmkit import distributed as dist
-    from lmkit.core.layout import resolve_checkpoint
-    from lmkit.decoding.transduction import load_seq2seq, transduce_samples
+    from lmkit.core.progress import rate_progress, stderr_line
+    from lmkit.decoding.generation import generate
 
     dist.init(backend="local")
     start = time.perf_counter()
-    checkpoint = args.checkpoint if is_hf_folder(args.model_dir) else resolve_checkpoint(args.model_dir,
-                                                                                         args.checkpoint)
-    run = load_seq2seq(args.model_dir, checkpoint)
+    generator = folder.load(args.checkpoint)
     loaded = time.perf_counter() - start
-    seed = args.seed
-    if seed is None and strategy not in ("greedy", "beam"):
+    if args.seed is None and args.strategy not in ("greedy", "beam"):
         from lmkit.decoding.prompts import check_seed
-        seed = check_seed(None)
-        sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
-    fit_lengths(args, run.model.max_positions)
-    from lmkit.core.progress import rate_progress, stderr_line
+        args.seed = check_seed(None)
+        sys.stderr.write(f"seed {args.seed} (pass --seed {args.seed} to repeat)\n")
+    fit_lengths(args, generator.model.max_positions)
     start = time.perf_counter()
     # Many sources take a while: a progress line every 5 s on stderr (none for a few).
     update = rate_progress(stderr_line, f"decoding {args.source_file or '--prompt'}", len(sources), unit="sources",
                            every=5.0)
-    sampler = build_sampler(args)
-    note = preset_note(args, sampler)
+    note = preset_note(args, build_sampler(args))
     if note:
         sys.stderr.write(note + "\n")
-    outputs = transduce_samples(run, sources, num_samples=args.num_samples, strategy=strategy, sampler=sampler,
-                                rules=build_rules(args), max_new_tokens=args.max_new_tokens,
-                                min_new_tokens=args.min_new_tokens,
-                                batch_size=args.batch_size, seed=seed, on_batch=lambda done, _: update(done))
+    samples = generate(generator, sources, generation_config(args), on_batch=lambda done, _: update(done),
+                       return_samples=True)
     seconds = time.perf_counter() - start
     try:
-        for i, texts in enumerate(outputs):
+        for sample in samples:
             if args.num_samples == 1:  # one line per source, nothing else: a file to score
-                print(one_line(texts[0]), flush=False)
+                print(one_line(sample.text), flush=False)
             else:
-                for j, text in enumerate(texts):
-                    print(f"[{i}.{j}] {one_line(text)}", flush=False)
+                print(f"[{sample.prompt_index}.{sample.sample_index}] {one_line(sample.text)}", flush=False)
         sys.stdout.flush()
     except BrokenPipeError:
         raise OutputClosed() from None
     if args.verbose:
-        sys.stderr.write(f"model {run.config.model} loaded in {loaded:.1f} s; {len(sources)} sources in "
-                         f"{seconds:.2f} s (compiling the decode loop included), {strategy}\n")
+        sys.stderr.write(f"model {generator.description} loaded in {loaded:.1f} s; {len(sources)} sources in "
+                         f"{seconds:.2f} s (compiling the decode loop included), {args.strategy}\n")
     return 0
 
 
@@ -486,37 +465,27 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
     """Generates as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
     args = build_parser(prog).parse_args(argv)
     from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
-    from lmkit.decoding.transduction import is_seq2seq_run
-    if is_seq2seq_run(args.model_dir):
+    folder = open_folder(args.model_dir)
+    if folder.conditional:
         set_doing(f"decoding with {args.model_dir}")
-        return _transduce_main(args)
+        return _transduce_main(args, folder)
     tokenizer, prompts, unknown = check_args(args)
     user_modules_importable()
 
     from lmkit import distributed as dist
-    from lmkit.decoding.generation import default_context, generate_samples, load_for_generation, readable
+    from lmkit.decoding.generation import generate
+    from lmkit.decoding.text import readable
 
     dist.init(backend="local")  # one process: threads and devices set before TensorFlow starts
     set_doing(f"loading the model of {args.model_dir}")
     start = time.perf_counter()
     # A Hugging Face folder's tokenizer, read by check_args, is not read again.
-    model, _, model_name = load_for_generation(args.model_dir, args.checkpoint,
-                                               tokenizer if is_hf_folder(args.model_dir) else None)
+    generator = folder.load(args.checkpoint, tokenizer if folder.hugging_face else None)
     loaded = time.perf_counter() - start
-    vocab = getattr(tokenizer, "vocab", None)
-    for i, words in enumerate(unknown):
-        if words:
-            sys.stderr.write(f"warning: prompt {i}: {_describe_unknown(words, vocab)} not in the "
-                             f"vocabulary of {args.model_dir} ({len(vocab)} words); read as "
-                             f"{vocab.id_to_token(vocab.unk_id)}\n")
-    budget = [args.max_new_tokens if args.max_new_tokens is not None else args.max_length - len(p)
-              for p in prompts]
-    sampler = build_sampler(args)
-    note = preset_note(args, sampler)
+    _warn_unknown(args, tokenizer, unknown)
+    note = preset_note(args, build_sampler(args))
     if note:
         sys.stderr.write(note + "\n")
-    context = args.context if args.context is not None else default_context(args.model_dir, sampler)
-
     closed: List[bool] = []  # the reader of stdout left while the sample streamed
 
     def write(piece: str) -> None:
@@ -529,41 +498,54 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
             closed.append(True)
 
     def run(stream: bool = False) -> Any:
-        return generate_samples(model, tokenizer, prompts, max_new_tokens=budget, sampler=sampler,
-                                num_samples=args.num_samples, seed=args.seed, stop=args.stop,
-                                stop_at_eos=args.stop_at_eos, start_token=args.start_token,
-                                repetition_penalty=args.repetition_penalty,
-                                min_new_tokens=args.min_new_tokens, stream=write if stream else None,
-                                context=context, rules=build_rules(args))
+        return generate(generator, prompts, generation_config(args), stream=write if stream else None,
+                        return_samples=True)
 
     set_doing("generating")
     start = time.perf_counter()
     if args.stream:
         write("[0.0] ")
-    samples, seed = run(stream=args.stream)
+    samples = run(stream=args.stream)
     first_call = time.perf_counter() - start
     if args.stream:
         write("\n")
     if closed:
         raise OutputClosed()
+    seed = samples[0].seed if samples else None
     if args.seed is None and seed is not None and args.strategy != "greedy":
         sys.stderr.write(f"seed {seed} (pass --seed {seed} to repeat)\n")
         args.seed = seed  # --verbose's second call repeats the same work
+    _print_samples(args, [] if args.stream else samples)
+    if args.verbose:
+        generated = sum(len(s.ids) - s.prompt_length for s in samples)
+        start = time.perf_counter()
+        run()  # the compiled loop again (the same seed: the same work)
+        seconds = time.perf_counter() - start
+        sys.stderr.write(f"model {generator.description} loaded in {loaded:.1f} s; first call (compiling the decode "
+                         f"loop included) {first_call:.2f} s; compiled: {generated} tokens in {seconds:.2f} s, "
+                         f"{generated / max(seconds, 1e-9):.0f} tokens/sec\n")
+    return 0
+
+
+def _warn_unknown(args: argparse.Namespace, tokenizer: Any, unknown: List[List[str]]) -> None:
+    """A line on stderr for each prompt with words a word vocabulary lacks."""
+    vocab = getattr(tokenizer, "vocab", None)
+    for i, words in enumerate(unknown):
+        if words:
+            sys.stderr.write(f"warning: prompt {i}: {_describe_unknown(words, vocab)} not in the "
+                             f"vocabulary of {args.model_dir} ({len(vocab)} words); read as "
+                             f"{vocab.id_to_token(vocab.unk_id)}\n")
+
+
+def _print_samples(args: argparse.Namespace, samples: List[Any]) -> None:
+    """Each sample as ``[<prompt>.<sample>] text``, a blank line between multi-line ones."""
+    from lmkit.decoding.text import readable
     multi_line = not args.one_line and len(samples) > 1 and any("\n" in s.text for s in samples)
     try:
-        for n, sample in enumerate([] if args.stream else samples):
+        for n, sample in enumerate(samples):
             body = one_line(sample.text) if args.one_line else readable(sample.text)
             print(f"[{sample.prompt_index}.{sample.sample_index}] {body}", flush=True)
             if multi_line and n < len(samples) - 1:
                 print(flush=True)
     except BrokenPipeError:
         raise OutputClosed() from None
-    generated = sum(len(s.ids) - s.prompt_length for s in samples)
-    if args.verbose:
-        start = time.perf_counter()
-        run()  # the compiled loop again (the same seed: the same work)
-        seconds = time.perf_counter() - start
-        sys.stderr.write(f"model {model_name} loaded in {loaded:.1f} s; first call (compiling the decode loop "
-                         f"included) {first_call:.2f} s; compiled: {generated} tokens in {seconds:.2f} s, "
-                         f"{generated / max(seconds, 1e-9):.0f} tokens/sec\n")
-    return 0

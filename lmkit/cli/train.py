@@ -11,9 +11,11 @@
     python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- lmkit train --backend native ...
     lmkit train --config config_seq2seq --source_file src.txt --target_file tgt.txt \
         --valid_source_file vsrc.txt --valid_target_file vtgt.txt     # an encoder-decoder
+    lmkit train --config config_small --set optimization.learning_rate=0.5 --print_config  # the config, by section
 
-The config names the model and the data (``data = "ptb"``, ``"text"`` or
-``"pairs"``); flags override it (``--train_file`` alone switches a PTB config
+The config names the model and the data (``data = dict(kind="ptb")``,
+``"text"`` or ``"pairs"``); flags and ``--set`` (flat keys or
+``section.key``) override it (``--train_file`` alone switches a PTB config
 to text, ``--source_file`` to pairs, which an encoder-decoder trains on).
 Rank 0 downloads PTB or trains the tokenizer into ``--model_dir``, splits
 nothing but the global batch across the workers, evaluates, logs and writes
@@ -30,29 +32,42 @@ import os
 from typing import Any, Dict, List, Optional
 
 from lmkit.cli.common import HelpFormatter, Parser, parse_overrides, user_modules_importable
+from lmkit.core.layout import CHECKPOINT_DIR, RESULTS_FILE
 from lmkit.data.sources import SEPARATOR
 from lmkit.distributed import BACKEND_CHOICES
-from lmkit.core.layout import CHECKPOINT_DIR, RESULTS_FILE
 from lmkit.layers.precision import PRECISIONS
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["build_parser", "config_from_args", "main", "print_config"]
 
 
 def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argparse.ArgumentParser:
     """The flags of ``lmkit train`` (and of ``examples/lm_ptb*.py``), documented in the README."""
-    from lmkit.data.tokenizers import TOKENIZERS
-
     p = Parser(prog=prog, description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--config", default=None,
                    help="config name in configs/ (config_small, config_medium, config_large, "
                         "config_transformer, config_gpt2_finetune, config_seq2seq, ...) or a path to a .py "
                         "file; default config_small, config_gpt2_finetune with --init_from, config_seq2seq "
                         "with --source_file")
+    p.add_argument("--print_config", action="store_true",
+                   help="print the resolved config (the config file, the flags and --set applied) as a config "
+                        "file, by section, and exit without training; save it as a .py file to pass to --config")
     p.add_argument("--init_from", default=None,
                    help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral (with --train_file) or BART "
                         "(with --source_file and --target_file): a Hugging Face folder (config.json, "
                         "model.safetensors, tokenizer.json or vocab.json + merges.txt) or hf:<name> to download "
                         "one (e.g. hf:gpt2); its sizes, weights and tokenizer replace the config's")
+    _add_lora_flags(p)
+    p.add_argument("--model", default=None,
+                   help="the model: a registered name (lstm, gru, transformer) or your own class "
+                        "as package.module:Class; default: the config's model")
+    _add_data_flags(p)
+    _add_run_flags(p)
+    if distributed:  # DIST: which backend, and how gradients travel
+        _add_distributed_flags(p)
+    return p
+
+
+def _add_lora_flags(p: argparse.ArgumentParser) -> None:
     lora = p.add_argument_group("LoRA (with --init_from: train low-rank adapters, the base frozen)")
     lora.add_argument("--lora_rank", type=int, default=None,
                       help="the adapters' rank r (0 = train every weight); default: the config's lora_rank (0)")
@@ -65,9 +80,11 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                            "up, down; gpt2: qkv, output, ffn_inner, ffn_outer; BART: query, key_value, qkv, "
                            "output, ffn_inner, ffn_outer); default: the model's (llama query,value; gpt2 qkv; "
                            "BART query,key_value,qkv)")
-    p.add_argument("--model", default=None,
-                   help="the model: a registered name (lstm, gru, transformer) or your own class "
-                        "as package.module:Class; default: the config's model")
+
+
+def _add_data_flags(p: argparse.ArgumentParser) -> None:
+    from lmkit.data.tokenizers import TOKENIZERS
+
     data = p.add_argument_group("data")
     data.add_argument("--data_path", default="data/ptb",
                       help="PTB: folder with ptb.{train,valid,test}.txt (or simple-examples/data below "
@@ -86,15 +103,7 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                       help="validation text (rank 0 evaluates it), as --train_file")
     data.add_argument("--test_file", default=None, nargs="+", metavar="PATH",
                       help="test text (rank 0 evaluates it at the end), as --train_file")
-    pairs = p.add_argument_group("pairs (encoder-decoders: config_seq2seq, config_seq2seq_rnn)")
-    pairs.add_argument("--source_file", default=None, metavar="PATH",
-                       help="the training sources, one a line (UTF-8); line i goes with line i of "
-                            "--target_file; switches the config to data = 'pairs'")
-    pairs.add_argument("--target_file", default=None, metavar="PATH", help="the training targets, one a line")
-    for split, what in (("valid", "evaluated by rank 0 after every epoch"), ("test", "evaluated at the end")):
-        pairs.add_argument(f"--{split}_source_file", default=None, metavar="PATH",
-                           help=f"{split} sources ({what}), with --{split}_target_file")
-        pairs.add_argument(f"--{split}_target_file", default=None, metavar="PATH", help=f"{split} targets")
+    _add_pair_flags(p)
     data.add_argument("--data_cache", default=None, metavar="DIR",
                       help="text: the folder where encoded text is kept and reused by later runs "
                            "(default: $LMKIT_DATA_CACHE, else ~/.cache/lmkit/tokens); 'none' encodes "
@@ -111,6 +120,21 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
     data.add_argument("--min_count", type=int, default=None, help="word tokenizer: drop rarer words")
     data.add_argument("--spm_model_type", choices=["unigram", "bpe"], default=None,
                       help="sentencepiece: the algorithm")
+
+
+def _add_pair_flags(p: argparse.ArgumentParser) -> None:
+    pairs = p.add_argument_group("pairs (encoder-decoders: config_seq2seq, config_seq2seq_rnn)")
+    pairs.add_argument("--source_file", default=None, metavar="PATH",
+                       help="the training sources, one a line (UTF-8); line i goes with line i of "
+                            "--target_file; switches the config to data = 'pairs'")
+    pairs.add_argument("--target_file", default=None, metavar="PATH", help="the training targets, one a line")
+    for split, what in (("valid", "evaluated by rank 0 after every epoch"), ("test", "evaluated at the end")):
+        pairs.add_argument(f"--{split}_source_file", default=None, metavar="PATH",
+                           help=f"{split} sources ({what}), with --{split}_target_file")
+        pairs.add_argument(f"--{split}_target_file", default=None, metavar="PATH", help=f"{split} targets")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
     run = p.add_argument_group("run")
     run.add_argument("--model_dir", default=None,
                      help="checkpoints, config, tokenizer or vocabulary, TensorBoard logs and "
@@ -122,8 +146,8 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
     run.add_argument("--max_steps", type=int, default=None,
                      help="stop after this many global steps (a checkpoint is written there)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set batch_size=40 --set optimizer=adam "
-                          "(repeatable)")
+                     help="override a config key, by its section or flat, e.g. --set optimization.optimizer=adam "
+                          "--set batch_size=40 --set model.dropout=0.1 (repeatable)")
     run.add_argument("--seed", type=int, default=None, help="override the config's seed")
     run.add_argument("--precision", choices=list(PRECISIONS), default=None,
                      help="arithmetic precision: float32, mixed_bfloat16 (Ampere+ GPUs, TPUs, CPUs with "
@@ -137,25 +161,26 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                      help="CPU threads per op on each rank (default: cores / ranks on the host)")
     run.add_argument("--verbose", action="store_true",
                      help="keep TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
-    if distributed:  # DIST: which backend, and how gradients travel
-        dist_group = p.add_argument_group("distributed")
-        dist_group.add_argument(
-            "--backend", choices=list(BACKEND_CHOICES), default=None,
-            help="horovod: start with mpirun/horovodrun; native: TensorFlow's own distribution "
-                 "(start with python, or python -m lmkit.launch for several hosts); auto: Horovod "
-                 "when installed, else one local process; default: the config's backend")
-        dist_group.add_argument("--use_horovod", type=str.lower, choices=["true", "false"], default=None,
-                                help="OpenSeq2Seq's spelling: true = --backend horovod, false = native")
-        dist_group.add_argument("--num_gpus", type=int, default=None,
-                                help="backend native: replicas in this process, one per GPU (logical "
-                                     "CPU devices on a host without GPUs); 0 = all GPUs; default: the "
-                                     "config's num_gpus")
-        dist_group.add_argument("--sparse_as_dense", action="store_true",
-                                help="allreduce embedding gradients as dense tensors instead of "
-                                     "allgathering them")
-        dist_group.add_argument("--fp16_allreduce", action="store_true",
-                                help="compress dense gradients to float16 for the allreduce")
-    return p
+
+
+def _add_distributed_flags(p: argparse.ArgumentParser) -> None:
+    dist_group = p.add_argument_group("distributed")
+    dist_group.add_argument(
+        "--backend", choices=list(BACKEND_CHOICES), default=None,
+        help="horovod: start with mpirun/horovodrun; native: TensorFlow's own distribution "
+             "(start with python, or python -m lmkit.launch for several hosts); auto: Horovod "
+             "when installed, else one local process; default: the config's backend")
+    dist_group.add_argument("--use_horovod", type=str.lower, choices=["true", "false"], default=None,
+                            help="OpenSeq2Seq's spelling: true = --backend horovod, false = native")
+    dist_group.add_argument("--num_gpus", type=int, default=None,
+                            help="backend native: replicas in this process, one per GPU (logical "
+                                 "CPU devices on a host without GPUs); 0 = all GPUs; default: the "
+                                 "config's num_gpus")
+    dist_group.add_argument("--sparse_as_dense", action="store_true",
+                            help="allreduce embedding gradients as dense tensors instead of "
+                                 "allgathering them")
+    dist_group.add_argument("--fp16_allreduce", action="store_true",
+                            help="compress dense gradients to float16 for the allreduce")
 
 
 def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, Any]:
@@ -204,16 +229,18 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     overrides = _flag_overrides(args, distributed)
     if not args.init_from:
         return load_config(args.config, overrides)
-    from lmkit.hub.hf import family_of, pretrained_training_config, resolve_source
+    from lmkit.hub.converters import converter_of as family_of
+    from lmkit.hub.converters import pretrained_training_config
+    from lmkit.hub.download import resolve_source
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
     overrides["init_from"] = os.path.abspath(folder)  # checked with the keys that need it (lora_rank)
     if getattr(family_of(folder), "conditional", False):  # BART: an encoder-decoder, fine-tuned on pairs
         overrides.setdefault("model", "transformer_seq2seq")
     # --train_file: data = "text"; --source_file/--target_file: data = "pairs"
     config = pretrained_training_config(load_config(args.config, overrides), folder)
-    if "keep_prob" in overrides:  # dropout is the recipe's, not the architecture's: a --set wins over the folder's
-        config = config.replace(keep_prob=overrides["keep_prob"])
-    return config
+    # Dropout is the recipe's, not the architecture's: a --set wins over the folder's.
+    recipe = {k: v for k, v in overrides.items() if k in ("keep_prob", "dropout", "model.dropout", "model.keep_prob")}
+    return config.replace(**recipe) if recipe else config
 
 
 def check_model_data(cls: type, config: Any) -> None:
@@ -225,12 +252,26 @@ def check_model_data(cls: type, config: Any) -> None:
     from lmkit.core.errors import UsageError
     conditional = bool(getattr(cls, "conditional", False))
     if conditional and config.data != "pairs":
-        raise UsageError(f"model {config.model!r} is an encoder-decoder: it trains on source/target pairs, not "
-                         f"data = {config.data!r}; pass --source_file and --target_file (config_seq2seq)")
+        raise UsageError(f"model {config.model.name!r} is an encoder-decoder: it trains on source/target pairs, "
+                         f"not data = {config.data.kind!r}; pass --source_file and --target_file (config_seq2seq)")
     if not conditional and config.data == "pairs":
-        raise UsageError(f"model {config.model!r} is a language model, but data = 'pairs' is for encoder-decoders; "
-                         "use model = 'transformer_seq2seq' or 'rnn_seq2seq' (--config config_seq2seq), or "
-                         "--train_file for a language model")
+        raise UsageError(f"model {config.model.name!r} is a language model, but data = 'pairs' is for "
+                         "encoder-decoders; use model = 'transformer_seq2seq' or 'rnn_seq2seq' (--config "
+                         "config_seq2seq), or --train_file for a language model")
+
+
+def print_config(config: Any, args: argparse.Namespace, prog: str = "lmkit train") -> int:
+    """Prints ``config`` as a config file (rank 0; :func:`lmkit.config.format_config`); returns 0.
+
+    Nothing is trained, read or written: the model's class is imported to name its arguments.
+    """
+    from lmkit.config import format_config
+    from lmkit.distributed.env import launcher_rank
+    text = format_config(config, header=f"The config of `{prog} --config {args.config}` with its flags and --set "
+                                        f"applied (--print_config).\n\nTrain with it: {prog} --config <this file>.py")
+    if launcher_rank() == 0:
+        print(text, end="", flush=True)
+    return 0
 
 
 def _model_dir(args: argparse.Namespace) -> str:
@@ -251,19 +292,21 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     set_doing("reading the config" + (f" and --init_from {args.init_from}" if args.init_from else ""))
     config = config_from_args(args, distributed)  # plain Python: no TensorFlow op yet
     user_modules_importable()
+    if args.print_config:
+        return print_config(config, args, prog)
 
     set_doing("starting TensorFlow")
-    from lmkit.layers import kernels as attention_kernels
     from lmkit import distributed as dist
     from lmkit.core.checks import check_divisible
+    from lmkit.core.xla import use_xla
     from lmkit.data.pipeline import load_run_data
-    from lmkit.models.build import build_run_model, describe_lora
+    from lmkit.layers import kernels as attention_kernels
     from lmkit.models import model_class
+    from lmkit.models.build import build_run_model, describe_lora
     from lmkit.train import Trainer
     from lmkit.train.accumulation import micro_batch_rows
-    from lmkit.core.xla import use_xla
 
-    check_model_data(model_class(config.model)[0], config)  # before anything is written
+    check_model_data(model_class(config.model.name)[0], config)  # before anything is written
 
     # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
     dist.init(backend=config.backend if distributed else "local",  # DIST

@@ -1,6 +1,7 @@
 """The configs that come with lmkit, found by name: ``lmkit train --config config_small``.
 
 Each is a plain Python module whose lowercase top-level names are the
-settings (see ``lmkit/config/__init__.py``). The checkout also shows this folder as
+config's sections (``model = dict(...)``, ``data = dict(...)``, ...; see
+``lmkit/config/__init__.py``). The checkout also shows this folder as
 ``configs/``.
 """

@@ -4,18 +4,17 @@
 halved every epoch from epoch index 4 on. Valid perplexity about 120 after
 13 epochs on one worker.
 """
-model = "lstm"
-vocab_size = 10000
-hidden_size = 200
-num_layers = 2
-forget_bias = 0.0
-init_scale = 0.1
-keep_prob = 1.0
-batch_size = 20  # global batch: split across the workers
-num_steps = 20
-num_epochs = 13
-optimizer = "sgd"
-learning_rate = 1.0
-max_grad_norm = 5.0
-lr_decay = 0.5
-lr_decay_start_epoch = 4  # decay once the epoch index passes 3
+model = dict(name="lstm", vocab_size=10000, hidden_size=200, num_layers=2, forget_bias=0.0, init_scale=0.1,
+             dropout=0.0)
+data = dict(
+    batch_size=20,  # global batch: split across the workers
+    num_steps=20,
+)
+optimization = dict(
+    num_epochs=13,
+    optimizer="sgd",
+    learning_rate=1.0,
+    max_grad_norm=5.0,
+    lr_decay=0.5,
+    lr_decay_start_epoch=4,  # decay once the epoch index passes 3
+)

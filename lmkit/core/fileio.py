@@ -34,7 +34,8 @@ try:
 except ImportError:  # not POSIX: temporary folders go unlocked, and are swept once stale
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["PathLike", "atomic_write_bytes", "atomic_write_text", "fsync_dir", "current_umask", "make_temp_dir", "make_temp_file",
+__all__ = ["PathLike", "atomic_write_bytes", "atomic_write_text", "fsync_dir", "current_umask", "make_temp_dir",
+           "make_temp_file",
            "TempFolder", "sweep_temp_folders", "work_folder", "claimed", "sweep_unclaimed",
            "LOCK_FILE", "UNLOCKED_STALE_SECONDS", "STALE_AFTER_SECONDS"]
 

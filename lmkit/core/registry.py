@@ -10,12 +10,12 @@ same way, by import path.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Tuple
 
 from lmkit.core.checks import did_you_mean
 from lmkit.core.errors import UsageError
 
-__all__ = ["import_object", "lookup"]
+__all__ = ["import_object", "lookup", "names"]
 
 
 def import_object(path: str, what: str) -> Any:
@@ -55,3 +55,17 @@ def lookup(registry: Mapping[str, str], name: Any, what: str) -> Any:
     if not isinstance(name, str) or name not in registry:
         raise UsageError(f"unknown {what} {name!r}; {did_you_mean(name, registry)}")
     return import_object(registry[name], what)
+
+
+def names(path: str, what: str) -> Tuple[str, ...]:
+    """The names of the registry at ``path``: ``"package.module:NAME"`` naming a dict (its keys)
+    or a sequence of names.
+
+    A lower layer checks a name this way without importing the higher layer
+    that owns the registry (``names("lmkit.data.tokenizers:TOKENIZERS",
+    "tokenizers")``); the module is imported on the first call.
+
+    Raises:
+      UsageError: ``path`` does not resolve (see :func:`import_object`).
+    """
+    return tuple(import_object(path, what))

@@ -1,4 +1,5 @@
-"""Data for language models: tokenizers, PTB, any text corpus, BPTT batches and windows.
+"""Data for language models: tokenizers, PTB, any text corpus, BPTT batches and windows, and
+the pipeline that gives every rank a run's data (:func:`load_run_data`, usable from Python).
 
 Nothing here imports Horovod: sharding takes ``rank`` and ``size`` as plain
 arguments, and the trainer runs downloads and tokenizer training on the
@@ -53,6 +54,11 @@ __all__ = [
     "TextData",
     "load_text_data",
     "sentence_dataset",
+    "RunData",
+    "load_run_data",
+    "load_ptb_everywhere",
+    "tokenizer_everywhere",
+    "cached_text_everywhere",
 ]
 
 _HOMES = {
@@ -91,6 +97,11 @@ _HOMES = {
     "resolve_sources": "sources",
     "cache_root": "token_cache",
     "TokenStream": "token_cache",
+    "RunData": "pipeline",
+    "load_run_data": "pipeline",
+    "load_ptb_everywhere": "pipeline",
+    "tokenizer_everywhere": "pipeline",
+    "cached_text_everywhere": "pipeline",
 }
 
 

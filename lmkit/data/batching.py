@@ -14,9 +14,12 @@ to the global-batch loss.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import TYPE_CHECKING, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
 
 from lmkit.data.errors import DataError
 

@@ -17,11 +17,11 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional
 
-from lmkit.data.download import download, file_blob_sha1
-from lmkit.data.errors import DataError
 from lmkit.core.checks import did_you_mean
 from lmkit.core.errors import UsageError
 from lmkit.core.fileio import work_folder
+from lmkit.data.download import download, file_blob_sha1
+from lmkit.data.errors import DataError
 
 __all__ = ["Corpus", "CORPORA", "URL_ENV", "fetch_corpus", "corpus_files_present"]
 

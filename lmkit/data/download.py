@@ -31,8 +31,8 @@ import urllib.parse
 import urllib.request
 from typing import Optional, TextIO
 
-from lmkit.data.errors import DataError
 from lmkit.core.fileio import claimed, make_temp_file, sweep_unclaimed
+from lmkit.data.errors import DataError
 
 __all__ = ["download", "SUPPORTED_SCHEMES", "blob_hasher", "git_blob_sha1", "file_blob_sha1"]
 

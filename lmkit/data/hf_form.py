@@ -34,8 +34,8 @@ import json
 import os
 from typing import Any, Callable, Dict, List
 
-from lmkit.data.errors import DataError
 from lmkit.core.fileio import atomic_write_text
+from lmkit.data.errors import DataError
 
 __all__ = ["FORMS", "build_form", "model_token_ids", "save_form"]
 

@@ -1,4 +1,4 @@
-"""The training data of a run, the same on every rank.
+"""The training data of a run, the same on every rank, from Python or from ``lmkit train``.
 
 * PTB (``data = "ptb"``): rank 0 finds or downloads the corpus (verified by
   SHA-1) while the others wait; every rank then reads it, or receives it
@@ -14,7 +14,19 @@
 
 Every rank calls :func:`load_run_data` in the same order: it holds the
 collectives that keep the ranks together, and an error on any rank is raised
-on all of them.
+on all of them. It needs no command line::
+
+    from lmkit import distributed as dist
+    from lmkit.config import load_config
+    from lmkit.data.pipeline import load_run_data
+
+    dist.init()
+    config = load_config("config_tiny_transformer", {"data": "text", "train_file": "input.txt"})
+    data = load_run_data(config, "runs/tiny")    # data.train: the ids of every rank's text
+
+Nothing here shards: every rank gets the whole stream, and takes its rows of
+each batch by its ``(rank, size)`` (:class:`~lmkit.data.batching.BpttBatches`,
+:class:`~lmkit.data.windows.WindowBatches`, pure functions of them).
 """
 
 from __future__ import annotations
@@ -26,12 +38,47 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from lmkit import distributed as dist
-from lmkit.cli.common import same_outcome_everywhere
-from lmkit.core.errors import UsageError
+from lmkit.core.errors import PreemptedError, UsageError
 from lmkit.core.fileio import atomic_write_bytes
 from lmkit.core.preemption import as_error, doing
+from lmkit.data.tokenizers import check_vocabulary
 
-__all__ = ["RunData", "load_run_data", "load_pair_data", "load_ptb_everywhere", "tokenizer_everywhere"]
+__all__ = ["RunData", "load_run_data", "load_pair_data", "load_ptb_everywhere", "tokenizer_everywhere",
+           "cached_text_everywhere", "same_outcome_everywhere", "check_vocabulary"]
+
+Log = Callable[[str], None]
+
+
+def _chief_print(text: str) -> None:
+    """The default log: a line on rank 0's stdout."""
+    if dist.is_chief():
+        print(text, flush=True)
+
+
+def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
+    """Runs ``fn`` on every rank; a :class:`UsageError` on any rank is raised on all, and so is a
+    preemption signal during ``fn`` (as a :class:`PreemptedError`, before any usage error).
+
+    Per-rank work (reading local files) can fail on one rank only; that rank
+    alone would leave while the others wait in the next collective, and its
+    message would be lost (only rank 0 prints usage errors). Every rank must
+    call this, in the same order.
+    """
+    from lmkit.core.preemption import PreemptionSignal
+    try:
+        result, error = fn(), None
+    except UsageError as exc:
+        result, error = None, ("usage", str(exc))
+    except PreemptionSignal as exc:  # its clean-ups have run: every rank stops here, together
+        result, error = None, ("preempted", str(exc))
+    failed = [(r, e) for r, e in enumerate(dist.allgather_object(error)) if e is not None]
+    stops = [message for _, (kind, message) in failed if kind == "preempted"]
+    if stops:
+        raise PreemptedError(stops[0])
+    if failed:
+        r, (_, message) = failed[0]
+        raise UsageError(message if r == 0 else f"on rank {r}: {message}")
+    return result
 
 
 @dataclass
@@ -92,12 +139,22 @@ def _everywhere(local_ok: bool, read: Callable[[], Any]) -> Any:
     return _on_chief(read)
 
 
-def load_ptb_everywhere(data_path: str, url: Optional[str], expected_vocab_size: Optional[int],
-                        verify: bool = True):
-    """Rank 0 finds or downloads PTB; every rank then gets the same data.
+def load_ptb_everywhere(data_path: str = "data/ptb", url: Optional[str] = None,
+                        expected_vocab_size: Optional[int] = None, verify: bool = True):
+    """Rank 0 finds or downloads PTB; every rank then gets the same data (call it on every rank).
+
+    Args:
+      data_path: the folder with ``ptb.{train,valid,test}.txt`` (or ``simple-examples/data``
+        below it); PTB is downloaded there when it is missing.
+      url: a mirror of ``simple-examples.tgz``; default ``$LMKIT_PTB_URL`` or the canonical address.
+      expected_vocab_size: the vocabulary the files must give (None: any).
+      verify: check the downloaded files' SHA-1.
 
     Returns:
       ``lmkit.data.ptb.PTBData`` on every rank.
+
+    Raises:
+      DataError: on every rank, when rank 0 can neither find nor download the files.
     """
     from lmkit.data import ptb
 
@@ -141,9 +198,18 @@ def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] =
     return same_outcome_everywhere(lambda: load_tokenizer(model_dir))
 
 
-def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optional[str],
-                  verify: bool, log: Callable[[str], None]) -> RunData:
+def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data_url: Optional[str] = None,
+                  verify: bool = True, log: Log = _chief_print) -> RunData:
     """The data the config names, on every rank (call it on every rank, in the same order).
+
+    Args:
+      config: the run's ``TrainConfig`` (``data``, the files, the tokenizer's settings, ``data_cache``).
+      model_dir: where rank 0 keeps the tokenizer of text and pairs (the run's folder).
+      data_path, data_url, verify: PTB's folder, mirror and check (:func:`load_ptb_everywhere`).
+      log: where progress lines go (default: rank 0's stdout).
+
+    Returns:
+      The :class:`RunData`; its ``config`` has the tokenizer's ``vocab_size`` (text and pairs).
 
     Raises:
       UsageError: bad files, a vocabulary that does not match the config,
@@ -194,7 +260,6 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
         streams = {name: c.ids for name, c in cached.items()}
         counts = {name: c.words for name, c in cached.items()}
     if config.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
-        from lmkit.hub.hf import check_vocabulary
         check_vocabulary(tokenizer, config.vocab_size, config.init_from)
         said = ""
     else:
@@ -207,7 +272,7 @@ def load_run_data(config: Any, model_dir: str, data_path: str, data_url: Optiona
 
 
 def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: str,
-                           log: Callable[[str], None]) -> Dict[str, Any]:
+                           log: Log) -> Dict[str, Any]:
     """Each split's :class:`~lmkit.data.token_cache.TokenStream` on every rank, encoded once.
 
     Rank 0 encodes what the cache at ``root`` lacks (with every core, logging
@@ -228,7 +293,7 @@ def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: 
     return streams
 
 
-def cached_everywhere(jobs: Dict[str, Any], readable: bool, log: Callable[[str], None]) -> Dict[str, Any]:
+def cached_everywhere(jobs: Dict[str, Any], readable: bool, log: Log) -> Dict[str, Any]:
     """Cached token files on every rank, each encoded once: ``{name: (what, open, build)}`` -> ``{name: result}``.
 
     ``what`` names the job's text in the log, ``open()`` maps its cache files (None when they are not there) and
@@ -273,7 +338,7 @@ def cached_everywhere(jobs: Dict[str, Any], readable: bool, log: Callable[[str],
     return found
 
 
-def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> RunData:
+def load_pair_data(config: Any, model_dir: str, log: Log = _chief_print) -> RunData:
     """An encoder-decoder's pairs and tokenizers on every rank (call it on every rank, in the same order).
 
     Returns:
@@ -288,11 +353,11 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
         and padding ids (on every rank).
     """
     from lmkit.config import PAIR_FILE_KEYS
+    from lmkit.core.layout import SOURCE_TOKENIZER_DIR
     from lmkit.data.paired import SpecialIds, check_pair_files, encode_pairs, read_pairs
     from lmkit.data.sources import SEPARATOR
     from lmkit.data.textfile import check_text_file
     from lmkit.data.token_cache import cache_root
-    from lmkit.core.layout import SOURCE_TOKENIZER_DIR
 
     splits = {split: (getattr(config, source_key), getattr(config, target_key))
               for split, (source_key, target_key) in zip(("train", "valid", "test"), PAIR_FILE_KEYS)
@@ -338,7 +403,6 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
         log(f"{split} pairs: {pairs[split].report.summary()} ({source_path}, {target_path}; at most "
             f"{config.source_length_limit} source and {config.target_length_limit} target tokens)")
     if config.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
-        from lmkit.hub.hf import check_vocabulary
         check_vocabulary(tokenizer, config.vocab_size, config.init_from)
     else:
         config = config.replace(vocab_size=tokenizer.vocab_size, source_vocab_size=source_tokenizer.vocab_size)
@@ -350,7 +414,7 @@ def load_pair_data(config: Any, model_dir: str, log: Callable[[str], None]) -> R
 
 
 def cached_pairs_everywhere(splits: Dict[str, Any], source_tokenizer: Any, tokenizer: Any, root: str,
-                            readable: bool, limits: Dict[str, int], log: Callable[[str], None]) -> Dict[str, Any]:
+                            readable: bool, limits: Dict[str, int], log: Log) -> Dict[str, Any]:
     """Each split's :class:`~lmkit.data.paired.Pairs` on every rank, from line-by-line caches encoded once.
 
     Every source and target file is encoded into the data cache at ``root`` by

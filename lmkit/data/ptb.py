@@ -42,10 +42,10 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from lmkit.core.fileio import work_folder
 from lmkit.data.download import blob_hasher, download, file_blob_sha1
 from lmkit.data.errors import DataError
 from lmkit.data.vocab import Vocab, read_lines
-from lmkit.core.fileio import work_folder
 
 __all__ = [
     "DEFAULT_URL", "URL_ENV", "FALLBACK_URL", "FALLBACK_ENV", "PTB_SHA1", "ARCHIVE_NAME",

@@ -21,9 +21,9 @@ import struct
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from lmkit.core.checks import check_choice
+from lmkit.core.fileio import PathLike, atomic_write_bytes, atomic_write_text
 from lmkit.data.errors import DataError
 from lmkit.data.tokenizers import Tokenizer, _check_size, _short_hash
-from lmkit.core.fileio import PathLike, atomic_write_bytes, atomic_write_text
 
 __all__ = ["MODEL_TYPES", "SentencePieceTokenizer", "train_sentencepiece"]
 

@@ -19,13 +19,13 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 import numpy as np
 import tensorflow as tf
 
+from lmkit.core.fileio import PathLike
 from lmkit.data.batching import check_shard
 from lmkit.data.errors import DataError
-from lmkit.data.textfile import check_text_file, count_words
 from lmkit.data.sentencepiece import SentencePieceTokenizer, train_sentencepiece
+from lmkit.data.textfile import check_text_file, count_words
 from lmkit.data.tokenizers import Tokenizer, WordTokenizer
 from lmkit.data.vocab import Vocab, read_lines
-from lmkit.core.fileio import PathLike
 
 __all__ = ["TextCorpus", "TextData", "load_text_data", "sentence_dataset"]
 

@@ -35,8 +35,8 @@ import os
 import re
 from typing import Iterable, Iterator, List, Optional, Tuple, Union
 
-from lmkit.data.errors import DataError
 from lmkit.core.fileio import PathLike
+from lmkit.data.errors import DataError
 
 __all__ = ["check_text_file", "count_words", "BINARY_PROBE_BYTES", "BLOCK_BYTES", "LINE_BREAK",
            "TextBlock", "TextBlocks", "line_segments", "text_pieces", "content_sample"]

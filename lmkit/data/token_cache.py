@@ -52,9 +52,9 @@ keeps each line whole (an example) and splits at "\n" only: a line longer than
 from __future__ import annotations
 
 import collections
-import contextlib
 import concurrent.futures
 import concurrent.futures.process
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -62,18 +62,17 @@ import hashlib
 import json
 import multiprocessing
 import os
-import re
 import sys
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lmkit.data import textfile
-from lmkit.data.errors import DataError
-from lmkit.core import fileio
 from lmkit.core.fileio import TempFolder, atomic_write_text, fsync_dir
 from lmkit.core.progress import rate_progress
+from lmkit.data import textfile
+from lmkit.data.cache_folders import TEMP_PREFIX, sweep_temp_folders
+from lmkit.data.errors import DataError
 
 __all__ = ["CACHE_ENV", "LineIds", "TokenStream", "cache_root", "cache_key", "open_cached", "encode_to_cache",
            "cached_stream", "encoding_workers", "open_cached_lines", "encode_lines_to_cache", "cached_lines",
@@ -96,8 +95,6 @@ MAX_LINE_BYTES = 16 << 20
 PARALLEL_MIN_BYTES = 16 << 20
 _OFF = ("none", "off")
 #: The names of temporary folders in the cache (``.tmp-<key>-<random>``) and their lock file.
-TEMP_PREFIX = ".tmp-"
-_OLD_TOKENIZER_TEMP = re.compile(r"tokenizer-.+\.tmp\d+")  # the tokenizer cache's, before locks
 
 
 @dataclasses.dataclass
@@ -511,18 +508,6 @@ def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers
 
 
 # -- temporary folders ---------------------------------------------------------------------------
-def sweep_temp_folders(root: str, log: Callable[[str], None] = lambda line: None) -> Tuple[int, int]:
-    """Removes the temporary folders in the cache ``root`` that killed encodings (or tokenizer saves)
-    left behind (:func:`lmkit.core.fileio.sweep_temp_folders`); one log line when it removed any.
-
-    Returns:
-      ``(folders removed, bytes freed)``.
-    """
-    return fileio.sweep_temp_folders(
-        root, lambda name: name.startswith(TEMP_PREFIX) or bool(_OLD_TOKENIZER_TEMP.fullmatch(name)),
-        log, what="encodings", where=f"the data cache {root}")
-
-
 @contextlib.contextmanager
 def _encoders(workers: int, tokenizer_dir: str, add_eos: bool):
     """A pool of ``workers`` encoding processes (None: encode in this process), each with the tokenizer."""

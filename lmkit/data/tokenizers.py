@@ -41,18 +41,22 @@ import hashlib
 import json
 import os
 import shutil
-from typing import Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 from lmkit.core.checks import check_choice, check_known_keys
+from lmkit.core.errors import UsageError
+from lmkit.core.fileio import PathLike, atomic_write_text, fsync_dir
+from lmkit.core.registry import import_object
 from lmkit.data.errors import DataError
 from lmkit.data.textfile import check_text_file, content_sample, text_pieces
 from lmkit.data.vocab import DEFAULT_SPECIALS, Vocab
-from lmkit.core.fileio import PathLike, atomic_write_text, fsync_dir
-from lmkit.core.registry import import_object
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 __all__ = [
     "Tokenizer", "WordTokenizer", "CharTokenizer", "ByteTokenizer", "TOKENIZERS", "TOKENIZER_FILE",
-    "tokenizer_class", "train_tokenizer", "load_tokenizer", "tokenizer_of_run",
+    "tokenizer_class", "train_tokenizer", "load_tokenizer", "tokenizer_of_run", "check_vocabulary",
 ]
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -590,8 +594,8 @@ def _keep_in_cache(tokenizer: Tokenizer, cached: str) -> None:
     """Saves a trained tokenizer into the data cache (best effort: a cache that cannot be written is skipped),
     through a locked temporary folder (:class:`lmkit.core.fileio.TempFolder`); the leftovers of killed
     saves and encodings there go first."""
-    from lmkit.data.token_cache import TEMP_PREFIX, sweep_temp_folders
     from lmkit.core.fileio import TempFolder
+    from lmkit.data.cache_folders import TEMP_PREFIX, sweep_temp_folders
 
     root, temp = os.path.dirname(cached), None
     try:
@@ -686,3 +690,21 @@ def tokenizer_of_run(model_dir: PathLike) -> Tokenizer:
         return WordTokenizer(Vocab.load(vocab_path))
     raise DataError(f"{model_dir} holds no {TOKENIZER_FILE} or {VOCAB_FILE}, so no training run "
                     "wrote it; pass the --model_dir of a training run")
+
+
+def check_vocabulary(tokenizer: Any, vocab_size: int, folder: str) -> None:
+    """A tokenizer with ids beyond a pretrained model's vocabulary is refused (naming the tokenizer file).
+
+    Args:
+      tokenizer: the run's tokenizer.
+      vocab_size: the model's vocabulary (its Hugging Face ``config.json``).
+      folder: the Hugging Face folder the model and the tokenizer come from.
+
+    Raises:
+      UsageError: the tokenizer has more ids than the model.
+    """
+    if tokenizer.vocab_size > vocab_size:
+        name = "tokenizer.json" if os.path.isfile(os.path.join(folder, "tokenizer.json")) else "vocab.json"
+        raise UsageError(f"{os.path.join(folder, name)} has ids up to {tokenizer.vocab_size - 1} but the model's "
+                         f"vocab_size is {vocab_size} ({os.path.join(folder, 'config.json')}); the tokenizer "
+                         "belongs to another model")

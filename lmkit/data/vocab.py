@@ -13,8 +13,8 @@ import hashlib
 import os
 from typing import Counter, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from lmkit.data.errors import DataError
 from lmkit.core.fileio import atomic_write_text
+from lmkit.data.errors import DataError
 
 __all__ = ["Vocab", "DEFAULT_SPECIALS", "read_lines", "atomic_write_text"]
 

@@ -39,11 +39,12 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit.decoding.beam_step import extend, gather_beams, reorder
-from lmkit.decoding.constraints import Constraints
-from lmkit.decoding.prompts import DecodeResult, EndIds, end_ids, prepare_prompts
-from lmkit.decoding.sampler import Sampler, pick_loop
 from lmkit.core.errors import UsageError
+from lmkit.decoding.beam_step import BeamInputs, BeamSettings, extend, gather_beams, reorder
+from lmkit.decoding.config import GenerationConfig
+from lmkit.decoding.constraints import Constraints
+from lmkit.decoding.prompts import DecodeResult, PromptBatch, end_ids, prepare_prompts
+from lmkit.decoding.sampler import OnToken, Sampler, pick_loop
 
 __all__ = ["BeamSampler", "BeamSearchResult", "beam_search", "gnmt_length_penalty", "SCORINGS"]
 SCORINGS = ("gnmt", "transformers")
@@ -119,47 +120,42 @@ class BeamSampler(Sampler):
         raise NotImplementedError("beam search keeps several hypotheses per row; it runs its "
                                   "own loop in BeamSampler.generate")
 
-    def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
-                 max_length: int, eos_id: EndIds, pad_id: int, seed: Optional[int] = None,
-                 use_cache: bool = True, compiled: bool = True,
-                 jit_compile: Optional[bool] = None, repetition_penalty: float = 1.0,
-                 min_new_tokens: Optional[np.ndarray] = None, on_token: Any = None,
-                 condition: Any = None, rules: Optional[Constraints] = None) -> "BeamSearchResult":
+    def generate(self, model: Any, batch: PromptBatch, config: Any, *, condition: Any = None,
+                 rules: Optional[Constraints] = None, on_token: Optional[OnToken] = None) -> "BeamSearchResult":
         """Finds high-scoring continuations of the prompts (arguments as in ``Sampler.generate``).
 
         The model state is built for ``batch * beam_width`` rows.
 
         Raises:
-          UsageError: a ``seed`` or ``use_cache=False`` (beam search is
-            deterministic and always uses the cache).
+          UsageError: a ``seed``, ``use_cache=False``, a repetition penalty or streaming (beam search is
+            deterministic, always uses the cache, scores whole hypotheses and knows its best one only
+            at the end).
         """
-        del pad_id  # unused slots are marked by score -inf, not padding
         if on_token is not None:
             raise UsageError("beam search cannot stream: its best hypothesis is known only at the end")
-        if repetition_penalty != 1.0:
+        if config.repetition_penalty not in (None, 1.0):
             raise UsageError("beam search scores whole hypotheses: repetition_penalty applies to the per-token "
                              "strategies (greedy, sample, top_k, top_p)")
-        if seed is not None or not use_cache:
+        if config.seed is not None or config.use_cache is False:
             raise UsageError("beam search is deterministic and always uses the cache; "
                              "drop seed and use_cache when sampler is a BeamSampler")
-        min_new = None
-        if min_new_tokens is not None and np.any(np.asarray(min_new_tokens) > 0):
-            min_new = tf.constant(np.broadcast_to(np.asarray(min_new_tokens, np.int32), [len(prompt_lengths)]))
-        common = dict(beam_width=self.beam_width, max_length=max_length, eos_id=end_ids(eos_id),
-                      constraints=rules or Constraints(), min_new_tokens=min_new, condition=condition)
+        min_new = None  # (pad_id goes unused: unused slots are marked by score -inf)
+        if batch.min_new_tokens is not None and np.any(batch.min_new_tokens > 0):
+            min_new = tf.constant(np.broadcast_to(np.asarray(batch.min_new_tokens, np.int32), [len(batch.lengths)]))
+        inputs = BeamInputs(tf.constant(batch.ids), tf.constant(batch.lengths), min_new)
+        settings = BeamSettings(self.beam_width, batch.max_length, batch.ends, self.length_penalty,
+                                self.early_stopping)
+        compiled = config.compiled is not False
         if self.scoring == "transformers":
             from lmkit.decoding import beam_hf
             search = pick_loop(beam_hf.beam_search_transformers, beam_hf._beam_search_transformers_compiled,
-                               beam_hf._beam_search_transformers_xla, compiled, use_cache, jit_compile)
-            common.update(length_penalty=self.length_penalty, early_stopping=self.early_stopping)
+                               beam_hf._beam_search_transformers_xla, compiled, True, config.jit_compile)
         else:
-            search = pick_loop(_beam_search, _beam_search_compiled, _beam_search_xla, compiled, use_cache,
-                               jit_compile)
-            common.update(alpha=self.length_penalty)
-        ids, lengths, scores, log_probs = search(
-            model, tf.constant(prompt_ids), tf.constant(prompt_lengths), **common)
+            search = pick_loop(_beam_search, _beam_search_compiled, _beam_search_xla, compiled, True,
+                               config.jit_compile)
+        ids, lengths, scores, log_probs = search(model, inputs, settings, rules or Constraints(), condition=condition)
         ids, lengths, scores, log_probs = ids.numpy(), lengths.numpy(), scores.numpy(), log_probs.numpy()
-        return BeamSearchResult(ids=ids[:, 0], lengths=lengths[:, 0], prompt_lengths=prompt_lengths,
+        return BeamSearchResult(ids=ids[:, 0], lengths=lengths[:, 0], prompt_lengths=batch.lengths,
                                 log_probs=log_probs[:, 0], seed=None, scores=scores[:, 0],
                                 beam_ids=ids, beam_lengths=lengths, beam_scores=scores,
                                 beam_log_probs=log_probs)
@@ -170,14 +166,11 @@ def beam_search(model: Any,
                 beam_width: int = 4,
                 *,
                 length_penalty: float = 0.0,
-                batch_size: Optional[int] = None,
                 prompts: Optional[Sequence[Sequence[int]]] = None,
-                eos_id: EndIds = None,
-                start_id: Optional[int] = None,
-                pad_id: Optional[int] = None,
-                compiled: bool = True,
-                jit_compile: Optional[bool] = None,
-                condition: Any = None) -> BeamSearchResult:
+                batch_size: Optional[int] = None,
+                condition: Any = None,
+                config: Optional[GenerationConfig] = None,
+                **options: Any) -> BeamSearchResult:
     """``decode(model, max_length, BeamSampler(beam_width, length_penalty), ...)``.
 
     Args:
@@ -186,11 +179,11 @@ def beam_search(model: Any,
       beam_width: hypotheses kept per sequence, >= 1.
       length_penalty: GNMT alpha; 0 ranks by log-probability, larger values
         favour longer outputs (0.6-1.0 is usual).
-      batch_size, prompts, eos_id, start_id, pad_id: as in
-        :func:`lmkit.decoding.decode`.
-      compiled: run inside ``tf.function``; False runs eagerly, for debugging.
-      jit_compile: compile the search with XLA (default: when ``compiled``).
-      condition: an encoder-decoder's encoded sources, as in :func:`lmkit.decoding.decode`.
+      prompts, batch_size, condition: as in :func:`lmkit.decoding.decode`.
+      config: a :class:`~lmkit.decoding.config.GenerationConfig`; its ``eos_id``, ``start_id``,
+        ``pad_id``, ``compiled`` and ``jit_compile`` (XLA, default when compiled) are read, as
+        :func:`lmkit.decoding.decode` reads them.
+      **options: fields of the config as keywords (``eos_id=0``); they win over ``config``.
 
     Returns:
       A :class:`BeamSearchResult`.
@@ -198,28 +191,22 @@ def beam_search(model: Any,
     Raises:
       UsageError: inconsistent or out-of-range arguments, named in the message.
     """
+    config = (config or GenerationConfig()).replace(**options)
     sampler = BeamSampler(beam_width, length_penalty)
     prompt_ids, prompt_lengths, pad_id = prepare_prompts(
-        model, max_length, batch_size=batch_size, prompts=prompts, eos_id=eos_id,
-        start_id=start_id, pad_id=pad_id)
-    return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
-                            pad_id=pad_id, compiled=compiled, jit_compile=jit_compile, condition=condition)
+        model, max_length, batch_size=batch_size, prompts=prompts, eos_id=config.eos_id,
+        start_id=config.start_id, pad_id=config.pad_id)
+    return sampler.generate(model, PromptBatch(prompt_ids, prompt_lengths, pad_id, end_ids(config.eos_id)), config,
+                            condition=condition)
 
 
-def _beam_search(model: Any,
-                 prompt_ids: tf.Tensor,
-                 prompt_lengths: tf.Tensor,
-                 *,
-                 beam_width: int,
-                 max_length: int,
-                 alpha: float,
-                 eos_id: Tuple[int, ...],
-                 constraints: Constraints = Constraints(),
-                 min_new_tokens: Optional[tf.Tensor] = None,
+def _beam_search(model: Any, inputs: BeamInputs, settings: BeamSettings, constraints: Constraints,
                  condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """The search itself; returns the finished set ``(ids, lengths, scores, log_probs)``."""
+    prompt_ids, prompt_lengths = inputs.prompt_ids, inputs.prompt_lengths
+    max_length, alpha = settings.max_length, settings.length_penalty
     batch_size = prompt_ids.shape[0]
-    width = beam_width
+    width = settings.beam_width
     vocab_size = int(model.vocab_size)
     # 2 * width candidates hold at most width <eos> endings, so width stay alive.
     num_candidates = min(2 * width, width * vocab_size)
@@ -243,9 +230,7 @@ def _beam_search(model: Any,
         return tf.logical_and(t < max_length - 1, tf.logical_not(tf.reduce_all(done)))
 
     def body(t, alive_ids, alive_log_probs, state, fin_ids, fin_lengths, fin_scores, fin_log_probs):
-        step = extend(model, state, alive_ids, alive_log_probs, t, prompt_ids=prompt_ids,
-                      prompt_lengths=prompt_lengths, max_length=max_length, eos_id=eos_id, constraints=constraints,
-                      min_new_tokens=min_new_tokens, num_candidates=num_candidates)
+        step = extend(model, state, alive_ids, alive_log_probs, t, inputs, settings, constraints, num_candidates)
         pos, cand_log_probs, cand_ids, ends = step.pos, step.log_probs, step.ids, step.ends
 
         generated_length = tf.maximum(pos + 1 - prompt_lengths, 0)  # [batch]

@@ -25,11 +25,11 @@ new tokens counted from its own prompt).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Tuple, Union
 
 import tensorflow as tf
 
-from lmkit.decoding.beam_step import extend, gather_beams, reorder
+from lmkit.decoding.beam_step import BeamInputs, BeamSettings, extend, gather_beams, reorder
 from lmkit.decoding.constraints import Constraints
 
 __all__ = ["EarlyStopping", "beam_search_transformers"]
@@ -43,14 +43,15 @@ def _length_norm(length: tf.Tensor, power: float) -> tf.Tensor:
     return tf.cast(tf.pow(tf.cast(length, tf.float64), power), tf.float32)
 
 
-def beam_search_transformers(model: Any, prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, *, beam_width: int,
-                             max_length: int, length_penalty: float, early_stopping: EarlyStopping,
-                             eos_id: Tuple[int, ...], constraints: Constraints,
-                             min_new_tokens: Optional[tf.Tensor] = None, condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+def beam_search_transformers(model: Any, inputs: BeamInputs, settings: BeamSettings, constraints: Constraints,
+                             condition: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """The search; returns the finished set ``(ids, lengths, scores, log_probs)``, best first (``-inf``
     scores mark slots that no hypothesis filled)."""
+    prompt_ids, prompt_lengths = inputs.prompt_ids, inputs.prompt_lengths
+    max_length, eos_id = settings.max_length, settings.eos_id
+    length_penalty, early_stopping = settings.length_penalty, settings.early_stopping
     batch_size = prompt_ids.shape[0]
-    width = beam_width
+    width = settings.beam_width
     vocab_size = int(model.vocab_size)
     num_candidates = min(max(2, 1 + len(eos_id)) * width, width * vocab_size)
     top_width = tf.range(num_candidates) < width  # [cand]: the extensions that may finish
@@ -65,9 +66,7 @@ def beam_search_transformers(model: Any, prompt_ids: tf.Tensor, prompt_lengths: 
     def body(t, run_ids, run_scores, state, fin_ids, fin_lengths, fin_scores, fin_log_probs, fin_done,
              improvable, all_ended):
         del all_ended
-        step = extend(model, state, run_ids, run_scores, t, prompt_ids=prompt_ids, prompt_lengths=prompt_lengths,
-                      max_length=max_length, eos_id=eos_id, constraints=constraints, min_new_tokens=min_new_tokens,
-                      num_candidates=num_candidates)
+        step = extend(model, state, run_ids, run_scores, t, inputs, settings, constraints, num_candidates)
         pos, cand_log_probs, cand_ids, ends = step.pos, step.log_probs, step.ids, step.ends
 
         # The best width extensions that did not end go on.

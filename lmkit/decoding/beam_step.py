@@ -16,10 +16,27 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.decoding.constraints import Constraints
-from lmkit.decoding.sampler import is_end
+from lmkit.decoding.constraints import Constraints, is_end
 
-__all__ = ["Extensions", "extend", "gather_beams", "reorder"]
+__all__ = ["BeamInputs", "BeamSettings", "Extensions", "extend", "gather_beams", "reorder"]
+
+
+class BeamInputs(NamedTuple):
+    """The tensors a search starts from."""
+
+    prompt_ids: tf.Tensor  # [batch, max_length], each prompt padded
+    prompt_lengths: tf.Tensor  # [batch]
+    min_new_tokens: Optional[tf.Tensor]  # [batch]: no end before that many new tokens (None: no limit)
+
+
+class BeamSettings(NamedTuple):
+    """The Python settings of one traced search (``tf.function`` keys its traces on their values)."""
+
+    beam_width: int  # hypotheses kept per sequence
+    max_length: int  # every output row's length
+    eos_id: Tuple[int, ...]  # the ids that end a hypothesis
+    length_penalty: float  # GNMT's alpha, or transformers' power of the length
+    early_stopping: Any = False  # transformers' (True, False or "never")
 
 
 class Extensions(NamedTuple):
@@ -40,17 +57,18 @@ def gather_beams(values: tf.Tensor, beams: tf.Tensor) -> tf.Tensor:
     return tf.gather(values, beams, batch_dims=1)
 
 
-def extend(model: Any, state: Any, ids: tf.Tensor, scores: tf.Tensor, t: tf.Tensor, *, prompt_ids: tf.Tensor,
-           prompt_lengths: tf.Tensor, max_length: int, eos_id: Tuple[int, ...], constraints: Constraints,
-           min_new_tokens: Optional[tf.Tensor], num_candidates: int) -> Extensions:
+def extend(model: Any, state: Any, ids: tf.Tensor, scores: tf.Tensor, t: tf.Tensor, inputs: BeamInputs,
+           settings: BeamSettings, constraints: Constraints, num_candidates: int) -> Extensions:
     """One step of beam search from the hypotheses ``ids`` ``[batch, width, max_length]`` (``t + 1`` ids
     written) with running ``scores`` ``[batch, width]``: the ``num_candidates`` best extensions."""
+    prompt_ids, prompt_lengths = inputs.prompt_ids, inputs.prompt_lengths
+    max_length, eos_id = settings.max_length, settings.eos_id
     batch_size, width = ids.shape[0], ids.shape[1]
     vocab_size = int(model.vocab_size)
     logits, state = model.step(tf.reshape(ids[:, :, t], [batch_size * width]), state)  # [batch * width, vocab]
     log_probs = tf.reshape(tf.nn.log_softmax(tf.cast(logits, tf.float32)), [batch_size, width, vocab_size])
     pos = t + 1
-    log_probs = constraints.apply(log_probs, ids, pos, prompt_lengths, max_length, eos_id, min_new_tokens)
+    log_probs = constraints.apply(log_probs, ids, pos, prompt_lengths, max_length, eos_id, inputs.min_new_tokens)
     in_prompt = pos < prompt_lengths  # [batch]
     forced = tf.one_hot(prompt_ids[:, pos], vocab_size, on_value=0.0, off_value=float("-inf"))  # [batch, vocab]
     log_probs = tf.where(in_prompt[:, tf.newaxis, tf.newaxis], forced[:, tf.newaxis, :], log_probs)

@@ -23,7 +23,14 @@ import tensorflow as tf
 
 from lmkit.core.errors import UsageError
 
-__all__ = ["Constraints"]
+__all__ = ["Constraints", "is_end"]
+
+
+def is_end(tokens: tf.Tensor, ends: Tuple[int, ...]) -> tf.Tensor:
+    """Whether each of ``tokens`` (int32, any shape) is one of the end ids ``ends`` (all False for none)."""
+    if not ends:
+        return tf.zeros_like(tokens, tf.bool)
+    return tf.reduce_any(tf.equal(tokens[..., tf.newaxis], tf.constant(ends, tokens.dtype)), axis=-1)
 
 
 def _check_count(name: str, value: Any) -> int:
@@ -85,8 +92,7 @@ class Constraints:
                                  log_probs)
         if min_new_tokens is not None and ends:
             early = (length - prompt_lengths) < min_new_tokens  # [batch]
-            is_end = tf.reduce_any(tf.equal(tf.range(vocab)[:, tf.newaxis], tf.constant(ends, tf.int32)), axis=1)
-            log_probs = tf.where(early[:, tf.newaxis, tf.newaxis] & is_end, neg_inf, log_probs)
+            log_probs = tf.where(early[:, tf.newaxis, tf.newaxis] & is_end(tf.range(vocab), ends), neg_inf, log_probs)
 
         def only(token: int, when: tf.Tensor) -> tf.Tensor:  # when: [batch]
             forced = tf.one_hot(token, vocab, on_value=0.0, off_value=float("-inf"), dtype=log_probs.dtype)

@@ -1,89 +1,75 @@
-"""``decode``: generation with any sampler, the one entry point.
+"""``decode``: token ids in, token ids out, with any sampler.
 
 :func:`decode` checks the arguments, pads the prompts
 (:func:`~lmkit.decoding.prompts.prepare_prompts`) and hands them to the
 sampler, whose :meth:`~lmkit.decoding.sampler.Sampler.generate` runs the
-loop (beam search overrides it); see ``docs/generation.md``.
+loop (beam search overrides it); see ``docs/generation.md``. Its settings
+travel in a :class:`~lmkit.decoding.config.GenerationConfig`, or as keywords
+that override the config's fields, as ``transformers``' ``generate`` takes
+them. Text in and out (tokenizers, stop strings, windows past the context,
+encoder-decoders' sources) is :func:`lmkit.decoding.generate`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from lmkit.decoding.prompts import DecodeResult, EndIds, prepare_prompts
-from lmkit.decoding.sampler import Sampler
 from lmkit.core.errors import UsageError
+from lmkit.decoding.config import GenerationConfig
+from lmkit.decoding.constraints import Constraints
+from lmkit.decoding.prompts import DecodeResult, PromptBatch, end_ids, prepare_prompts
+from lmkit.decoding.registry import RULE_KEYS
+from lmkit.decoding.sampler import OnToken, Sampler
 
-__all__ = ["decode"]
+__all__ = ["decode", "trace_count"]
 
 
 def decode(model: Any,
            max_length: int,
            sampler: Optional[Sampler] = None,
            *,
-           batch_size: Optional[int] = None,
            prompts: Optional[Sequence[Sequence[int]]] = None,
-           eos_id: EndIds = None,
-           start_id: Optional[int] = None,
-           pad_id: Optional[int] = None,
-           seed: Optional[int] = None,
-           use_cache: bool = True,
-           compiled: bool = True,
-           jit_compile: Optional[bool] = None,
-           repetition_penalty: float = 1.0,
-           min_new_tokens: Union[int, Sequence[int]] = 0,
-           on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
+           batch_size: Optional[int] = None,
            condition: Any = None,
-           rules: Any = None) -> DecodeResult:
+           rules: Optional[Constraints] = None,
+           on_token: Optional[OnToken] = None,
+           config: Optional[GenerationConfig] = None,
+           **options: Any) -> DecodeResult:
     """Generates a batch of sequences with one sampler.
 
     Args:
       model: a language model following the protocol of ``docs/design.md``.
       max_length: length of every output row, prompt included.
-      sampler: a :class:`~lmkit.decoding.sampler.Sampler` (default greedy),
-        e.g. from :func:`lmkit.decoding.get_sampler`. A
-        :class:`~lmkit.decoding.beam.BeamSampler` runs beam search
-        (``seed`` and ``use_cache`` must then keep their defaults).
-      batch_size: number of sequences when no prompts are given; must equal
-        ``len(prompts)`` when both are given.
+      sampler: a :class:`~lmkit.decoding.sampler.Sampler`, e.g. from
+        :func:`lmkit.decoding.get_sampler`; default the config's strategy, else greedy. A
+        :class:`~lmkit.decoding.beam.BeamSampler` runs beam search (``seed`` and ``use_cache``
+        must then keep their defaults).
       prompts: one list of token ids per sequence, lengths may differ. Each is
         copied to the start of its output row and fed to the model before
         generation starts.
-      eos_id: the token that ends a sequence (e.g. PTB's ``<eos>``), or a
-        list of them (any one ends it: a Hugging Face model's end of text and
-        end of turn); None generates exactly up to ``max_length``.
-      start_id: a token put in front of every prompt (for example ``<eos>`` as a
-        sentence boundary). Without prompts it is the whole prompt and defaults
-        to (the first) ``eos_id``.
-      pad_id: the token after the end of a sequence; defaults to (the first)
-        ``eos_id``, or 0 when there is no ``eos_id``.
-      seed: non-negative integer for the random samplers; the same seed gives
-        the same output, compiled or not. None draws one (see
-        :attr:`DecodeResult.seed`).
-      use_cache: True feeds one token per step through ``model.step`` with the
-        model state; False recomputes the whole prefix with ``model(prefix)``
-        each step (slow; a reference for tests and benchmarks).
-      compiled: run the loop inside ``tf.function`` (traced once per model,
-        sampler and shape); False runs it eagerly, for debugging.
-      jit_compile: compile the loop with XLA (default: whenever ``compiled``
-        and ``use_cache``; several times faster, the same tokens). False keeps
-        the plain ``tf.function``.
-      repetition_penalty: > 0; a token already in the row (prompt included)
-        has its positive logit divided by it and its negative one multiplied
-        (CTRL's penalty, as ``transformers`` applies it); 1 turns it off.
-      min_new_tokens: tokens generated before ``eos_id`` may be chosen (one
-        value, or one per sequence).
-      on_token: ``on_token(tokens, generated)`` after every step, on the host
-        (streaming; the loop then runs without XLA).
+      batch_size: number of sequences when no prompts are given; must equal
+        ``len(prompts)`` when both are given.
       condition: what a conditional model generates from (an encoder-decoder's
         ``model.encode(source_ids, source_mask)``, one row per sequence), given
         to ``model.initial_state(..., condition=)`` and, without the cache, to
         ``model(ids, condition=)``; None for a language model.
       rules: a :class:`~lmkit.decoding.constraints.Constraints`: tokens no strategy may choose (no
-        n-gram twice, a forced first or last token), as a model folder's ``generation_config.json``
-        asks; None for none.
+        n-gram twice, a forced first or last token); default the config's rules on tokens.
+      on_token: ``on_token(tokens, generated)`` after every step, on the host
+        (streaming; the loop then runs without XLA).
+      config: a :class:`~lmkit.decoding.config.GenerationConfig`. This reads its token ids
+        (``eos_id``: the token that ends a sequence, or a list of them, any one ends it, None runs
+        to ``max_length``; ``start_id``: put before every prompt, and without prompts the whole
+        prompt, default the first ``eos_id``; ``pad_id``: after the end, default the first
+        ``eos_id`` or 0), ``seed`` (None draws one, see :attr:`DecodeResult.seed`), ``use_cache``
+        (False recomputes the whole prefix each step: a slow reference), ``compiled``
+        (``tf.function``; False runs eagerly), ``jit_compile`` (XLA, by default whenever compiled
+        and cached: the same tokens, several times faster), ``repetition_penalty`` (> 0, CTRL's,
+        as ``transformers`` applies it; 1 = off) and ``min_new_tokens`` (tokens generated before an
+        end may be chosen: one value, or one per sequence).
+      **options: fields of the config given as keywords (``eos_id=0, seed=3``); they win over ``config``.
 
     Returns:
       A :class:`DecodeResult`.
@@ -91,34 +77,40 @@ def decode(model: Any,
     Raises:
       UsageError: inconsistent or out-of-range arguments, named in the message.
     """
+    config = (config or GenerationConfig()).replace(**options)
     if sampler is None:
-        from lmkit.decoding.samplers import GreedySampler
-        sampler = GreedySampler()
+        if config.strategy is None:
+            from lmkit.decoding.samplers import GreedySampler
+            sampler = GreedySampler()
+        else:
+            sampler = config.sampler()
     if not isinstance(sampler, Sampler):
         raise UsageError(f"sampler = {sampler!r} is not an lmkit.decoding Sampler; "
                          f"build one with lmkit.decoding.get_sampler(name, ...)")
-    if rules is not None:
-        from lmkit.decoding.constraints import Constraints
-        if not isinstance(rules, Constraints):
-            raise UsageError(f"rules = {rules!r} is not an lmkit.decoding.constraints.Constraints")
+    if rules is None and any(key in config.given() for key in RULE_KEYS):
+        rules = config.rules()
+    if rules is not None and not isinstance(rules, Constraints):
+        raise UsageError(f"rules = {rules!r} is not an lmkit.decoding.constraints.Constraints")
     prompt_ids, prompt_lengths, pad_id = prepare_prompts(
-        model, max_length, batch_size=batch_size, prompts=prompts, eos_id=eos_id,
-        start_id=start_id, pad_id=pad_id)
-    if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, (int, float)) \
-            or not repetition_penalty > 0:
-        raise UsageError(f"repetition_penalty = {repetition_penalty!r} must be a number > 0 (1 = off)")
+        model, max_length, batch_size=batch_size, prompts=prompts, eos_id=config.eos_id,
+        start_id=config.start_id, pad_id=config.pad_id)
+    penalty = 1.0 if config.repetition_penalty is None else config.repetition_penalty
+    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
+        raise UsageError(f"repetition_penalty = {penalty!r} must be a number > 0 (1 = off)")
+    min_new_tokens = 0 if config.min_new_tokens is None else config.min_new_tokens
     min_new = np.broadcast_to(np.asarray(min_new_tokens), prompt_lengths.shape) \
         if np.ndim(min_new_tokens) == 0 else np.asarray(min_new_tokens)
     if min_new.shape != prompt_lengths.shape or min_new.dtype.kind not in "iu" or np.any(min_new < 0):
         raise UsageError(f"min_new_tokens = {min_new_tokens!r} must be an integer >= 0, or one per sequence")
-    extra: dict = {} if repetition_penalty == 1.0 and not np.any(min_new > 0) else dict(
-        repetition_penalty=float(repetition_penalty), min_new_tokens=min_new.astype(np.int32))
-    if on_token is not None:
-        extra["on_token"] = on_token
-    if condition is not None:
-        extra["condition"] = condition
-    if rules is not None and rules.active:
-        extra["rules"] = rules
-    return sampler.generate(model, prompt_ids, prompt_lengths, max_length=max_length, eos_id=eos_id,
-                            pad_id=pad_id, seed=seed, use_cache=use_cache, compiled=compiled,
-                            jit_compile=jit_compile, **extra)
+    batch = PromptBatch(prompt_ids, prompt_lengths, pad_id, end_ids(config.eos_id), min_new.astype(np.int32))
+    return sampler.generate(model, batch, config, condition=condition,
+                            rules=rules if rules is not None and rules.active else None, on_token=on_token)
+
+
+def trace_count() -> int:
+    """How many times the decode loops were traced (compiled) in this process (tests, benchmarks)."""
+    from lmkit.decoding import beam, beam_hf, sampler
+    loops = (sampler._decode_loop_compiled, sampler._decode_loop_xla, beam._beam_search_compiled,
+             beam._beam_search_xla, beam_hf._beam_search_transformers_compiled,
+             beam_hf._beam_search_transformers_xla)
+    return sum(int(f.experimental_get_tracing_count()) for f in loops)

@@ -14,7 +14,7 @@ import numpy as np
 
 from lmkit.core.errors import UsageError
 
-__all__ = ["DecodeResult", "EndIds", "check_seed", "end_ids", "prepare_prompts"]
+__all__ = ["DecodeResult", "EndIds", "PromptBatch", "check_seed", "end_ids", "prepare_prompts"]
 
 #: What ends a sequence: None, one token id, or several (a Hugging Face ``generation_config.json``
 #: may list an end of text and an end of turn).
@@ -50,6 +50,36 @@ class DecodeResult:
         for row, length, start in zip(self.ids, self.lengths, self.prompt_lengths):
             out.append(row[0 if include_prompt else start:length].tolist())
         return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PromptBatch:
+    """The prompts of one decode, padded, with what ends and pads each row: what a sampler's
+    :meth:`~lmkit.decoding.sampler.Sampler.generate` decodes.
+
+    Attributes:
+      ids: int32 `[batch, max_length]`, each prompt padded with ``pad_id``.
+      lengths: int32 `[batch]`, the prompts' lengths.
+      pad_id: the token after the end of a sequence.
+      ends: the ids that end a sequence (none: each row runs to ``max_length``).
+      min_new_tokens: int32 `[batch]`, tokens each row generates before an end may be chosen.
+    """
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    pad_id: int
+    ends: Tuple[int, ...] = ()
+    min_new_tokens: Optional[np.ndarray] = None
+
+    @property
+    def max_length(self) -> int:
+        """The length of every output row, the prompt included."""
+        return int(self.ids.shape[1])
+
+    @property
+    def holds_ends(self) -> bool:
+        """Whether some row must generate tokens before an end id may come."""
+        return bool(self.ends) and self.min_new_tokens is not None and bool(np.any(self.min_new_tokens > 0))
 
 
 def check_seed(seed: Optional[int]) -> int:

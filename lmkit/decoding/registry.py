@@ -1,7 +1,9 @@
-"""The sampler registry: a strategy name -> its class (no TensorFlow import).
+"""The sampler registry: a strategy name -> its class, and a strategy's settings (no TensorFlow import).
 
 ``lmkit generate --strategy NAME`` and :func:`get_sampler` both read
 :data:`SAMPLERS`; adding a strategy is one file and one line here.
+:func:`resolve_settings` fills a sampler's settings (given, a folder's, the
+:data:`DEFAULTS`), as :meth:`lmkit.decoding.config.GenerationConfig.resolve` does for a whole generation.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def resolve_settings(strategy: Optional[str], given: Mapping[str, Any],
     """The strategy and the :data:`DEFAULTS` settings of a decode, from three sources in order.
 
     Each setting ``given`` (not None) wins, then the ``preset``'s (a Hugging
-    Face folder's ``generation_config.json``, :func:`lmkit.hub.hf.generation_preset`),
+    Face folder's ``generation_config.json``, :func:`lmkit.hub.generation_config.generation_preset`),
     then :data:`DEFAULTS`; so does the strategy (``strategy``, the preset's
     ``"strategy"``, ``default_strategy``). ``top_k`` limits ``top_p`` only where it
     is given or preset (``transformers`` samples with temperature, top-k and
@@ -116,7 +118,8 @@ def sampler_of_settings(name: str, settings: Mapping[str, Any]):
     top_p's limit, ``top_p`` its ``p``, ``min_p`` top_p's ``min_p``)."""
     return sampler_from_flags(name, temperature=settings["temperature"], k=settings["top_k"], p=settings["top_p"],
                               min_p=settings["min_p"], beam_width=settings["beam_width"],
-                              length_penalty=settings["length_penalty"], scoring=settings["beam_scoring"], early_stopping=settings["early_stopping"])
+                              length_penalty=settings["length_penalty"], scoring=settings["beam_scoring"],
+                              early_stopping=settings["early_stopping"])
 
 
 #: The settings that are rules on tokens, for every strategy (:class:`lmkit.decoding.constraints.Constraints`).

@@ -29,14 +29,18 @@ compiled loop (``trace_count`` counts the traces).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
-from lmkit.decoding.prompts import DecodeResult, EndIds, check_seed, end_ids
+from lmkit.decoding.constraints import is_end
+from lmkit.decoding.prompts import DecodeResult, PromptBatch, check_seed
 
-__all__ = ["Sampler"]
+__all__ = ["Sampler", "pick_loop"]
+
+#: ``on_token(tokens, generated)``: a step's tokens and which rows generated theirs (NumPy ``[batch]``).
+OnToken = Callable[[np.ndarray, np.ndarray], None]
 
 
 class Sampler:
@@ -61,60 +65,48 @@ class Sampler:
         """
         raise NotImplementedError(f"{type(self).__name__} must override get_next_token")
 
-    def generate(self, model: Any, prompt_ids: np.ndarray, prompt_lengths: np.ndarray, *,
-                 max_length: int, eos_id: EndIds, pad_id: int, seed: Optional[int],
-                 use_cache: bool, compiled: bool, jit_compile: Optional[bool] = None,
-                 repetition_penalty: float = 1.0, min_new_tokens: Optional[np.ndarray] = None,
-                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
-                 condition: Any = None, rules: Any = None) -> DecodeResult:
+    def generate(self, model: Any, batch: PromptBatch, config: Any, *, condition: Any = None, rules: Any = None,
+                 on_token: Optional[OnToken] = None) -> DecodeResult:
         """Runs the decode loop with this sampler (``lmkit.decoding.decode`` checks the arguments).
 
         Args:
           model: a language model following the protocol of ``docs/design.md``.
-          prompt_ids: int32 `[batch, max_length]`, prompts padded with ``pad_id``.
-          prompt_lengths: int32 `[batch]`.
-          max_length: length of every output row, prompt included.
-          eos_id: the token that ends a sequence, several (any of them ends
-            it), or None.
-          pad_id: the token after the end of a sequence.
-          seed: for the random samplers; None draws one.
-          use_cache: feed one token per step through ``model.step`` (True) or
-            recompute the prefix each step (False, a reference).
-          compiled: run inside ``tf.function``.
-          jit_compile: compile the loop with XLA; None: when ``compiled`` and
-            ``use_cache`` (the uncached reference grows its input every step).
-          repetition_penalty: divides a positive logit (multiplies a negative
-            one) of every token already in the row, prompt included, before
-            the sampler sees it (CTRL's penalty, as ``transformers`` applies it); 1 = off.
-          min_new_tokens: int32 `[batch]`, tokens each row generates before
-            an ``eos_id`` may be chosen; None = 0.
-          on_token: called on the host after every step with the step's tokens
-            and whether each row generated its token (NumPy ``[batch]`` int32
-            and bool): streaming. It runs the loop without XLA (a host
-            callback cannot be compiled) and waits for each token.
+          batch: the padded prompts, their end and pad ids and ``min_new_tokens``.
+          config: a :class:`~lmkit.decoding.config.GenerationConfig`; this reads its ``seed`` (None
+            draws one), ``use_cache`` (True feeds one token per step through ``model.step``, False
+            recomputes the prefix each step, a reference), ``compiled`` (``tf.function``),
+            ``jit_compile`` (XLA; None: when compiled and cached, as the uncached reference grows
+            its input every step) and ``repetition_penalty`` (a positive logit of every token already
+            in the row, prompt included, divided by it, a negative one multiplied, before the sampler
+            sees it: CTRL's penalty as ``transformers`` applies it; 1 = off).
+          condition: an encoder-decoder's encoded sources (``model.initial_state(..., condition=)``).
           rules: a :class:`~lmkit.decoding.constraints.Constraints` (tokens the sampler may not
             choose), or None.
+          on_token: called on the host after every step with the step's tokens and whether each row
+            generated its token (NumPy ``[batch]`` int32 and bool): streaming. It runs the loop
+            without XLA (a host callback cannot be compiled) and waits for each token.
 
         Returns:
           A :class:`DecodeResult`.
         """
-        seed = check_seed(seed)
+        seed = check_seed(config.seed)
+        jit_compile = config.jit_compile
         if on_token is not None:
             if jit_compile:
                 from lmkit.core.errors import UsageError
                 raise UsageError("on_token (streaming) runs the loop without XLA; leave jit_compile unset")
             jit_compile = False
-        loop = pick_loop(_decode_loop, _decode_loop_compiled, _decode_loop_xla, compiled, use_cache, jit_compile)
-        ends = end_ids(eos_id)
-        hold_eos = min_new_tokens is not None and bool(ends) and bool(np.any(np.asarray(min_new_tokens) > 0))
-        min_new = np.zeros(len(prompt_lengths), np.int32) if min_new_tokens is None else min_new_tokens
+        use_cache = config.use_cache is not False
+        loop = pick_loop(_decode_loop, _decode_loop_compiled, _decode_loop_xla, config.compiled is not False,
+                         use_cache, jit_compile)
+        penalty = 1.0 if config.repetition_penalty is None else float(config.repetition_penalty)
+        settings = _LoopSettings(batch.max_length, batch.ends, batch.pad_id, use_cache, penalty, batch.holds_ends)
+        min_new = np.zeros(len(batch.lengths), np.int32) if batch.min_new_tokens is None else batch.min_new_tokens
         ids, lengths, log_probs = loop(
-            model, self.canonical(), tf.constant(prompt_ids), tf.constant(prompt_lengths),
-            tf.constant([seed, 0], tf.int64), tf.constant(np.asarray(min_new, np.int32)),
-            max_length=max_length, eos_id=ends, pad_id=pad_id,
-            use_cache=use_cache, repetition_penalty=float(repetition_penalty), hold_eos=hold_eos,
+            model, self.canonical(), tf.constant(batch.ids), tf.constant(batch.lengths),
+            tf.constant([seed, 0], tf.int64), tf.constant(np.asarray(min_new, np.int32)), settings,
             on_token=on_token, condition=condition, rules=rules)
-        return DecodeResult(ids=ids.numpy(), lengths=lengths.numpy(), prompt_lengths=prompt_lengths,
+        return DecodeResult(ids=ids.numpy(), lengths=lengths.numpy(), prompt_lengths=batch.lengths,
                             log_probs=log_probs.numpy(), seed=seed)
 
     def get_config(self) -> Dict[str, Any]:
@@ -144,33 +136,32 @@ class Sampler:
         return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
 
 
-def _decode_loop(model: Any,
-                 sampler: "Sampler",
-                 prompt_ids: tf.Tensor,
-                 prompt_lengths: tf.Tensor,
-                 seed: tf.Tensor,
-                 min_new_tokens: tf.Tensor,
-                 *,
-                 max_length: int,
-                 eos_id: Tuple[int, ...],
-                 pad_id: int,
-                 use_cache: bool,
-                 repetition_penalty: float = 1.0,
-                 hold_eos: bool = False,
-                 on_token: Optional[Callable[[np.ndarray, np.ndarray], None]] = None,
-                 condition: Any = None,
-                 rules: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+class _LoopSettings(NamedTuple):
+    """The Python settings of one traced decode loop (``tf.function`` keys its traces on their values)."""
+
+    max_length: int  # every output row's length
+    eos_id: Tuple[int, ...]  # the ids that end a row
+    pad_id: int  # the token after a row's end
+    use_cache: bool  # one token a step through model.step (False: the whole prefix again)
+    repetition_penalty: float  # 1: off
+    hold_eos: bool  # some row must generate min_new_tokens before an end
+
+
+def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, seed: tf.Tensor,
+                 min_new_tokens: tf.Tensor, settings: _LoopSettings, *, on_token: Optional[OnToken] = None,
+                 condition: Any = None, rules: Any = None) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """The per-token loop of :meth:`Sampler.generate`; compiled by ``_decode_loop_compiled``.
 
     Returns:
       ``(ids [batch, max_length], lengths [batch], log_probs [batch])``.
     """
+    max_length, eos_id, pad_id = settings.max_length, settings.eos_id, settings.pad_id
     batch_size = prompt_ids.shape[0]
     vocab_size = int(model.vocab_size)
     positions = tf.range(max_length, dtype=tf.int32)  # [max_length]
     conditioned = {} if condition is None else {"condition": condition}  # an encoder-decoder's source
-    state = model.initial_state(batch_size, max_length, **conditioned) if use_cache else ()
-    penalize = repetition_penalty != 1.0
+    state = model.initial_state(batch_size, max_length, **conditioned) if settings.use_cache else ()
+    penalize = settings.repetition_penalty != 1.0
     # The tokens each row holds so far (for the repetition penalty), carried through the loop.
     seen = tf.zeros([batch_size, vocab_size if penalize else 0], tf.bool)
 
@@ -180,25 +171,17 @@ def _decode_loop(model: Any,
 
     def body(t, ids, state, finished, lengths, log_probs, seen):
         inputs = ids[:, t]  # [batch]
-        if use_cache:
+        if settings.use_cache:
             logits, state = model.step(inputs, state)  # [batch, vocab]
         else:
             all_logits, _ = model(ids[:, :t + 1], training=False, **conditioned)  # [batch, t + 1, vocab]
             logits = all_logits[:, -1]  # [batch, vocab]
         logits = tf.cast(logits, tf.float32)
         pos = t + 1  # the position being chosen
-        choice = logits  # what the sampler sees; log_probs stay the model's own
         if penalize:
             seen = tf.logical_or(seen, tf.cast(tf.one_hot(inputs, vocab_size), tf.bool))  # [batch, vocab]
-            choice = tf.where(seen, tf.where(choice > 0, choice / repetition_penalty,
-                                             choice * repetition_penalty), choice)
-        if hold_eos:
-            early = (pos - prompt_lengths) < min_new_tokens  # [batch]
-            is_eos = is_end(tf.range(vocab_size), eos_id)  # [vocab]
-            choice = tf.where(tf.logical_and(early[:, tf.newaxis], is_eos[tf.newaxis, :]), -1e30, choice)
-        if rules is not None:  # forbidden tokens at -inf (one hypothesis a row)
-            choice = rules.apply(choice[:, tf.newaxis], ids[:, tf.newaxis], pos, prompt_lengths, max_length,
-                                 eos_id)[:, 0]
+        # What the sampler sees; log_probs stay the model's own.
+        choice = _allowed(logits, seen, ids, pos, prompt_lengths, min_new_tokens, settings, rules)
         # The position in the seed's second word: plain integers, the same compiled or not
         # (stateless_fold_in is a random op, and under XLA it gives other seeds for seeds >= 2^32).
         step_seed = tf.stack([seed[0], seed[1] + tf.cast(pos, tf.int64)])
@@ -211,11 +194,7 @@ def _decode_loop(model: Any,
         lengths = tf.where(generated, pos + 1, lengths)
         finished = tf.logical_or(finished, tf.logical_and(generated, is_end(token, eos_id)))
         if on_token is not None:  # streaming: hand the step's tokens to the host before going on
-            def call(token, generated):
-                on_token(token.numpy(), generated.numpy())
-                return np.int32(0)
-            done = tf.reshape(tf.py_function(call, [token, generated], tf.int32), [])  # 0
-            token = token + done  # the next step depends on the callback having run
+            token = _after_callback(on_token, token, generated)
         # Writing one column through a mask keeps the buffer's shape fixed.
         ids = tf.where(tf.equal(positions, pos)[tf.newaxis, :], token[:, tf.newaxis], ids)
         return t + 1, ids, state, finished, lengths, log_probs, seen
@@ -226,11 +205,31 @@ def _decode_loop(model: Any,
     return ids, lengths, log_probs
 
 
-def is_end(tokens: tf.Tensor, ends: Tuple[int, ...]) -> tf.Tensor:
-    """Whether each of ``tokens`` (int32, any shape) is one of the end ids ``ends`` (all False for none)."""
-    if not ends:
-        return tf.zeros_like(tokens, tf.bool)
-    return tf.reduce_any(tf.equal(tokens[..., tf.newaxis], tf.constant(ends, tokens.dtype)), axis=-1)
+def _allowed(logits: tf.Tensor, seen: tf.Tensor, ids: tf.Tensor, pos: tf.Tensor, prompt_lengths: tf.Tensor,
+             min_new_tokens: tf.Tensor, settings: _LoopSettings, rules: Any) -> tf.Tensor:
+    """float32 `[batch, vocab]` ``logits`` as the sampler sees them at position ``pos``: the repetition
+    penalty on the ``seen`` tokens, the end ids held back before ``min_new_tokens``, the ``rules``."""
+    choice = logits
+    penalty = settings.repetition_penalty
+    if penalty != 1.0:
+        choice = tf.where(seen, tf.where(choice > 0, choice / penalty, choice * penalty), choice)
+    if settings.hold_eos:
+        early = (pos - prompt_lengths) < min_new_tokens  # [batch]
+        ends = is_end(tf.range(tf.shape(logits)[-1]), settings.eos_id)  # [vocab]
+        choice = tf.where(tf.logical_and(early[:, tf.newaxis], ends[tf.newaxis, :]), -1e30, choice)
+    if rules is not None:  # forbidden tokens at -inf (one hypothesis a row)
+        choice = rules.apply(choice[:, tf.newaxis], ids[:, tf.newaxis], pos, prompt_lengths, settings.max_length,
+                             settings.eos_id)[:, 0]
+    return choice
+
+
+def _after_callback(on_token: OnToken, token: tf.Tensor, generated: tf.Tensor) -> tf.Tensor:
+    """``token``, once ``on_token`` has seen the step on the host (the next step depends on it having run)."""
+    def call(token, generated):
+        on_token(token.numpy(), generated.numpy())
+        return np.int32(0)
+    done = tf.reshape(tf.py_function(call, [token, generated], tf.int32), [])  # 0
+    return token + done
 
 
 # The model and sampler are Python arguments: TensorFlow traces once per model
@@ -254,11 +253,3 @@ def pick_loop(eager: Any, graph: Any, xla: Any, compiled: bool, use_cache: bool,
         raise UsageError("jit_compile=True needs compiled=True and use_cache=True (the uncached reference "
                          "grows its input every step, which XLA cannot compile once)")
     return xla if jit_compile else graph if compiled else eager
-
-
-def trace_count() -> int:
-    """How many times the decode loops were traced (compiled) in this process (tests, benchmarks)."""
-    from lmkit.decoding import beam, beam_hf
-    loops = (_decode_loop_compiled, _decode_loop_xla, beam._beam_search_compiled, beam._beam_search_xla,
-             beam_hf._beam_search_transformers_compiled, beam_hf._beam_search_transformers_xla)
-    return sum(int(f.experimental_get_tracing_count()) for f in loops)

@@ -16,8 +16,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.decoding.sampler import Sampler
 from lmkit.core.errors import UsageError
+from lmkit.decoding.sampler import Sampler
 
 __all__ = ["GreedySampler", "RandomSampler", "TopKSampler", "TopPSampler"]
 

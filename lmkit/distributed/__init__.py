@@ -61,10 +61,15 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Iterable,
 import numpy as np
 
 from lmkit.core.checks import check_choice
-from lmkit.distributed.base import Backend, DistributedError
-from lmkit.distributed.env import (BACKEND_ENV, ThreadSettings, launched_by_mpi_or_horovodrun, launcher_rank,
-                            thread_settings)
 from lmkit.core.registry import lookup
+from lmkit.distributed.base import Backend, DistributedError
+from lmkit.distributed.env import (
+    BACKEND_ENV,
+    ThreadSettings,
+    launched_by_mpi_or_horovodrun,
+    launcher_rank,
+    thread_settings,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf

@@ -18,16 +18,12 @@ import abc
 import contextlib
 from typing import Any, Callable, ContextManager, List, Optional, Sequence
 
-from lmkit.distributed.env import ThreadSettings
+from lmkit.distributed.env import DistributedError, ThreadSettings  # noqa: F401 (DistributedError: its public home)
 
 __all__ = ["AveragingTape", "Backend", "DistributedError", "REDUCE_OPS", "COMPRESSIONS"]
 
 REDUCE_OPS = ("average", "sum", "min", "max")
 COMPRESSIONS = ("none", "fp16")
-
-
-class DistributedError(RuntimeError):
-    """Raised when the distributed runtime cannot be used as asked."""
 
 
 class AveragingTape:

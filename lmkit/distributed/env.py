@@ -25,6 +25,7 @@ from lmkit.core.errors import UsageError
 
 __all__ = [
     "BACKEND_ENV",
+    "DistributedError",
     "LAUNCHER_SIZE_ENV",
     "LAUNCHER_RANK_ENV",
     "LOCAL_RANK_ENV",
@@ -46,6 +47,11 @@ __all__ = [
     "LOCAL_NAMES",
     "is_local_host",
 ]
+
+
+class DistributedError(RuntimeError):
+    """Raised when the distributed runtime cannot be used as asked."""
+
 
 BACKEND_ENV = "LMKIT_BACKEND"  # set by lmkit.launch to "native"
 LOCAL_RANK_ENV = "LMKIT_LOCAL_RANK"  # set by lmkit.launch
@@ -238,7 +244,6 @@ def pin_gpus(local_rank: int, local_size: int, per_process: int = 1, tf_config: 
         pass
     seen = _device_names(tf_config.get_visible_devices("GPU"))
     if seen != _device_names(chosen):
-        from lmkit.distributed.base import DistributedError
         raise DistributedError(
             f"local rank {local_rank} of {local_size} should use GPU(s) {_device_names(chosen)}, but TensorFlow "
             f"started before dist.init() and sees {seen}; call dist.init() (or run an lmkit command) before "

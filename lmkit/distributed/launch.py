@@ -67,9 +67,9 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host
 from lmkit.core.errors import NonFiniteError, UsageError
 from lmkit.core.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
+from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host
 
 __all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "core_sets", "main",
            "FORWARDED_PREFIXES", "WRAPPED_LAUNCHERS", "run_wrapped", "mpi_launchers_below"]

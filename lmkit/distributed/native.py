@@ -35,8 +35,14 @@ import tensorflow as tf
 from lmkit.core.checks import check_choice, check_divisible
 from lmkit.core.errors import UsageError
 from lmkit.distributed.base import COMPRESSIONS, REDUCE_OPS, Backend, DistributedError
-from lmkit.distributed.env import (LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host, launched_by_mpi_or_horovodrun,
-                                   pin_gpus, thread_settings)
+from lmkit.distributed.env import (
+    LOCAL_RANK_ENV,
+    LOCAL_SIZE_ENV,
+    is_local_host,
+    launched_by_mpi_or_horovodrun,
+    pin_gpus,
+    thread_settings,
+)
 
 __all__ = ["NativeBackend", "tf_config_cluster", "tf_config_addresses", "open_servers_warning",
            "communication_options", "DEFAULT_PACK_BYTES", "PACK_BYTES_ENV"]

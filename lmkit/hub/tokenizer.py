@@ -15,13 +15,13 @@ GPT-2 text has it) and ``bos_id`` the model's ``<|endoftext|>`` (GPT-2's
 document separator); there is no unknown or padding token.
 
 The ids that end a generated text (``end_ids``) are the model's, read from
-the folder (:func:`lmkit.hub.hf.end_token_ids`: ``generation_config.json``'s
+the folder (:func:`lmkit.hub.generation_config.end_token_ids`: ``generation_config.json``'s
 ``eos_token_id``, one id or several, else ``config.json``'s) and kept with a
 run's tokenizer, so a run fine-tuned from the folder stops where the model
 does; a folder that names none ends at ``<|endoftext|>``.
 
 An encoder-decoder's tokenizer (BART) is *framed* instead (``framing``,
-from the folder's family, :func:`lmkit.hub.hf.pair_framing`): its ``bos_id``,
+from the folder's family, :func:`lmkit.hub.converters.pair_framing`): its ``bos_id``,
 ``eos_id`` and ``pad_id`` are the target's start, end and padding ids, every
 text is encoded between ``prefix`` and ``suffix`` ids, the source side
 (:meth:`HFTokenizer.source_side`) with its own suffix, and decoding drops
@@ -36,11 +36,12 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from lmkit.core.checks import is_token_id
+from lmkit.core.errors import UsageError
+from lmkit.core.fileio import atomic_write_text
 from lmkit.data.errors import DataError
 from lmkit.data.tokenizers import Tokenizer
-from lmkit.core.fileio import atomic_write_text
 
-__all__ = ["HFTokenizer", "HF_TOKENIZER_FILE", "END_OF_TEXT"]
+__all__ = ["HFTokenizer", "HF_TOKENIZER_FILE", "END_OF_TEXT", "read_tokenizer"]
 
 HF_TOKENIZER_FILE = "hf_tokenizer.json"  # in an lmkit run folder (lmkit's tokenizer.json is the record)
 END_OF_TEXT = "<|endoftext|>"
@@ -213,7 +214,8 @@ class HFTokenizer(Tokenizer):
         """
         tk = _tokenizers()
         path = os.path.join(folder, "tokenizer.json")
-        from lmkit.hub.hf import end_token_ids, pair_framing
+        from lmkit.hub.converters import pair_framing
+        from lmkit.hub.generation_config import end_token_ids
         framing = pair_framing(folder)  # an encoder-decoder's (BART) target start, end and padding ids
         end_ids = None if framing is not None else end_token_ids(folder)
         if os.path.isfile(path):
@@ -252,6 +254,15 @@ class HFTokenizer(Tokenizer):
                   "add_prefix_space": False, **special}
         atomic_write_text(os.path.join(folder, "tokenizer_config.json"), json.dumps(config, indent=2) + "\n")
         atomic_write_text(os.path.join(folder, "special_tokens_map.json"), json.dumps(special, indent=2) + "\n")
+
+
+def read_tokenizer(folder: str) -> HFTokenizer:
+    """The tokenizer of a Hugging Face folder (:meth:`HFTokenizer.from_hf_folder`), a problem as a
+    :class:`UsageError` (one message naming the file)."""
+    try:
+        return HFTokenizer.from_hf_folder(folder)
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_end_ids(end_ids: Any) -> List[int]:

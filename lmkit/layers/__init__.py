@@ -1,66 +1,73 @@
 """Reusable building blocks: ``tf.Module`` s holding plain ``tf.Variable`` s.
 
 Every module creates its variables in ``__init__``, works eagerly and under
-``tf.function``, and describes itself with ``get_config()``.
+``tf.function``, and describes itself with ``get_config()``. One concept per
+file: ``base`` (Module, Linear, dropout, initializers), ``embeddings``,
+``norms``, ``rotary``, ``feedforward``, ``attention`` (the one attention
+module and its functions), ``transformer`` (residual layers and the
+decoder-only stack), ``encoder_decoder``, ``cells`` and ``rnn`` (recurrent
+cores and unrolling), ``attention_rnn``, ``lora``, ``projection``,
+``precision``, ``kernels/`` (fused attention).
+
+The names below load their module on first use: ``lmkit.layers.precision``
+and ``lmkit.layers.kernels`` (which the config's checks read) import no
+TensorFlow, and neither does this package.
 """
 
-from lmkit.layers.attention_rnn import AttentionRNNDecoder, AttentionRNNState, RNNEncoder, RNNMemory
-from lmkit.layers.base import (Linear, Module, dropout, ones_initializer, uniform_initializer,
-                                zeros_initializer)
-from lmkit.layers.encoder_decoder import (CrossAttentionLayer, Memory, MemoryAttention, TransformerCrossDecoder,
-                                           TransformerEncoder, TransformerEncoderLayer)
-from lmkit.layers.embeddings import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
-from lmkit.layers.llama import (GatedFeedForward, GroupedQueryAttention, LlamaDecoder, LlamaLayer, RMSNorm,
-                                 RotaryEmbedding)
-from lmkit.layers.lora import LoRAAdapter, add_lora, frozen, merge_lora
-from lmkit.layers.projection import OutputProjection
-from lmkit.layers.rnn import (GRUCell, LSTMCell, LSTMState, RecurrentCell, RNNDecoder, StackedRNN,
-                               unroll)
-from lmkit.layers.transformer import (AttentionCache, LayerNorm, MultiHeadAttention,
-                                       TransformerDecoder, TransformerLayer, TransformerState)
+import importlib
+from typing import Any
 
-__all__ = [
-    "AttentionCache",
-    "AttentionRNNDecoder",
-    "AttentionRNNState",
-    "CrossAttentionLayer",
-    "GRUCell",
-    "GatedFeedForward",
-    "GroupedQueryAttention",
-    "LSTMCell",
-    "LSTMState",
-    "LayerNorm",
-    "Memory",
-    "MemoryAttention",
-    "Linear",
-    "LlamaDecoder",
-    "LlamaLayer",
-    "LoRAAdapter",
-    "Module",
-    "MultiHeadAttention",
-    "OutputProjection",
-    "PositionEmbedder",
-    "RMSNorm",
-    "RNNDecoder",
-    "RNNEncoder",
-    "RNNMemory",
-    "RecurrentCell",
-    "RotaryEmbedding",
-    "SinusoidsPositionEmbedder",
-    "StackedRNN",
-    "TransformerCrossDecoder",
-    "TransformerDecoder",
-    "TransformerEncoder",
-    "TransformerEncoderLayer",
-    "TransformerLayer",
-    "TransformerState",
-    "WordEmbedder",
-    "add_lora",
-    "dropout",
-    "frozen",
-    "merge_lora",
-    "ones_initializer",
-    "uniform_initializer",
-    "unroll",
-    "zeros_initializer",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "Attention": "lmkit.layers.attention",
+    "AttentionCache": "lmkit.layers.attention",
+    "AttentionRNNDecoder": "lmkit.layers.attention_rnn",
+    "AttentionRNNState": "lmkit.layers.attention_rnn",
+    "CrossAttentionLayer": "lmkit.layers.encoder_decoder",
+    "GRUCell": "lmkit.layers.rnn",
+    "GatedFeedForward": "lmkit.layers.feedforward",
+    "LSTMCell": "lmkit.layers.rnn",
+    "LSTMState": "lmkit.layers.rnn",
+    "LayerNorm": "lmkit.layers.norms",
+    "Linear": "lmkit.layers.base",
+    "LoRAAdapter": "lmkit.layers.lora",
+    "Memory": "lmkit.layers.encoder_decoder",
+    "Module": "lmkit.layers.base",
+    "OutputProjection": "lmkit.layers.projection",
+    "PositionEmbedder": "lmkit.layers.embeddings",
+    "RMSNorm": "lmkit.layers.norms",
+    "RNNDecoder": "lmkit.layers.rnn",
+    "RNNEncoder": "lmkit.layers.attention_rnn",
+    "RNNMemory": "lmkit.layers.attention_rnn",
+    "RecurrentCell": "lmkit.layers.rnn",
+    "RotaryEmbedding": "lmkit.layers.rotary",
+    "SinusoidsPositionEmbedder": "lmkit.layers.embeddings",
+    "StackedRNN": "lmkit.layers.rnn",
+    "TransformerCrossDecoder": "lmkit.layers.encoder_decoder",
+    "TransformerDecoder": "lmkit.layers.transformer",
+    "TransformerEncoder": "lmkit.layers.encoder_decoder",
+    "TransformerEncoderLayer": "lmkit.layers.encoder_decoder",
+    "TransformerLayer": "lmkit.layers.transformer",
+    "TransformerState": "lmkit.layers.transformer",
+    "WordEmbedder": "lmkit.layers.embeddings",
+    "add_lora": "lmkit.layers.lora",
+    "dropout": "lmkit.layers.base",
+    "frozen": "lmkit.layers.lora",
+    "merge_lora": "lmkit.layers.lora",
+    "ones_initializer": "lmkit.layers.base",
+    "uniform_initializer": "lmkit.layers.base",
+    "unroll": "lmkit.layers.rnn",
+    "zeros_initializer": "lmkit.layers.base",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lmkit.layers' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return __all__

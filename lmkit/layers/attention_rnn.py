@@ -25,8 +25,8 @@ import tensorflow as tf
 from lmkit.core.errors import UsageError
 from lmkit.layers.base import Linear, Module, Training, check_positive_int, dropout, uniform_initializer
 from lmkit.layers.cells import CellState, LSTMState
-from lmkit.layers.rnn import RNNDecoder
 from lmkit.layers.precision import cast_like
+from lmkit.layers.rnn import RNNDecoder
 
 __all__ = ["ATTENTIONS", "AttentionRNNDecoder", "AttentionRNNState", "RNNEncoder", "RNNMemory"]
 

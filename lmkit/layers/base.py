@@ -23,8 +23,13 @@ from typing import Any, Callable, Dict, Optional, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
-from lmkit.core.checks import (check_float, check_non_negative_float, check_positive_float, check_positive_int,
-                          check_rate)
+from lmkit.core.checks import (
+    check_float,
+    check_non_negative_float,
+    check_positive_float,
+    check_positive_int,
+    check_rate,
+)
 from lmkit.layers.precision import cast_like
 
 Initializer = Callable[[Sequence[int], tf.dtypes.DType], tf.Tensor]
@@ -44,6 +49,7 @@ __all__ = [
     "leading_shape",
     "matmul_last_axis",
     "ones_initializer",
+    "plain",
     "uniform_initializer",
     "zeros_initializer",
 ]
@@ -55,6 +61,21 @@ class Module(tf.Module):
     def get_config(self) -> Dict[str, Any]:
         """The constructor's keyword arguments (JSON-friendly values only)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement get_config")
+
+
+def plain(value: Any) -> Any:
+    """``value`` with the dicts and lists that ``tf.Module`` wraps for tracking turned back into plain ones.
+
+    A dict or list kept as a module attribute comes back wrapped (``_DictWrapper``, ``ListWrapper``);
+    ``get_config`` returns plain ones, which ``json.dumps`` writes.
+    """
+    if isinstance(value, (str, bytes)):
+        return value
+    if hasattr(value, "keys") and hasattr(value, "items"):  # dict, or tf's _DictWrapper (not a Mapping)
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ in ("ListWrapper", "_TupleWrapper"):
+        return [plain(v) for v in value]
+    return value
 
 
 # --- initializers -----------------------------------------------------------

@@ -16,7 +16,7 @@ can hoist the input half out of the time loop:
 of two, the recurrent kernel's gradient as one matmul over all steps, and
 the fused ``SigmoidGrad``/``TanhGrad`` kernels, with gradients equal to
 automatic differentiation's to float32 rounding (tested in
-``tests/layers/test_modules_rnn.py``; measured in ``docs/performance.md``).
+``tests/layers/test_cells.py``; measured in ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,14 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from lmkit.layers.base import (Module, check_float, check_positive_float, check_positive_int,
-                                matmul_last_axis, uniform_initializer)
+from lmkit.layers.base import (
+    Module,
+    check_float,
+    check_positive_float,
+    check_positive_int,
+    matmul_last_axis,
+    uniform_initializer,
+)
 from lmkit.layers.precision import cast_like, state_in_dtype_of
 
 __all__ = ["CellState", "GRUCell", "LSTMCell", "LSTMState", "RecurrentCell"]

@@ -14,8 +14,17 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
-from lmkit.layers.base import (Initializer, Module, Seed, Training, check_positive_float,
-                                check_positive_int, check_rate, dropout, uniform_initializer)
+from lmkit.layers.base import (
+    Initializer,
+    Module,
+    Seed,
+    Training,
+    check_positive_float,
+    check_positive_int,
+    check_rate,
+    dropout,
+    uniform_initializer,
+)
 from lmkit.layers.precision import cast_to_compute
 
 __all__ = ["PositionEmbedder", "SinusoidsPositionEmbedder", "WordEmbedder"]

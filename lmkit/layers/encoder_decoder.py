@@ -1,14 +1,16 @@
 """Transformer blocks for conditional generation: a bidirectional encoder and a decoder that attends to it.
 
-* :class:`MemoryAttention`: multi-head attention from queries to a memory (a
-  source sequence, or the queries themselves), masked by the memory's
-  padding, not causal. Its keys and values are computed once per source
-  (:meth:`MemoryAttention.memory`) and reused at every decoding step.
+Both attend with :class:`~lmkit.layers.attention.Attention`: not causal with
+separate ``query`` and fused ``key_value`` projections for the encoder's
+self-attention and the decoder's attention to the encoder, whose keys and
+values are computed once per source (:meth:`TransformerCrossDecoder.memory`)
+and reused at every decoding step.
+
 * :class:`TransformerEncoderLayer`, :class:`TransformerEncoder`: bidirectional
   self-attention over a padded source ``[batch, source_time, dim]`` with a
   ``[batch, source_time]`` mask.
 * :class:`CrossAttentionLayer`, :class:`TransformerCrossDecoder`: causal
-  self-attention (with the key/value cache of :mod:`lmkit.layers.transformer`),
+  self-attention (with the key/value cache of :mod:`lmkit.layers.attention`),
   attention to the encoder's outputs, and a feed-forward block.
 
 Pre-layer-norm (``x + drop(f(norm(x)))``) or post-layer-norm
@@ -19,108 +21,51 @@ first decoding step to the last, so the loop compiles with XLA.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from lmkit.core.checks import check_heads
 from lmkit.core.errors import UsageError
-from lmkit.layers.base import Linear, Module, Training, check_positive_float, check_positive_int, check_rate
-from lmkit.layers.transformer import (AttentionCache, LayerNorm, ResidualLayer, TransformerLayer, TransformerState,
-                                       attend, default_ffn_dim, empty_state, layer_stack, run_layers)
-from lmkit.layers.precision import cast_like
+from lmkit.layers.attention import Attention, AttentionCache
+from lmkit.layers.base import Module, Training, check_positive_int
+from lmkit.layers.norms import LayerNorm
+from lmkit.layers.transformer import (
+    ResidualLayer,
+    TransformerLayer,
+    TransformerState,
+    default_ffn_dim,
+    empty_state,
+    layer_stack,
+    run_layers,
+)
 
-__all__ = ["CrossAttentionLayer", "Memory", "MemoryAttention", "TransformerCrossDecoder", "TransformerEncoder",
+__all__ = ["CrossAttentionLayer", "Memory", "TransformerCrossDecoder", "TransformerEncoder",
            "TransformerEncoderLayer"]
 
 
-class MemoryAttention(Module):
-    """Multi-head attention from ``inputs`` [batch, time, dim] to a memory [batch, source_time, dim].
-
-    Not causal: every query sees every memory position the mask keeps.
-    Variables: ``query/kernel`` [dim, dim] and ``query/bias``,
-    ``key_value/kernel`` [dim, 2 * dim] and ``key_value/bias`` (keys, then
-    values), ``output/kernel`` [dim, dim] and ``output/bias``.
-    """
-
-    def __init__(self, *, dim: int, num_heads: int, dropout: float = 0.0, init_scale: float = 0.1,
-                 name: Optional[str] = None) -> None:
-        """Creates the variables.
-
-        Args:
-          dim: model size; a multiple of ``num_heads``.
-          num_heads: number of heads.
-          dropout: on the attention probabilities while training.
-          init_scale: kernels from uniform(-init_scale, init_scale).
-          name: module name.
-        """
-        super().__init__(name=name)
-        self.dim = check_positive_int("dim", dim)
-        self.head_dim = check_heads("dim", dim, num_heads)
-        self.num_heads = num_heads
-        self.dropout = check_rate("dropout", dropout)
-        self.init_scale = check_positive_float("init_scale", init_scale)
-        with self.name_scope:
-            self.query = Linear(input_size=dim, output_size=dim, init_scale=init_scale, name="query")
-            self.key_value = Linear(input_size=dim, output_size=2 * dim, init_scale=init_scale, name="key_value")
-            self.output = Linear(input_size=dim, output_size=dim, init_scale=init_scale, name="output")
-
-    def _heads(self, x: tf.Tensor) -> tf.Tensor:
-        """[batch, time, dim] -> [batch, heads, time, head_dim]."""
-        batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        return tf.transpose(tf.reshape(x, [batch, length, self.num_heads, self.head_dim]), [0, 2, 1, 3])
-
-    def memory(self, memory: tf.Tensor, training: Training = False) -> AttentionCache:
-        """The memory's keys and values, each [batch, heads, source_time, head_dim]: once per source."""
-        keys, values = tf.split(self.key_value(memory, training), 2, axis=-1)
-        return AttentionCache(self._heads(keys), self._heads(values))
-
-    def __call__(self, inputs: tf.Tensor, memory: AttentionCache, memory_mask: Optional[tf.Tensor] = None,
-                 training: Training = False) -> tf.Tensor:
-        """Attends from ``inputs`` [batch, time, dim] to ``memory`` (from :meth:`memory`).
-
-        Args:
-          inputs: the queries' inputs.
-          memory: keys and values of the memory.
-          memory_mask: [batch, source_time] bool, True where the memory holds
-            a token (False: padding, never attended); None keeps every position.
-          training: dropout.
-
-        Returns:
-          [batch, time, dim] in the input's dtype.
-        """
-        batch, length = tf.shape(inputs)[0], tf.shape(inputs)[1]
-        queries = self._heads(self.query(inputs, training)) * (1.0 / math.sqrt(self.head_dim))
-        mask = None if memory_mask is None else tf.cast(memory_mask, tf.bool)[:, tf.newaxis, tf.newaxis, :]
-        # A memory computed under another precision than this call's takes the queries' dtype.
-        context = attend(queries, cast_like(memory.keys, queries), cast_like(memory.values, queries), mask,
-                         self.dropout, training)
-        context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.dim])
-        return self.output(context, training)
-
-    def get_config(self) -> Dict[str, Any]:
-        return {"dim": self.dim, "num_heads": self.num_heads, "dropout": self.dropout,
-                "init_scale": self.init_scale, "name": self.name}
+def _memory_attention(layer: ResidualLayer, name: str) -> Attention:
+    """A layer's attention to a memory or to its padded input: not causal, ``query`` and ``key_value``."""
+    return Attention(dim=layer.dim, num_heads=layer.num_heads, causal=False, fused="kv",
+                     dropout=layer.attention_dropout, init_scale=layer.init_scale, name=name)
 
 
 class TransformerEncoderLayer(ResidualLayer):
     """Bidirectional self-attention over a padded source and a feed-forward block.
 
     Arguments as :class:`~lmkit.layers.transformer.ResidualLayer`. Variables:
-    ``attention/...`` (a :class:`MemoryAttention` over the layer's own
-    input), ``attention_norm/...``, ``ffn_inner``, ``ffn_outer``, ``ffn_norm/...``.
+    ``attention/...`` (an :class:`~lmkit.layers.attention.Attention` over the
+    layer's own input: not causal, ``query``, ``key_value`` and ``output``),
+    ``attention_norm/...``, ``ffn_inner``, ``ffn_outer``, ``ffn_norm/...``.
     """
 
     def _attention(self) -> Module:
-        return MemoryAttention(dim=self.dim, num_heads=self.num_heads, dropout=self.attention_dropout,
-                               init_scale=self.init_scale, name="attention")
+        return _memory_attention(self, "attention")
 
     def __call__(self, inputs: tf.Tensor, mask: Optional[tf.Tensor] = None,
                  training: Training = False) -> tf.Tensor:
         """inputs [batch, source_time, dim], mask [batch, source_time] bool (True = token) -> same shape."""
         def self_attention(x: tf.Tensor) -> tf.Tensor:
-            return self.attention(x, self.attention.memory(x, training), mask, training)
+            return self.attention(x, training, mask=mask)[0]
 
         x = self._residual(inputs, self.attention_norm, self_attention, training)
         return self._residual(x, self.ffn_norm, lambda h: self._feed_forward(h, training), training)
@@ -175,15 +120,13 @@ class CrossAttentionLayer(TransformerLayer):
     """Causal self-attention (cached), attention to the encoder's outputs, a feed-forward block.
 
     Arguments as :class:`~lmkit.layers.transformer.ResidualLayer`. Variables:
-    ``attention/...`` (:class:`~lmkit.layers.MultiHeadAttention`),
-    ``attention_norm/...``, ``cross_attention/...`` (:class:`MemoryAttention`),
+    ``attention/...`` (causal, one ``qkv`` kernel: :class:`~lmkit.layers.transformer.TransformerLayer`'s),
+    ``attention_norm/...``, ``cross_attention/...`` (as the encoder's ``attention``),
     ``cross_norm/...``, ``ffn_inner``, ``ffn_outer``, ``ffn_norm/...``.
     """
 
     def _middle(self) -> None:
-        self.cross_attention = MemoryAttention(dim=self.dim, num_heads=self.num_heads,
-                                               dropout=self.attention_dropout, init_scale=self.init_scale,
-                                               name="cross_attention")
+        self.cross_attention = _memory_attention(self, "cross_attention")
         self.cross_norm = LayerNorm(dim=self.dim, epsilon=self.attention_norm.epsilon, name="cross_norm")
 
     def __call__(self, inputs: tf.Tensor, training: Training = False, cache: Optional[AttentionCache] = None,
@@ -191,14 +134,16 @@ class CrossAttentionLayer(TransformerLayer):
                  memory_mask: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """Runs the layer over the target window ``inputs`` [batch, time, dim].
 
-        ``cache`` and ``positions`` as :meth:`lmkit.layers.MultiHeadAttention.__call__`;
+        ``cache`` and ``positions`` as :meth:`lmkit.layers.attention.Attention.__call__`;
         ``memory`` this layer's keys and values of the encoder outputs
-        (:meth:`MemoryAttention.memory`), ``memory_mask`` the source mask.
+        (``cross_attention.memory``), ``memory_mask`` the source mask.
         Returns ``(outputs, cache)``.
         """
+        def cross_attention(h: tf.Tensor) -> tf.Tensor:
+            return self.cross_attention(h, training, memory=memory, mask=memory_mask)[0]
+
         x, cache = self._self_attention(inputs, training, cache, positions)
-        x = self._residual(x, self.cross_norm,
-                           lambda h: self.cross_attention(h, memory, memory_mask, training), training)
+        x = self._residual(x, self.cross_norm, cross_attention, training)
         return self._residual(x, self.ffn_norm, lambda h: self._feed_forward(h, training), training), cache
 
 

@@ -27,8 +27,17 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
-from lmkit.layers.base import (Linear, Module, Training, check_positive_float, check_positive_int, check_rate,
-                                dropout, uniform_initializer, zeros_initializer)
+from lmkit.layers.base import (
+    Linear,
+    Module,
+    Training,
+    check_positive_float,
+    check_positive_int,
+    check_rate,
+    dropout,
+    uniform_initializer,
+    zeros_initializer,
+)
 from lmkit.layers.precision import cast_like
 
 __all__ = ["LoRAAdapter", "LoRA", "add_lora", "frozen", "linear_layers", "lora_of", "merge_lora"]

@@ -13,8 +13,15 @@ from typing import Any, Dict, Optional
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
-from lmkit.layers.base import (Initializer, Module, check_positive_float, check_positive_int, matmul_last_axis,
-                                uniform_initializer, zeros_initializer)
+from lmkit.layers.base import (
+    Initializer,
+    Module,
+    check_positive_float,
+    check_positive_int,
+    matmul_last_axis,
+    uniform_initializer,
+    zeros_initializer,
+)
 from lmkit.layers.embeddings import WordEmbedder
 
 __all__ = ["OutputProjection"]

@@ -21,8 +21,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
-from lmkit.layers.base import (Module, Training, check_float, check_positive_float, check_positive_int,
-                                check_rate, dropout)
+from lmkit.layers.base import (
+    Module,
+    Training,
+    check_float,
+    check_positive_float,
+    check_positive_int,
+    check_rate,
+    dropout,
+)
 from lmkit.layers.cells import CellState, GRUCell, LSTMCell, LSTMState, RecurrentCell
 from lmkit.layers.precision import state_in_dtype_of
 

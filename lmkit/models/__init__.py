@@ -1,4 +1,5 @@
-"""Language models: the protocol, the built-in models and the one model registry.
+"""Language models: the protocol, the model families (one folder each: the model and its Hugging Face
+converter) and the one registry of families, :mod:`lmkit.models.registry`.
 
 :data:`MODELS` maps a config's ``model`` name to the class that builds it
 (as ``"module:Class"``, imported only when used) and the constructor
@@ -23,9 +24,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lmkit.models.registry import MODELS, build_model, is_import_path, model_class, model_keys
+from lmkit.models.build import load_pretrained
+from lmkit.models.registry import FAMILIES, MODELS, build_model, is_import_path, model_class, model_keys
 
 __all__ = [
+    "FAMILIES",
     "MODELS",
     "LanguageModel",
     "LlamaLanguageModel",
@@ -33,6 +36,7 @@ __all__ = [
     "TransformerLanguageModel",
     "build_model",
     "is_import_path",
+    "load_pretrained",
     "model_class",
     "model_keys",
 ]

@@ -1,4 +1,5 @@
-"""A run's model as its config describes it: built, pretrained weights loaded, LoRA adapters added.
+"""A run's model as its config describes it: built, pretrained weights loaded, LoRA adapters added; and
+the model of a Hugging Face folder (:func:`load_pretrained`).
 
 ``lmkit train`` (:func:`build_run_model`) and :func:`lmkit.train.load_model`
 (:func:`restore_lora_run`) share these steps, so a LoRA run is rebuilt for
@@ -10,11 +11,41 @@ nothing else), merged into the base's kernels.
 from __future__ import annotations
 
 import os
-from typing import Any, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from lmkit.core.errors import UsageError
 
-__all__ = ["build_run_model", "describe_lora", "lora_targets_of"]
+__all__ = ["build_run_model", "describe_lora", "load_pretrained", "lora_targets_of"]
+
+
+def load_pretrained(folder: str, tokenizer: Any = None, converter: Optional[Any] = None
+                    ) -> Tuple[Any, Any, Dict[str, Any]]:
+    """``(model, tokenizer, config.json)`` of a Hugging Face folder of any family lmkit reads.
+
+    The family's converter (:func:`lmkit.hub.converters.converter_of`, by the folder's ``model_type``)
+    checks the config and gives the model's keys; the tokenizer (read when None) is checked against the
+    vocabulary; the model is built and filled with the folder's weights.
+
+    Args:
+      folder: the Hugging Face folder.
+      tokenizer: its tokenizer when already read (:func:`lmkit.hub.tokenizer.read_tokenizer`).
+      converter: the family's converter, when known (a folder of another family is refused by it).
+
+    Raises:
+      UsageError: any problem with the folder (one message naming the file).
+    """
+    from lmkit.hub.converters import converter_of
+    from lmkit.hub.folders import check_vocabulary
+    from lmkit.hub.tokenizer import read_tokenizer
+    from lmkit.models.registry import build_model
+
+    converter = converter if converter is not None else converter_of(folder)
+    config = converter.read_config(folder)
+    tokenizer = tokenizer if tokenizer is not None else read_tokenizer(folder)
+    check_vocabulary(tokenizer, config["vocab_size"], folder)
+    model = build_model(converter.model_config(config, folder))
+    converter.load_weights(model, folder)
+    return model, tokenizer, config
 
 
 def lora_targets_of(config: Any, model: Any) -> Tuple[str, ...]:
@@ -23,7 +54,7 @@ def lora_targets_of(config: Any, model: Any) -> Tuple[str, ...]:
         return tuple(t.strip() for t in config.lora_targets.split(",") if t.strip())
     targets = tuple(getattr(model, "lora_targets", ()))
     if not targets:
-        raise UsageError(f"model {config.model!r} names no default LoRA targets; set lora_targets "
+        raise UsageError(f"model {config.model.name!r} names no default LoRA targets; set lora_targets "
                          "(comma-separated names of its linear layers)")
     return targets
 
@@ -37,8 +68,8 @@ def build_run_model(config: Any, *, load_pretrained: bool = True) -> Any:
     ``dist.scope()``. ``load_pretrained=False`` skips reading the folder (a
     checkpoint restores every weight next).
     """
-    from lmkit.models import build_model
     from lmkit.layers.lora import add_lora, frozen
+    from lmkit.models.registry import build_model
 
     if config.lora_rank:
         with frozen():
@@ -46,7 +77,7 @@ def build_run_model(config: Any, *, load_pretrained: bool = True) -> Any:
     else:
         model = build_model(config.model_config())
     if config.init_from and load_pretrained:
-        from lmkit.hub.hf import load_pretrained_weights
+        from lmkit.hub.converters import load_pretrained_weights
         if not os.path.isdir(config.init_from):
             raise UsageError(f"the base model folder {config.init_from} (init_from) is gone; a LoRA run "
                              "keeps only its adapters: put the folder back or edit init_from in the run's "

@@ -1,4 +1,13 @@
-"""The model registry: a config's ``model`` name -> the class that builds it (no TensorFlow import).
+"""The registry of model families: a config's ``model`` name -> the class that builds it (no TensorFlow import).
+
+A family is one folder, ``lmkit/models/<family>/``: its model, its Hugging
+Face converter (``convert.py``, :class:`lmkit.hub.converters.Converter`)
+and an ``__init__.py`` that declares, as plain data, the ``model`` names it
+builds (``MODELS``, and ``SEQ2SEQ_MODELS`` for encoder-decoders), the
+Hugging Face ``model_type``s it reads (``HF_MODEL_TYPES``, each with the
+model it loads as) and its converter (``CONVERTER``, ``"module:Class"``).
+:data:`FAMILIES` lists the families, one line each; everything else here is
+assembled from them.
 
 :data:`MODELS` maps a config's ``model`` name to the class that builds it
 (as ``"module:Class"``, imported only when used) and the constructor
@@ -17,34 +26,80 @@ another built-in model takes is ignored, so one config dict serves all.
 
 from __future__ import annotations
 
+import importlib
 import inspect
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Tuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from lmkit.core.checks import check_known_keys, did_you_mean
 from lmkit.core.errors import UsageError
 from lmkit.core.registry import import_object
 
 if TYPE_CHECKING:  # pragma: no cover
+    from lmkit.hub.converters import Converter
     from lmkit.models.protocols import LanguageModel
 
-__all__ = ["MODELS", "build_model", "is_import_path", "model_class", "model_keys"]
+__all__ = ["CONVERTERS", "FAMILIES", "MODELS", "build_model", "converter_of_model", "family_converters",
+           "family_of_model", "family_package", "is_import_path", "model_class", "model_keys", "pretrained_models"]
 
-#: name -> ("module:Class", constructor arguments the name fixes).
-MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
-    "lstm": ("lmkit.models.rnn.model:RNNLanguageModel", {"cell": "lstm"}),
-    "gru": ("lmkit.models.rnn.model:RNNLanguageModel", {"cell": "gru"}),
-    "transformer": ("lmkit.models.gpt2.model:TransformerLanguageModel", {}),
-    # GPT-2's architecture (tied softmax without bias, learned positions, pre-LN); lmkit.hub.hf maps
-    # Hugging Face GPT-2 checkpoints onto it.
-    "gpt2": ("lmkit.models.gpt2.model:TransformerLanguageModel",
-             {"tie_weights": True, "pre_layer_norm": True, "position_embedding": "learned",
-              "output_bias": False}),
-    # RMSNorm, rotary positions, SwiGLU, grouped-query attention: Llama, Qwen2, Mistral (lmkit.hub.hf_llama).
-    "llama": ("lmkit.models.llama.model:LlamaLanguageModel", {}),
-    # Encoder-decoders (conditional = True: they train on data = "pairs").
-    "transformer_seq2seq": ("lmkit.models.bart.model:TransformerSeq2Seq", {}),
-    "rnn_seq2seq": ("lmkit.models.rnn.seq2seq:RNNSeq2Seq", {}),
+#: family -> its package. A new family is one line here.
+FAMILIES: Dict[str, str] = {
+    "rnn": "lmkit.models.rnn",  # LSTM, GRU, and their encoder-decoder with attention
+    "gpt2": "lmkit.models.gpt2",  # lmkit's transformer, and GPT-2
+    "llama": "lmkit.models.llama",  # Llama, Qwen2, Mistral
+    "bart": "lmkit.models.bart",  # the transformer encoder-decoder, and BART
 }
+
+
+def family_package(family: str) -> ModuleType:
+    """The package of ``family`` (its ``__init__.py`` declarations; no TensorFlow import)."""
+    return importlib.import_module(FAMILIES[family])
+
+
+def _declaration(family: str, name: str, default: Any = None) -> Any:
+    """One declaration of ``family``'s ``__init__.py`` (``default`` where it has none), read from the module's
+    own names: a family's lazy ``__getattr__`` would import its model, and TensorFlow with it."""
+    return vars(family_package(family)).get(name, default)
+
+
+def _declared(name: str) -> Dict[str, Any]:
+    """One declaration (a dict) of every family, merged in the families' order."""
+    return {key: value for family in FAMILIES for key, value in _declaration(family, name, {}).items()}
+
+
+#: name -> ("module:Class", constructor arguments the name fixes): the language models, then the
+#: encoder-decoders.
+MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {**_declared("MODELS"), **_declared("SEQ2SEQ_MODELS")}
+#: Hugging Face ``model_type`` -> the converter that reads its folders (``"module:Class"``).
+CONVERTERS: Dict[str, str] = {model_type: _declaration(family, "CONVERTER") for family in FAMILIES
+                              for model_type in _declaration(family, "HF_MODEL_TYPES", {})}
+
+
+def family_of_model(model: str) -> Optional[str]:
+    """The family whose folder holds the model named ``model`` (None for a user's import path)."""
+    for family in FAMILIES:
+        if model in _declaration(family, "MODELS", {}) or model in _declaration(family, "SEQ2SEQ_MODELS", {}):
+            return family
+    return None
+
+
+def converter_of_model(model: str) -> Optional["Converter"]:
+    """The Hugging Face converter of the family of the model named ``model``; None where there is none."""
+    return family_converters().get(family_of_model(model))
+
+
+def family_converters() -> Dict[str, "Converter"]:
+    """family -> its Hugging Face converter, for the families that have one (in the families' order)."""
+    from lmkit.hub.converters import converter_at
+    paths = {family: _declaration(family, "CONVERTER") for family in FAMILIES}
+    return {family: converter_at(path) for family, path in paths.items() if path}
+
+
+def pretrained_models() -> Tuple[str, ...]:
+    """The ``model`` names that ``--init_from`` fills from a Hugging Face folder (those its families'
+    ``model_type``s load as), in the families' order."""
+    return tuple(dict.fromkeys(_declared("HF_MODEL_TYPES").values()))
+
 
 # Constructor arguments that no config sets (the module name) or that a
 # config spells differently (dropout = 1 - keep_prob).

@@ -32,8 +32,15 @@ import tensorflow as tf
 
 from lmkit.core.errors import CheckpointError, UsageError
 from lmkit.core.fileio import atomic_write_bytes, atomic_write_text, fsync_dir
-from lmkit.core.layout import (CHECKPOINT_DIR, CHECKPOINT_PREFIX, CONFIG_FILE, META_FILE, read_config_dict,
-                          checkpoint_folder_name, complete_checkpoints)
+from lmkit.core.layout import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_PREFIX,
+    CONFIG_FILE,
+    META_FILE,
+    checkpoint_folder_name,
+    complete_checkpoints,
+    read_config_dict,
+)
 
 __all__ = ["CheckpointManager", "CorruptCheckpointError", "load_model"]
 
@@ -399,10 +406,10 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters:
         checkpoint), or no checkpoint of ``model_dir`` reads back.
     """
     from lmkit.config import TrainConfig
-    from lmkit.data.tokenizers import tokenizer_of_run
-    from lmkit.models.build import build_run_model
-    from lmkit.layers.lora import lora_of, merge_lora
     from lmkit.core.progress import stderr_line
+    from lmkit.data.tokenizers import tokenizer_of_run
+    from lmkit.layers.lora import lora_of, merge_lora
+    from lmkit.models.build import build_run_model
 
     config = TrainConfig.from_dict(read_config_dict(model_dir), source=f"{model_dir}/{CONFIG_FILE}")
     tokenizer = tokenizer_of_run(model_dir)

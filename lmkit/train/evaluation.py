@@ -22,12 +22,12 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from lmkit.layers import kernels as attention_kernels
-from lmkit.data.batching import BpttBatches
-from lmkit.train.losses import sequence_softmax_cross_entropy, window_loss
-from lmkit.layers.precision import scope as precision_scope
-from lmkit.train.metrics import perplexity
 from lmkit.core.xla import use_autograph
+from lmkit.data.batching import BpttBatches
+from lmkit.layers import kernels as attention_kernels
+from lmkit.layers.precision import scope as precision_scope
+from lmkit.train.losses import sequence_softmax_cross_entropy, window_loss
+from lmkit.train.metrics import perplexity
 
 __all__ = ["Evaluator", "PairEvaluator", "word_perplexity"]
 

@@ -11,17 +11,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any, Dict, Optional
 
 from lmkit import distributed as dist
-from lmkit.config import ADAPTER_KEYS, MODEL_CONFIG_KEYS
-from lmkit.data.vocab import Vocab
+from lmkit.config import ADAPTER_KEYS, stored_model_config
 from lmkit.core.errors import CheckpointError, UsageError
 from lmkit.core.fileio import atomic_write_text
 from lmkit.core.layout import CONFIG_FILE, VOCAB_FILE, read_config_dict
+from lmkit.data.vocab import Vocab
 
 __all__ = ["check_agreement", "prepare_model_dir"]
 
@@ -69,14 +68,9 @@ def _check_writable(model_dir: str) -> None:
 def _check_stored(model_dir: str, config: Any, vocab: Any) -> None:
     """An earlier run's config and vocabulary in ``model_dir`` must match this run's."""
     if os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
-        stored = read_config_dict(model_dir)
-        defaults = {f.name: None if f.default is dataclasses.MISSING else f.default
-                    for f in dataclasses.fields(config)}
         # The model's shape (model_params merged, as model_config() does) and its adapters.
         # A key an older lmkit did not store had its default then.
-        theirs = {**{k: stored.get(k, defaults[k]) for k in MODEL_CONFIG_KEYS},
-                  **(stored.get("model_params") or {}),
-                  **{k: stored.get(k, defaults[k]) for k in ADAPTER_KEYS}}
+        theirs = stored_model_config(read_config_dict(model_dir), f"{model_dir}/{CONFIG_FILE}")
         # As config.json stores them (tuples as lists).
         mine = json.loads(json.dumps({**config.model_config(), **{k: getattr(config, k) for k in ADAPTER_KEYS}}))
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}

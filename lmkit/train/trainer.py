@@ -42,30 +42,31 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from lmkit.layers import kernels as attention_kernels, precision
 from lmkit import distributed as dist
-from lmkit.core.checks import check_divisible
 from lmkit.config import TrainConfig
-from lmkit.data.batching import Batches
+from lmkit.core.checks import check_divisible
 from lmkit.core.errors import NonFiniteError, PreemptedError, UsageError
 from lmkit.core.fileio import atomic_write_text
 from lmkit.core.layout import CHECKPOINT_DIR, RESULTS_FILE, TENSORBOARD_DIR
+from lmkit.core.preemption import PreemptionWatcher
+from lmkit.core.xla import use_autograph, use_xla
+from lmkit.data.batching import Batches
+from lmkit.layers import kernels as attention_kernels
+from lmkit.layers import precision
 from lmkit.layers.lora import lora_of
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train.accumulation import accumulate_gradients, micro_batch_rows
 from lmkit.train.checkpoint import CheckpointManager
-from lmkit.train.loss_scale import DynamicLossScale
 from lmkit.train.evaluation import Evaluator
 from lmkit.train.feed import feed_device, flag_tensors, host_flags, window_feed
 from lmkit.train.flops import device_peak_tflops, flops_per_token
+from lmkit.train.loss_scale import DynamicLossScale
 from lmkit.train.metrics import ProgressBar, Summaries, perplexity
-from lmkit.core.preemption import PreemptionWatcher
 from lmkit.train.records import EpochRun, EpochStats, Progress, StepResult, TrainResult
 from lmkit.train.resume import Boundaries, Checkpointer, Position
 from lmkit.train.startup import check_agreement, prepare_model_dir
 from lmkit.train.tasks import task_for
 from lmkit.train.watchdog import Watchdog
-from lmkit.core.xla import use_autograph, use_xla
 
 
 class Trainer:
@@ -149,7 +150,8 @@ class Trainer:
 
     @property
     def _saved_model(self) -> tf.Module:
-        """What the checkpoints hold of the model: the LoRA adapters alone (the base is its own folder), or all of it."""
+        """What the checkpoints hold of the model: the LoRA adapters alone (the base is its own folder), or
+        all of it."""
         lora = lora_of(self.model)
         return self.model if lora is None else lora
 
@@ -700,7 +702,8 @@ class Trainer:
                     raise NonFiniteError(
                         f"the loss diverged: {self._diverging} steps in a row above {bound:.2f} per token "
                         f"(divergence_factor {self.config.divergence_factor:g} x ln(vocab_size "
-                        f"{self.config.vocab_size}); a uniform guess scores {bound / self.config.divergence_factor:.2f}), "
+                        f"{self.config.vocab_size}); a uniform guess scores "
+                        f"{bound / self.config.divergence_factor:.2f}), "
                         f"the last {value / per_token:.4g}, at epoch {epoch + 1}, step {step_in_epoch + 1}; training "
                         "stopped and the last good checkpoint stays the latest. Lower the learning rate or "
                         "max_grad_norm, or check the data (divergence_factor = 0 turns this check off)")

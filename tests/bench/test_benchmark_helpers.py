@@ -427,10 +427,10 @@ def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
     import tensorflow as tf
 
     from benchmarks import train_throughput
-    from lmkit.layers import transformer
+    from lmkit.layers import attention
 
     module, attribute, replacement = train_throughput.LMKIT_PATCHES["lmkit_bf16_f32probs"]
-    assert (module, attribute) == ("lmkit.layers.transformer", "masked_softmax")
+    assert (module, attribute) == ("lmkit.layers.attention", "masked_softmax")
     assert train_throughput.LMKIT_VARIANTS["lmkit_bf16_f32probs"] == {"precision": "mixed_bfloat16"}
     rng = np.random.RandomState(0)
     q, k, v = (tf.constant(rng.randn(1, 2, 8, 4), tf.bfloat16) for _ in range(3))
@@ -449,10 +449,10 @@ def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
         return [out] + tape.gradient(loss, [q, k, v])
 
     def lmkit_attend(q, k, v):
-        return transformer.attend(q, k, v, mask, 0.0, False)
+        return attention.attend(q, k, v, mask, 0.0, False)
 
     current = grads(lmkit_attend)
-    monkeypatch.setattr(transformer, attribute, replacement)
+    monkeypatch.setattr(attention, attribute, replacement)
     patched, want = grads(lmkit_attend), grads(old)
     for a, b in zip(patched, want):
         np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -7,7 +7,7 @@ import concurrent.futures
 import os
 import shutil
 import sys
-from typing import Callable, List, NamedTuple
+from typing import Callable, NamedTuple
 
 import pytest
 

@@ -143,7 +143,7 @@ def test_bad_pairs_fail_before_anything_is_written(task, tmp_path):
     model_dir = str(tmp_path / "never")
     cases = [
         (["--source_file", task["train_src"], "--target_file", str(short)],
-         rf"error: source_file \S+train.src has 960 lines but target_file \S+short.tgt has 2; the files must be "
+         r"error: source_file \S+train.src has 960 lines but target_file \S+short.tgt has 2; the files must be "
          "line-aligned"),
         (["--source_file", task["train_src"]], "target_file = '' is empty but data = 'pairs' needs both sides"),
         (["--config", "config_small", "--source_file", task["train_src"], "--target_file", task["train_tgt"]],

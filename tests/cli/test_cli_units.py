@@ -112,7 +112,8 @@ def test_an_encoder_decoders_flags_are_checked_as_a_language_models(tmp_path, fl
 
 def test_stop_flags_read_backslash_escapes():
     from lmkit.cli.generate import _unescape
-    assert _unescape("\\n\\n") == "\n\n" and _unescape("ROMEO:") == "ROMEO:" and _unescape("caf\u00e9\\t") == "caf\u00e9\t"
+    assert _unescape("\\n\\n") == "\n\n" and _unescape("ROMEO:") == "ROMEO:"
+    assert _unescape("caf\u00e9\\t") == "caf\u00e9\t"
 
 
 def test_a_closed_output_ends_a_command_quietly_with_the_sigpipe_status():

@@ -47,7 +47,7 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
 
 
 def test_missing_key_is_named(tmp_path):
-    text = "\n".join(l for l in BASE.splitlines() if not l.startswith("num_steps"))
+    text = "\n".join(line for line in BASE.splitlines() if not line.lstrip().startswith("num_steps"))
     with pytest.raises(ConfigError, match="missing required key 'num_steps'"):
         load_config(_write(tmp_path, text))
 

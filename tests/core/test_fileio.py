@@ -54,7 +54,7 @@ def test_the_token_cache_and_exports_are_readable_by_the_group(tmp_path):
     """The cache folder, its manifest and an exported folder: 0755/0644 under umask 022 (they were 0700/0600)."""
     from lmkit.data.token_cache import MANIFEST_FILE, encode_to_cache
     from lmkit.data.tokenizers import train_tokenizer
-    from lmkit.hub.hf import write_folder
+    from lmkit.hub.folders import write_folder
 
     previous = os.umask(0o022)
     try:

@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
+from lmkit.core.errors import UsageError
 from lmkit.data import corpora
 from lmkit.data.download import file_blob_sha1, git_blob_sha1
 from lmkit.data.errors import DataError
-from lmkit.core.errors import UsageError
 from tests.helpers import ROOT, StaticServer, make_ptb_archive, subprocess_env
 
 FILES = {"train.txt": b" a b c \n d e \n", "valid.txt": b" b c \n", "test.txt": b" c d \n"}

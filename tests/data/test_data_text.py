@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.data import (DataError, SentencePieceTokenizer, TextCorpus, Vocab, WordTokenizer,
-                        bptt_arrays, sentence_dataset, train_sentencepiece)
+from lmkit.data import (
+    DataError,
+    SentencePieceTokenizer,
+    TextCorpus,
+    Vocab,
+    WordTokenizer,
+    bptt_arrays,
+    sentence_dataset,
+    train_sentencepiece,
+)
 from lmkit.data import sentencepiece as spm_module
 
 

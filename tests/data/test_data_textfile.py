@@ -5,8 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmkit.data import (ByteTokenizer, DataError, TextData, WordTokenizer, check_text_file,
-                        count_words, load_text_data, train_tokenizer, Vocab)
+from lmkit.data import (
+    ByteTokenizer,
+    DataError,
+    TextData,
+    Vocab,
+    WordTokenizer,
+    check_text_file,
+    count_words,
+    load_text_data,
+    train_tokenizer,
+)
 from lmkit.data.textfile import BINARY_PROBE_BYTES
 
 

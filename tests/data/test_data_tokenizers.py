@@ -9,9 +9,19 @@ import random
 import numpy as np
 import pytest
 
-from lmkit.data import (TOKENIZERS, ByteTokenizer, CharTokenizer, DataError, SentencePieceTokenizer,
-                        Tokenizer, Vocab, WordTokenizer, load_tokenizer, tokenizer_class,
-                        train_tokenizer)
+from lmkit.data import (
+    TOKENIZERS,
+    ByteTokenizer,
+    CharTokenizer,
+    DataError,
+    SentencePieceTokenizer,
+    Tokenizer,
+    Vocab,
+    WordTokenizer,
+    load_tokenizer,
+    tokenizer_class,
+    train_tokenizer,
+)
 
 # name, options, the files besides tokenizer.json
 KINDS = [

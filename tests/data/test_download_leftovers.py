@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from lmkit.data import DataError, download, ensure_ptb
 from lmkit.core.fileio import LOCK_FILE, claimed, sweep_unclaimed, work_folder
+from lmkit.data import DataError, download, ensure_ptb
 
 FAST = dict(progress=False, backoff=0.0, timeout=10.0)
 OLD = time.time() - 3600  # an mtime past lmkit.core.fileio.STALE_AFTER_SECONDS
@@ -137,7 +137,7 @@ def test_download_sweeps_its_files_leftover_parts(gate_server, tmp_path):
 
 def test_ptb_and_export_work_folders_of_killed_jobs_are_swept(gate_server, kit, tmp_path):
     """A job killed while it extracted PTB left ``.ptb-download-*`` (was ``.ptb.*.tmp``); the next one sweeps it."""
-    from lmkit.hub.hf import write_folder
+    from lmkit.hub.folders import write_folder
 
     base, server = gate_server
     texts = kit.make_corpus(0)

@@ -1,8 +1,8 @@
 """The synthetic transduction tasks: exact targets, held-out sources, the same files for the same seed."""
 import pytest
 
-from lmkit.data.synthetic import make_pairs, write_task
 from lmkit.core.errors import UsageError
+from lmkit.data.synthetic import make_pairs, write_task
 
 
 def _numbers(text):

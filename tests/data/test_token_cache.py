@@ -111,7 +111,8 @@ def test_a_cache_from_another_tokenizer_or_a_cut_file_is_refused(texts, tmp_path
     manifest = json.load(open(manifest_path))
     manifest["tokenizer"]["fingerprint"] = "0123456789abcdef"
     json.dump(manifest, open(manifest_path, "w"))
-    with pytest.raises(DataError, match="made by the word tokenizer with fingerprint 0123456789abcdef.*delete the folder"):
+    with pytest.raises(DataError,
+                       match="made by the word tokenizer with fingerprint 0123456789abcdef.*delete the folder"):
         token_cache.open_cached(str(tmp_path / "c"), tok, [files["a"]], True)
     stream = token_cache.cached_stream(str(tmp_path / "d"), tok, [files["a"]], True, what="train_file")
     with open(os.path.join(stream.folder, "ids.bin"), "r+b") as f:

@@ -7,6 +7,9 @@
 * ``TinyAttention``: one causal self-attention layer with a pre-allocated
   key/value cache, the same state layout a transformer uses.
 
+``check_decidable_nucleus`` guards tests that compare top-k/top-p choices
+across frameworks against float32 rounding.
+
 Every model counts its ``step`` calls in ``steps_taken`` (a variable, so the
 count also works inside ``tf.function``).
 """
@@ -207,3 +210,19 @@ class TinyAttention(_Base):
         weights = tf.nn.softmax(tf.where(causal[tf.newaxis], scores, -1e9))
         h = x + tf.einsum("bst,btd->bsd", weights, x @ self.wv)
         return h @ self.out, None
+
+
+def check_decidable_nucleus(logits, p, temperature, k):
+    """Fails (with its own message) where float32 rounding could move a row's nucleus or top-k boundary: the
+    mass before a token within n x float32's epsilon of p (a cumulative sum of n terms errs by at most about
+    that much), or the k-th and (k+1)-th scores that close. Then the test would test the CPU, not the sampler."""
+    bound = logits.shape[-1] * np.finfo(np.float32).eps
+    for row in np.asarray(logits, np.float64) / temperature:
+        ranked = np.sort(row)[::-1]
+        if k is not None and k < len(ranked):
+            assert ranked[k - 1] - ranked[k] > bound, "top-k boundary within rounding: pick other logits"
+        kept = ranked[:k]
+        probs = np.exp(kept - kept.max())
+        probs /= probs.sum()
+        before = np.concatenate([[0.0], np.cumsum(probs)[:-1]])
+        assert p >= 1 or np.min(np.abs(before - p)) > bound, "nucleus boundary within rounding: pick other logits"

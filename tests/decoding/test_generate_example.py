@@ -19,7 +19,7 @@ from tests.helpers import ROOT, mpirun_cmd, run, tiny_config_file, write_ptb_cor
 
 GENERATE = os.path.join(ROOT, "examples", "generate.py")
 SINGLE = os.path.join(ROOT, "examples", "lm_ptb.py")
-DISTRIBUTED = os.path.join(ROOT, "examples", "lm_ptb_distributed.py")
+TRAIN = ["-m", "lmkit", "train"]  # under mpirun
 SAMPLE_LINE = re.compile(r"^\[(\d+)\.(\d+)\] ?(.*)$")
 PROMPT = "w1 w8"
 MAX_LENGTH = 12
@@ -161,7 +161,7 @@ def test_transformer_from_one_process(transformer_dir):
 @pytest.mark.horovod
 @pytest.mark.mpi
 def test_lstm_from_two_workers(tmp_path):
-    model_dir = train(tmp_path, mpirun_cmd(2, [DISTRIBUTED]))
+    model_dir = train(tmp_path, mpirun_cmd(2, TRAIN))
     with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
         assert json.load(f)["world_size"] == 2
     first, second = run_all([generate_cmd(model_dir, TOP_P)] * 2)

@@ -1,12 +1,12 @@
-"""lmkit.decoding.transduction: sources decoded in batches come back in order, whatever the batch; BLEU and exact match."""
-import numpy as np
+"""lmkit.decoding.transduction: sources decoded in batches come back in order, whatever the batch; BLEU and
+exact match."""
 import pytest
 import tensorflow as tf
 
-from lmkit.data.tokenizers import train_tokenizer
 from lmkit.core.errors import UsageError
-from lmkit.models.bart.model import TransformerSeq2Seq
+from lmkit.data.tokenizers import train_tokenizer
 from lmkit.decoding.transduction import Seq2SeqRun, score, transduce
+from lmkit.models.bart.model import TransformerSeq2Seq
 
 
 @pytest.fixture(scope="module")

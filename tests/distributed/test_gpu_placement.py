@@ -5,9 +5,9 @@
 """
 import pytest
 
+from lmkit.core.errors import UsageError
 from lmkit.distributed.base import DistributedError
 from lmkit.distributed.env import choose_gpus, gpus_pinned, pin_gpus
-from lmkit.core.errors import UsageError
 
 
 class _Device:

@@ -12,10 +12,10 @@ from tests.helpers import mpirun_cmd, run, subprocess_env
 _FIELDS = ("(b, dist.rank(), dist.size(), dist.local_size(), dist.threads().intra_op, "
            "tf.config.threading.get_intra_op_parallelism_threads(), dist.threads().inter_op, "
            "tf.config.threading.get_inter_op_parallelism_threads())")
-PROBE = f"from lmkit import dist; b = dist.init(); import tensorflow as tf; print(*{_FIELDS})"
+PROBE = f"from lmkit import distributed as dist; b = dist.init(); import tensorflow as tf; print(*{_FIELDS})"
 # The same, into $PROBE_DIR/rank<r>.txt: mpirun's forwarding of two ranks' stdout may split
 # and interleave their lines under load (seen once in CI).
-PROBE_TO_FILE = ("import os; from lmkit import dist; b = dist.init(); import tensorflow as tf; "
+PROBE_TO_FILE = ("import os; from lmkit import distributed as dist; b = dist.init(); import tensorflow as tf; "
                  f"open(os.path.join(os.environ['PROBE_DIR'], 'rank%d.txt' % dist.rank()), 'w')"
                  f".write(' '.join(map(str, {_FIELDS})))")
 

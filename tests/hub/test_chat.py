@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from lmkit.hub.chat import read_chat_template
 from lmkit.core.errors import UsageError
-from tests.hub.test_llama import _lmkit, make_llama_folder
+from lmkit.hub.chat import read_chat_template
+from tests.models.llama.test_convert import _lmkit, make_llama_folder
 
 pytestmark = pytest.mark.transformers
 
@@ -29,7 +29,8 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize("system", [None, "Be brief."])
 def test_the_prompt_and_its_ids_equal_transformers(folder, system):
     from transformers import AutoTokenizer
-    from lmkit.hub.hf import read_tokenizer
+
+    from lmkit.hub.tokenizer import read_tokenizer
     reference = AutoTokenizer.from_pretrained(folder)
     template = read_chat_template(folder)
     messages = template.messages("the cat sat on\nthe mat", system)

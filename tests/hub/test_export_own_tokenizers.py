@@ -6,7 +6,6 @@ import sys
 
 import numpy as np
 import pytest
-
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402  (a test dependency of the main environment: make setup)
 from transformers import AutoTokenizer  # noqa: E402
@@ -69,8 +68,8 @@ def test_the_exported_tokenizer_gives_lmkits_ids(kind, corpus, tmp_path):
 
 
 def test_a_bpe_sentencepiece_has_no_form_and_its_export_writes_nothing(corpus, tmp_path):
-    from lmkit.hub import hf
     from lmkit.models import build_model
+    from lmkit.models.gpt2 import convert as hf
     tokenizer = train_tokenizer("sentencepiece", [corpus["train"]], str(tmp_path / "run"), vocab_size=40,
                                 model_type="bpe")
     with pytest.raises(DataError, match=r"a sentencepiece tokenizer of model_type 'bpe' cannot be written as a "
@@ -85,8 +84,8 @@ def test_a_bpe_sentencepiece_has_no_form_and_its_export_writes_nothing(corpus, t
 
 
 def test_a_gpt2_with_its_own_attention_dropout_exports_it_as_attn_pdrop(corpus, tmp_path):
-    from lmkit.hub import hf
     from lmkit.models import build_model
+    from lmkit.models.gpt2 import convert as hf
     tokenizer = train_tokenizer("byte", [corpus["train"]], str(tmp_path / "run"))
     for attention, want in ((None, 0.1), (0.0, 0.0)):
         model = build_model(dict(model="gpt2", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
@@ -109,6 +108,7 @@ def test_a_model_trained_from_scratch_exports_and_generates_alike(model_name, ki
     transformers' AutoModelForCausalLM gives lmkit's logits and, from tokenizer(prompt), lmkit's greedy
     continuation; lmkit generate and lmkit evaluate on the exported folder give what they give on the run."""
     from transformers import AutoModelForCausalLM
+
     from lmkit import distributed as dist
     from lmkit.train.checkpoint import load_model
     run_dir, out = str(tmp_path / "run"), str(tmp_path / "exported")
@@ -179,8 +179,9 @@ def test_a_llama_trained_from_scratch_exports_in_the_family_that_holds_it(name, 
     transformers' AutoModelForCausalLM reads the family that holds it and computes lmkit's logits, its
     AutoTokenizer gives lmkit's ids, and lmkit reads the config back to the same keys."""
     from transformers import AutoModelForCausalLM
-    from lmkit.hub.hf_llama import export_llama_from_scratch, llama_model_config
+
     from lmkit.models import build_model
+    from lmkit.models.llama.convert import export_llama_from_scratch, llama_model_config
     tokenizer = train_tokenizer("word", [corpus["train"]], str(tmp_path / "run"))
     model = build_model(dict(model="llama", vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2,
                              ffn_dim=48, max_positions=64, **LLAMAS[name]))
@@ -214,8 +215,8 @@ def test_a_llama_trained_from_scratch_exports_in_the_family_that_holds_it(name, 
 ])
 def test_a_llama_no_family_holds_is_refused_before_anything_is_written(keys, message, corpus, tmp_path):
     from lmkit.core.errors import UsageError
-    from lmkit.hub.hf_llama import export_llama_from_scratch
     from lmkit.models import build_model
+    from lmkit.models.llama.convert import export_llama_from_scratch
     tokenizer = train_tokenizer("word", [corpus["train"]], str(tmp_path / "run"))
     model = build_model(dict(model="llama", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
                              num_heads=2, ffn_dim=32, max_positions=16, **keys))

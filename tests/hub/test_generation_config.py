@@ -1,23 +1,25 @@
 """A Hugging Face folder's generation_config.json chooses how lmkit samples, as it chooses for transformers."""
-import argparse
 import json
 import os
 
 import numpy as np
 import pytest
-
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402  (a test dependency of the main environment: make setup)
 from transformers import GenerationConfig, LlamaForCausalLM  # noqa: E402
-from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,  # noqa: E402
-                                                    TopKLogitsWarper, TopPLogitsWarper)
+from transformers.generation.logits_process import (  # noqa: E402
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
-from lmkit.decoding import TopPSampler  # noqa: E402
 from lmkit.core.errors import UsageError  # noqa: E402
-from lmkit.hub.hf import generation_preset  # noqa: E402
-from tests.decoding.test_decoding_samplers import check_decidable_nucleus  # noqa: E402
+from lmkit.decoding import TopPSampler  # noqa: E402
+from lmkit.hub.generation_config import generation_preset  # noqa: E402
+from tests.decoding.fakes import check_decidable_nucleus  # noqa: E402
 from tests.helpers import decidable_greedy  # noqa: E402
-from tests.hub.test_llama import _lmkit, make_llama_folder  # noqa: E402
+from tests.models.llama.test_convert import _lmkit, make_llama_folder  # noqa: E402
 
 pytestmark = pytest.mark.transformers
 
@@ -199,8 +201,9 @@ def test_lmkit_generate_samples_as_the_folders_generation_config_asks(tmp_path):
     """A folder asking for do_sample with top_k 1: lmkit generate, with no strategy flag, writes transformers'
     greedy continuation (lmkit's own top_p 0.9 at temperature 1 would not) and says so on stderr; the
     Python generate() does the same."""
-    import lmkit
     from transformers import AutoTokenizer
+
+    import lmkit
     folder = str(tmp_path / "llama")
     make_llama_folder(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.layers import precision
 from lmkit.core.errors import UsageError
-from lmkit.layers import AttentionRNNDecoder, LSTMCell, RNNEncoder
+from lmkit.layers import AttentionRNNDecoder, LSTMCell, RNNEncoder, precision
 
-from .test_modules_rnn import np_decoder, np_gru_step, np_lstm_step
+from .test_cells import np_gru_step, np_lstm_step
+from .test_rnn import np_decoder
 
 LENGTHS = [5, 3]
 

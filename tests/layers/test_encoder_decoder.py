@@ -7,10 +7,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.layers import precision
 from lmkit.core.errors import UsageError
-from lmkit.layers import (CrossAttentionLayer, MemoryAttention, TransformerCrossDecoder, TransformerEncoder,
-                           TransformerEncoderLayer)
+from lmkit.layers import (
+    Attention,
+    CrossAttentionLayer,
+    TransformerCrossDecoder,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+    precision,
+)
 
 DIM, HEADS, FFN = 8, 2, 16
 SOURCE_LENGTHS = [5, 3]  # the second row padded
@@ -137,25 +142,6 @@ def test_cached_decoding_equals_the_full_pass(pre_layer_norm):
     np.testing.assert_allclose(tf.concat(steps, axis=1).numpy(), full.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_memory_attention_alone_against_numpy():
-    attention = MemoryAttention(dim=DIM, num_heads=HEADS, init_scale=0.5)
-    x, source, mask = _random(2, 3, DIM), _random(2, 5, DIM, seed=1), _mask(SOURCE_LENGTHS, 5)
-    got = attention(tf.constant(x), attention.memory(tf.constant(source)), tf.constant(mask)).numpy()
-    q = x @ attention.query.kernel.numpy() + attention.query.bias.numpy()
-    kv = source @ attention.key_value.kernel.numpy() + attention.key_value.bias.numpy()
-    k, v = kv[..., :DIM], kv[..., DIM:]
-    heads = []
-    for h in range(HEADS):
-        part = slice(h * DIM // HEADS, (h + 1) * DIM // HEADS)
-        scores = q[..., part] @ k[..., part].transpose(0, 2, 1) / np.sqrt(DIM // HEADS)
-        scores = np.where(mask[:, None, :], scores, -np.inf)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        heads.append(probs @ v[..., part])
-    expected = np.concatenate(heads, -1) @ attention.output.kernel.numpy() + attention.output.bias.numpy()
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-
-
 def test_compiled_and_bfloat16_passes():
     encoder, decoder, memory, target = _stack()
     eager, _ = decoder(target, memory)
@@ -177,7 +163,7 @@ def test_compiled_and_bfloat16_passes():
 
 def test_bad_sizes_and_memories_are_named():
     with pytest.raises(UsageError, match="dim 10 is not divisible by num_heads 3"):
-        MemoryAttention(dim=10, num_heads=3)
+        Attention(dim=10, num_heads=3, causal=False, fused="kv")
     with pytest.raises(UsageError, match="activation 'swish' is not one of gelu, gelu_exact, relu"):
         TransformerEncoderLayer(dim=8, num_heads=2, ffn_dim=4, activation="swish")
     _, decoder, memory, target = _stack()

@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.layers import precision
 from lmkit.core.errors import UsageError
-from lmkit.models import build_model
-from lmkit.layers import Linear, LoRAAdapter, add_lora, frozen, merge_lora
+from lmkit.layers import Linear, LoRAAdapter, add_lora, frozen, merge_lora, precision
 from lmkit.layers.lora import linear_layers, lora_of
+from lmkit.models import build_model
 
 LLAMA = dict(model="llama", vocab_size=40, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2,
              max_positions=16)

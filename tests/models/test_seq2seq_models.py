@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from lmkit import decoding
 from lmkit.core.errors import UsageError
-from lmkit.models.rnn.seq2seq import RNNSeq2Seq
 from lmkit.models.bart.model import TransformerSeq2Seq
+from lmkit.models.rnn.seq2seq import RNNSeq2Seq
 
 START, END = 1, 2
 SOURCES = [[5, 6, 7, 8, 9], [9, 4, 3, 0, 0]]  # the second padded with 0

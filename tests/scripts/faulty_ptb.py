@@ -57,8 +57,8 @@ def _write_pid(folder: str, rank: int) -> None:
 
 def _install(fault: dict) -> None:
     import lmkit.train
-    from lmkit.train import checkpoint as ckpt_module
     from lmkit.distributed.env import launcher_rank
+    from lmkit.train import checkpoint as ckpt_module
 
     me = launcher_rank()
     kind = fault["kind"]
@@ -129,17 +129,17 @@ def _install(fault: dict) -> None:
 def main() -> None:
     argv = sys.argv[1:]
     if len(argv) < 2 or argv[0] != "--fault" or "--" not in argv:
-        sys.exit("usage: faulty_ptb.py --fault rank=R,step=N,kind=K -- <lm_ptb_distributed.py flags>")
+        sys.exit("usage: faulty_ptb.py --fault rank=R,step=N,kind=K -- <lmkit train flags>")
     fault = _parse(argv[1])
     example_args = argv[argv.index("--") + 1:]
-    from lmkit.distributed.env import launcher_rank
     from lmkit.cli.common import run_main
+    from lmkit.distributed.env import launcher_rank
     print(f"PID {os.getpid()} RANK {launcher_rank()}", flush=True)
     if fault.get("pid_dir"):
         _write_pid(fault["pid_dir"], launcher_rank())
     _install(fault)
-    from lm_ptb_distributed import main as example_main
-    run_main(example_main, example_args)
+    from lmkit.cli.train import main as train_main
+    run_main(lambda args: train_main(args, prog="faulty_ptb.py"), example_args)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ import tensorflow as tf
 
 from lmkit import layers as modules
 from lmkit.config import TrainConfig
+from lmkit.core.xla import use_autograph
 from lmkit.models import LanguageModel, build_model
 from lmkit.train import Trainer
 from lmkit.train.evaluation import Evaluator
-from lmkit.core.xla import use_autograph
 
 
 class BranchingLM(LanguageModel):

@@ -104,9 +104,9 @@ def test_a_stored_run_with_model_params_resumes_and_changed_adapters_are_named(t
     """model_params (every Llama run's) compare as model_config() merges them; LoRA keys must not change."""
     from lmkit.config import load_config
     from lmkit.core.errors import CheckpointError
-    from lmkit.train.startup import _check_stored
     from lmkit.core.fileio import atomic_write_text
     from lmkit.core.layout import CONFIG_FILE
+    from lmkit.train.startup import _check_stored
 
     config = load_config("config_transformer", {"model_params": {"position_embedding": "sinusoid"}})
     atomic_write_text(str(tmp_path / CONFIG_FILE), config.to_json())
@@ -346,6 +346,7 @@ def small_tmpfs(tmp_path):
 def test_a_really_full_disk(small_tmpfs):
     """One 1 MiB checkpoint fits on the tmpfs, a second one does not: the first is kept, the space freed."""
     import shutil
+
     from lmkit.core.errors import CheckpointError
     box = tf.Module()
     box.w = tf.Variable(tf.fill([256, 1024], 1.0))

@@ -9,9 +9,9 @@ import tensorflow as tf
 from lmkit import distributed as dist
 from lmkit.config import TrainConfig
 from lmkit.core.errors import UsageError
+from lmkit.core.xla import use_xla
 from lmkit.models import build_model
 from lmkit.train import Trainer
-from lmkit.core.xla import use_xla
 
 # Ops that branch on a value (the predicate of a Switch lives in host memory: on a GPU the
 # host waits for the device every step).

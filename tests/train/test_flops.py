@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from lmkit.config import ConfigError, load_config
-from lmkit.models import build_model
 from lmkit.layers.lora import add_lora, frozen
+from lmkit.models import build_model
 from lmkit.train import flops
 
 SMALL = {"hidden_size": 32, "vocab_size": 50, "num_steps": 8, "num_layers": 2, "max_positions": 16,

@@ -7,11 +7,11 @@ import pytest
 import tensorflow as tf
 
 from lmkit import distributed as dist
-from lmkit.layers import precision
 from lmkit.config import ConfigError, TrainConfig
 from lmkit.core.errors import NonFiniteError
+from lmkit.layers import precision
+from lmkit.layers.norms import LayerNorm
 from lmkit.models import build_model
-from lmkit.layers.transformer import LayerNorm
 from lmkit.train import Trainer
 from lmkit.train.loss_scale import DynamicLossScale
 from tests.scripts.gradient_bomb import GradientBomb

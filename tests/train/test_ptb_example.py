@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import ROOT, StaticServer, make_ptb_archive, mpirun_cmd, run, tiny_config_file
 
-EXAMPLE = os.path.join(ROOT, "examples", "lm_ptb_distributed.py")
+TRAIN = ["-m", "lmkit", "train"]  # under mpirun (the distributed example composes modules: tests/examples)
 SINGLE = os.path.join(ROOT, "examples", "lm_ptb.py")
 EPOCH_LINE = re.compile(r"Epoch (\d+)/(\d+): lr (\S+) \| train ppl ([\d.]+) \| valid ppl ([\d.]+) \| "
                         r"(\d+) tokens/sec \((\d) worker\(s\)\) \| epoch time [\d.]+ s \| "
@@ -30,7 +30,7 @@ def test_distributed_example_downloads_trains_and_reports(tmp_path, served_ptb):
     server, vocab = served_ptb
     cfg = tiny_config_file(str(tmp_path), vocab, num_epochs=2)
     data, model_dir = tmp_path / "data", tmp_path / "model"
-    args = [EXAMPLE, "--config", cfg, "--data_path", str(data), "--model_dir", str(model_dir),
+    args = [*TRAIN, "--config", cfg, "--data_path", str(data), "--model_dir", str(model_dir),
             "--data_url", f"{server.url}/simple-examples.tgz", "--no_verify_data"]
     res = run(mpirun_cmd(2, args), timeout=400)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]

@@ -122,9 +122,10 @@ def test_a_diverging_finite_loss_stops_like_a_non_finite_one_and_keeps_the_last_
     assert max(first.step_losses) / 5 < 3 * np.log(VOCAB)  # per token (5 steps): a model that learns stays below
     ckpts = sorted(os.listdir(os.path.join(model_dir, "checkpoints")))
     bound = f"{3 * np.log(VOCAB):.2f}"
-    with pytest.raises(NonFiniteError, match=rf"the loss diverged: 10 steps in a row above {bound} per token \(divergence_factor 3 x "
-                                             rf"ln\(vocab_size {VOCAB}\).* at epoch 2, step 10; training stopped "
-                                             "and the last good checkpoint stays the latest"):
+    with pytest.raises(NonFiniteError,
+                       match=rf"the loss diverged: 10 steps in a row above {bound} per token \(divergence_factor 3 x "
+                             rf"ln\(vocab_size {VOCAB}\).* at epoch 2, step 10; training stopped "
+                             "and the last good checkpoint stays the latest"):
         trainer(steps + 1).fit(_ids(), num_epochs=3)
     assert sorted(os.listdir(os.path.join(model_dir, "checkpoints"))) == ckpts
     # Off: the same blow-up trains on (the checkpoints are then the run's own).

@@ -45,6 +45,7 @@ def test_fires_only_when_armed_and_names_the_place(tmp_path):
     assert out.returncode == 1, out.output
     assert "still alive" in out.output and "not reached" not in out.output
     assert re.search(r"rank 3 failed: no progress for [12] s since training step 8 finished; it is at "
-                     r"\S+/stuck\.py:10 in <module> \(time\.sleep\(30\)[^)]*\), the other ranks wait for this one in the next "
-                     r"collective operation\. Ending this rank .*LMKIT_COLLECTIVE_TIMEOUT=1 s", out.output), \
+                     r"\S+/stuck\.py:10 in <module> \(time\.sleep\(30\)[^)]*\), the other ranks wait for this one "
+                     r"in the next collective operation\. Ending this rank .*LMKIT_COLLECTIVE_TIMEOUT=1 s",
+                     out.output), \
         out.output

@@ -1,6 +1,6 @@
 """Which kernel computes a window's causal self-attention: ``TrainConfig.attention_kernel``.
 
-:func:`lmkit.layers.transformer.causal_attend` is where every lmkit model
+:func:`lmkit.layers.attention.causal_attend` is where every lmkit model
 (transformer, gpt2, llama, the seq2seq decoder) attends over a training or
 evaluation window. By default it computes the scores with one matmul, the
 softmax in float32 and the context with a second matmul
@@ -21,13 +21,14 @@ import threading
 from typing import Any, Callable, Iterator, List, Optional
 
 from lmkit.core.errors import UsageError
-from lmkit.layers.precision import PRECISIONS, get as precision_policy
 from lmkit.core.registry import lookup
+from lmkit.layers.precision import PRECISIONS
+from lmkit.layers.precision import get as precision_policy
 
 __all__ = ["AUTO", "KERNELS", "MATMUL", "SETTINGS", "active", "check_setting", "declined", "get", "resolve",
            "scope"]
 
-MATMUL = "matmul"  # the scores materialized: two matmuls and a float32 softmax (lmkit.layers.transformer)
+MATMUL = "matmul"  # the scores materialized: two matmuls and a float32 softmax (lmkit.layers.attention)
 AUTO = "auto"
 
 # name -> "module:object" (an instance with applies(), __call__() and probe(); lmkit.core.registry)

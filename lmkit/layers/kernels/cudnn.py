@@ -26,7 +26,7 @@ together with ``tf.custom_gradient``:
 It only runs under XLA on a GPU with cuDNN 9 (TensorFlow loads
 ``libcudnn.so.9``), so :meth:`CudnnAttention.probe` compiles a small case on
 the GPU and checks it against the matmuls before a run relies on it. CPU
-tests check the program the calls make (tests/layers/test_attention_kernels.py);
+tests check the program the calls make (tests/layers/test_kernels.py);
 ``benchmarks/gpu_session.sh cudnn`` measures it on a GPU.
 """
 
@@ -312,7 +312,7 @@ def check_against_matmul(kernel: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tf.
 
     @tf.function(jit_compile=True)
     def reference(q, k, v):  # lmkit's matmuls, one block, in float32
-        from lmkit.layers.transformer import causal_attend
+        from lmkit.layers.attention import causal_attend
 
         return _with_gradients(lambda q, k, v: causal_attend(q * scale, k, v, 1, 0.0, False), q, k, v, weights=w)
 

@@ -18,12 +18,13 @@ import tensorflow as tf
 
 from lmkit.core.checks import check_heads, check_positive_float, check_positive_int, check_rate
 from lmkit.core.errors import UsageError
-from lmkit.models.protocols import LanguageModel, keep_prob_of
 from lmkit.layers.base import Training, dropout, uniform_initializer
 from lmkit.layers.embeddings import PositionEmbedder, WordEmbedder
 from lmkit.layers.encoder_decoder import Memory, TransformerCrossDecoder, TransformerEncoder
+from lmkit.layers.norms import LayerNorm
 from lmkit.layers.projection import OutputProjection
-from lmkit.layers.transformer import LayerNorm, TransformerState
+from lmkit.layers.transformer import TransformerState
+from lmkit.models.protocols import LanguageModel, keep_prob_of
 
 __all__ = ["Seq2SeqState", "TransformerSeq2Seq"]
 

@@ -1,10 +1,22 @@
-"""The GPT-2 family: lmkit's transformer language model (model.py) and its Hugging Face converter.
+"""The GPT-2 family: lmkit's transformer language model (model.py) and its Hugging Face converter (convert.py).
 
-Its model classes load on first use (no TensorFlow import here).
+Its classes load on first use (no TensorFlow import here).
 """
 
 import importlib
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
+
+#: config ``model`` names -> ("module:Class", the constructor arguments the name fixes)
+MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "transformer": ("lmkit.models.gpt2.model:TransformerLanguageModel", {}),
+    # GPT-2's architecture: tied softmax without bias, learned positions, pre-layer-norm
+    "gpt2": ("lmkit.models.gpt2.model:TransformerLanguageModel",
+             {"tie_weights": True, "pre_layer_norm": True, "position_embedding": "learned",
+              "output_bias": False}),
+}
+#: Hugging Face ``model_type``s it reads -> the model above they load as; and their converter
+HF_MODEL_TYPES: Dict[str, str] = {"gpt2": "gpt2"}
+CONVERTER: Optional[str] = "lmkit.models.gpt2.convert:GPT2Converter"
 
 _MODULES = ('model',)
 

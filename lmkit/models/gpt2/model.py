@@ -8,11 +8,11 @@ import tensorflow as tf
 
 from lmkit.core.checks import check_heads, check_positive_float, check_positive_int, check_rate
 from lmkit.core.errors import UsageError
-from lmkit.models.protocols import LanguageModel, check_window, embedding_dim_of, keep_prob_of
 from lmkit.layers.base import Training, dropout, uniform_initializer
 from lmkit.layers.embeddings import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerDecoder, TransformerState
+from lmkit.models.protocols import LanguageModel, check_window, embedding_dim_of, keep_prob_of
 
 __all__ = ["TransformerLanguageModel"]
 
@@ -41,24 +41,11 @@ class TransformerLanguageModel(LanguageModel):
     stateful = False
     lora_targets = ("qkv",)  # GPT-2's c_attn, PEFT's default for GPT-2
 
-    def __init__(self,
-                 *,
-                 vocab_size: int,
-                 hidden_size: int,
-                 num_layers: int = 2,
-                 num_heads: int = 4,
-                 ffn_dim: int = 0,
-                 max_positions: int = 512,
-                 dropout: float = 0.0,
-                 pre_layer_norm: bool = True,
-                 tie_weights: bool = False,
-                 init_scale: float = 0.1,
-                 embedding_dim: int = 0,
-                 position_embedding: str = "learned",
-                 layer_norm_epsilon: float = 1e-5,
-                 output_bias: bool = True,
-                 attention_blocks: Union[int, str] = "auto",
-                 attention_dropout: Optional[float] = None,
+    def __init__(self, *, vocab_size: int, hidden_size: int, num_layers: int = 2, num_heads: int = 4,
+                 ffn_dim: int = 0, max_positions: int = 512, dropout: float = 0.0, pre_layer_norm: bool = True,
+                 tie_weights: bool = False, init_scale: float = 0.1, embedding_dim: int = 0,
+                 position_embedding: str = "learned", layer_norm_epsilon: float = 1e-5, output_bias: bool = True,
+                 attention_blocks: Union[int, str] = "auto", attention_dropout: Optional[float] = None,
                  name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 

@@ -15,12 +15,12 @@ import tensorflow as tf
 
 from lmkit.core.checks import check_non_negative_int, check_positive_float, check_positive_int, check_rate
 from lmkit.core.errors import UsageError
-from lmkit.models.protocols import LanguageModel, check_window, keep_prob_of
-from lmkit.layers.base import Training, dropout, uniform_initializer
+from lmkit.layers.base import Training, dropout, plain, uniform_initializer
 from lmkit.layers.embeddings import WordEmbedder
-from lmkit.layers.llama import LlamaDecoder, plain
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerState
+from lmkit.models.llama.blocks import LlamaDecoder
+from lmkit.models.protocols import LanguageModel, check_window, keep_prob_of
 
 __all__ = ["LlamaLanguageModel", "default_ffn_dim"]
 

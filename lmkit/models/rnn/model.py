@@ -8,11 +8,11 @@ import tensorflow as tf
 
 from lmkit.core.checks import check_positive_float, check_positive_int, check_rate
 from lmkit.core.errors import UsageError
-from lmkit.models.protocols import LanguageModel, State, embedding_dim_of, keep_prob_of
 from lmkit.layers.base import Training, uniform_initializer
 from lmkit.layers.embeddings import WordEmbedder
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.rnn import RNNDecoder
+from lmkit.models.protocols import LanguageModel, State, embedding_dim_of, keep_prob_of
 
 __all__ = ["RNNLanguageModel"]
 

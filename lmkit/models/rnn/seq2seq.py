@@ -16,11 +16,11 @@ import tensorflow as tf
 
 from lmkit.core.checks import check_positive_float, check_positive_int, check_rate
 from lmkit.core.errors import UsageError
-from lmkit.models.protocols import LanguageModel, keep_prob_of
 from lmkit.layers.attention_rnn import AttentionRNNDecoder, AttentionRNNState, RNNEncoder, RNNMemory
 from lmkit.layers.base import Training, dropout, uniform_initializer
 from lmkit.layers.embeddings import WordEmbedder
 from lmkit.layers.projection import OutputProjection
+from lmkit.models.protocols import LanguageModel, keep_prob_of
 
 __all__ = ["RNNSeq2Seq", "RNNSeq2SeqState"]
 

@@ -177,8 +177,8 @@ def test_cached_pairs_reach_every_rank_once_encoded(tmp_path_factory, case):
     """As the text above, for an encoder-decoder's pairs cached line by line: the pairs of an in-memory encoding."""
     import os
 
-    from lmkit.data.pipeline import cached_pairs_everywhere
     from lmkit.data.paired import encode_pairs, read_pairs
+    from lmkit.data.pipeline import cached_pairs_everywhere
     from lmkit.data.tokenizers import ByteTokenizer
 
     shared = dist.run_on_chief(lambda: str(tmp_path_factory.mktemp("shared")))

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from lmkit import distributed as dist
-from lmkit.distributed import launch
 from lmkit.distributed import horovod as hvd_backend
+from lmkit.distributed import launch
 from lmkit.distributed import native as native_backend
 
 

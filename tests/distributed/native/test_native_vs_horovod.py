@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.helpers import mpirun_cmd
 from tests.distributed.native.runs import EPOCH, FIRST_LEG, Run, probe_cmd, run_all
+from tests.helpers import mpirun_cmd
 
 pytestmark = [pytest.mark.horovod, pytest.mark.mpi]
 

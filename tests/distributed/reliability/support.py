@@ -14,7 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from tests.helpers import ROOT, mpirun_cmd, subprocess_env, write_ptb_corpus
 
-EXAMPLE = os.path.join(ROOT, "examples", "lm_ptb_distributed.py")
+# `lmkit train` under mpirun (what examples/lm_ptb_distributed.py ran before it composed the modules itself).
+TRAIN = ["-m", "lmkit", "train"]
 SINGLE = os.path.join(ROOT, "examples", "lm_ptb.py")
 FAULTY = os.path.join(ROOT, "tests", "scripts", "faulty_ptb.py")
 ENV_KEYS = ("LMKIT_COLLECTIVE_TIMEOUT",)  # forwarded by mpirun -x

@@ -2,7 +2,7 @@
 
 Each row of the table prepares its own copy of the inputs, runs
 examples/lm_ptb.py in one process (the rows marked ``distributed`` also run
-examples/lm_ptb_distributed.py under ``mpirun -np 2``), and checks the exit
+``lmkit train`` under ``mpirun -np 2``), and checks the exit
 status, the message (what, which value, how to fix), that it appears once
 with no traceback, and that the data folder, the model directory and the
 config file hold exactly the same bytes afterwards.
@@ -17,7 +17,15 @@ from typing import Callable, List
 
 import pytest
 
-from tests.distributed.reliability.support import EXAMPLE, SINGLE, mpirun, run_streamed, tree_digest, write_config, write_corpus
+from tests.distributed.reliability.support import (
+    SINGLE,
+    TRAIN,
+    mpirun,
+    run_streamed,
+    tree_digest,
+    write_config,
+    write_corpus,
+)
 
 UNREACHABLE = "http://127.0.0.1:1/simple-examples.tgz"  # port 1: connection refused at once
 
@@ -162,7 +170,7 @@ CASES = [
     Case("model directory not writable", _model_dir_under_a_file,
          r"error: model directory \S+/a_file/sub is not writable \(Not a directory\); pass a --model_dir "
          r"you can write to"),
-    Case("unknown flag", _unknown_flag, r"lm_ptb(_distributed)?\.py: error: unrecognized arguments: "
+    Case("unknown flag", _unknown_flag, r"(lm_ptb\.py|lmkit train): error: unrecognized arguments: "
                                         r"--bogus_flag 3"),
     Case("unreachable --data_url", _unreachable_url,
          r"error: cannot download http://127\.0\.0\.1:1/simple-examples\.tgz: .*Connection refused\. "
@@ -183,7 +191,7 @@ def _run_case(case: Case, root: str, corpus, trained: str, distributed: bool):
     flags = case.setup(paths)
     watched = [root, corpus.config]
     before = tree_digest(*watched)
-    cmd = mpirun([EXAMPLE, *flags]) if distributed else [sys.executable, SINGLE, *flags]
+    cmd = mpirun([*TRAIN, *flags]) if distributed else [sys.executable, SINGLE, *flags]
     out = run_streamed(cmd, timeout=300)
     return out, before, tree_digest(*watched)
 

@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from tests.distributed.reliability.support import (EXAMPLE, FAULTY, SINGLE, mpirun, run_streamed,
-                                                   tree_digest)
+from tests.distributed.reliability.support import FAULTY, SINGLE, TRAIN, mpirun, run_streamed, tree_digest
 
 
 def test_kill_during_a_save_then_resume(corpus, model_copy):
@@ -47,7 +46,7 @@ def test_kill_during_a_save_then_resume(corpus, model_copy):
 
 
 # The distributed example, with every checkpoint write of step 128 failing as TensorFlow's does on a full disk.
-FULL_DISK_AT_128 = f"""
+FULL_DISK_AT_128 = """
 import runpy, sys
 import tensorflow as tf
 real_write = tf.train.Checkpoint.write
@@ -57,8 +56,8 @@ def write(self, prefix, options=None):
                                                ".tempstate1; No space left on device [Op:SaveV2]")
     return real_write(self, prefix, options)
 tf.train.Checkpoint.write = write
-sys.argv = [{EXAMPLE!r}] + sys.argv[1:]
-runpy.run_path({EXAMPLE!r}, run_name="__main__")
+sys.argv = ["lmkit", "train"] + sys.argv[1:]
+runpy.run_module("lmkit", run_name="__main__")
 """
 
 
@@ -91,7 +90,7 @@ def test_two_ranks_after_a_full_disk_and_a_corrupt_checkpoint(corpus, model_copy
     data = os.path.join(ckpts, "ckpt-000000128", "ckpt.data-00000-of-00001")
     os.truncate(data, os.path.getsize(data) // 2)
 
-    out = run_streamed(mpirun([EXAMPLE, *flags, "--num_epochs", "2"]), timeout=400)
+    out = run_streamed(mpirun([*TRAIN, *flags, "--num_epochs", "2"]), timeout=400)
     assert out.returncode == 0, out.output[-4000:]
     assert out.count("is corrupt") == 1, out.output[-4000:]  # rank 0 alone says so
     assert re.search(rf"warning: checkpoint {c}/ckpt-000000128 is corrupt \(IndexError: Read less bytes than "

@@ -17,8 +17,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.distributed.reliability.support import (FAULTY, horovodrun_gloo_cmd, mpirun, run_streamed, tree_digest,
-                                            write_config)
+from tests.distributed.reliability.support import (
+    FAULTY,
+    horovodrun_gloo_cmd,
+    mpirun,
+    run_streamed,
+    tree_digest,
+    write_config,
+)
 
 LMKIT = [sys.executable, "-m", "lmkit", "train"]
 LAUNCH = [sys.executable, "-m", "lmkit.launch", "--hosts", "127.0.0.1", "--num_workers", "2", "--"]

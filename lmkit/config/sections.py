@@ -1,0 +1,166 @@
+"""The sections of a run's config, one concern each (the model's is :mod:`lmkit.config.model`).
+
+In a config file each is a dict of its fields::
+
+    data = dict(kind="text", train_file="train.txt", tokenizer="sentencepiece", batch_size=32, num_steps=64)
+    optimization = dict(optimizer="adamw", learning_rate=6e-4, max_grad_norm=1.0, num_epochs=1)
+
+and every field also keeps its flat spelling (``batch_size = 32``, ``--set
+batch_size=32``), which :mod:`lmkit.config.spelling` maps to its section.
+Values are checked when the run's :class:`~lmkit.config.TrainConfig` is
+built (:mod:`lmkit.config.validation`), where settings of several sections
+meet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Union
+
+from lmkit.config.base import Section
+
+__all__ = ["AdapterConfig", "CheckpointConfig", "ComputeConfig", "DataConfig", "DistributionConfig",
+           "OptimizationConfig", "RunConfig"]
+
+
+@dataclass(frozen=True, eq=False)
+class DataConfig(Section):
+    """What a run reads and how it is cut into batches.
+
+    ``cfg.data == "text"`` compares ``kind``, as the flat config's ``data``
+    string did.
+    """
+
+    SECTION = "data"
+
+    batch_size: int  # the GLOBAL batch, split across the workers
+    num_steps: int  # a language model's window (BPTT length)
+    kind: str = "ptb"  # ptb | text | pairs (line-aligned source/target files, for encoder-decoders)
+    eval_batch_size: int = 0  # 0 = batch_size
+    train_file: str = ""  # kind = "text": UTF-8 text, one sentence or paragraph a line
+    valid_file: str = ""  # optional; evaluated by rank 0 after every epoch
+    test_file: str = ""  # optional; evaluated by rank 0 at the end
+    data_cache: str = ""  # text: token cache folder ("" = $LMKIT_DATA_CACHE or ~/.cache/lmkit/tokens; "none" = off)
+    source_file: str = ""  # kind = "pairs": line i is the source of line i of target_file
+    target_file: str = ""
+    valid_source_file: str = ""  # pairs: optional; evaluated by rank 0 after every epoch
+    valid_target_file: str = ""
+    test_source_file: str = ""  # pairs: optional; evaluated by rank 0 at the end
+    test_target_file: str = ""
+    share_vocab: bool = True  # pairs: one tokenizer for both sides; False: the source gets its own
+    max_source_length: int = 0  # pairs: longer sources are skipped, counted (0 = max_source_positions)
+    max_target_length: int = 0  # pairs: longer targets are skipped, counted (0 = max_positions - 1)
+    sampling: str = "windows"  # transformers: windows (shuffled fixed windows) | random (random offsets)
+    tokenizer: str = "word"  # text: word | sentencepiece | char | byte | hf (with init_from)
+    max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
+    min_count: int = 1  # word tokenizer: drop words seen fewer times
+    spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: the model's vocab_size)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return self.kind == other
+        if isinstance(other, DataConfig):
+            return self.to_dict() == other.to_dict()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.kind)
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+@dataclass(frozen=True)
+class OptimizationConfig(Section):
+    """The optimizer, its learning-rate schedule, clipping and the number of epochs."""
+
+    SECTION = "optimization"
+
+    num_epochs: int
+    learning_rate: float
+    max_grad_norm: float  # global-norm clipping after averaging; 0 = off
+    optimizer: str = "sgd"  # sgd | momentum | adam | adamw | novograd | lamb
+    optimizer_params: Dict[str, Any] = field(default_factory=dict)
+    lr_decay: float = 1.0  # multiplier per epoch once decay starts
+    lr_decay_start_epoch: int = 0  # first epoch index (0-based) with decay applied
+    lr_scaling: str = "none"  # none | linear | sqrt (by number of workers)
+    warmup_epochs: float = 0.0
+    schedule: str = "exponential"  # exponential | piecewise | polynomial | cosine | constant
+    schedule_params: Dict[str, Any] = field(default_factory=dict)
+    larc_params: Optional[Dict[str, Any]] = None
+    max_grad_norm_per_layer: float = 0.0  # per-variable clipping; 0 = off
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (batch_size stays the global batch)
+
+
+@dataclass(frozen=True)
+class ComputeConfig(Section):
+    """How the step computes: precision and loss scaling, XLA, the attention kernel, the device feed."""
+
+    SECTION = "compute"
+
+    precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 (lmkit.layers.precision)
+    loss_scale: float = 32768.0  # mixed_float16: the first step's loss scale (2**15)
+    loss_scale_growth_interval: int = 2000  # mixed_float16: finite steps in a row before it doubles
+    max_consecutive_skips: int = 20  # mixed_float16: skipped steps in a row before stopping (exit 3)
+    jit_compile: Union[bool, str] = "auto"  # "auto": XLA on GPUs, plain on CPUs (lmkit.core.xla); True | False
+    # Which kernel computes a window's causal attention (lmkit.layers.kernels): matmul (scores
+    # through two matmuls, everywhere) | cudnn (cuDNN's fused attention: GPU, XLA, mixed precision) |
+    # auto: cudnn where it runs and checks out, else matmul
+    attention_kernel: str = "auto"
+    # Windows copied to the device this many steps ahead, on a thread of their own, and the stop/save
+    # flags kept there (lmkit.train.feed); several processes read their agreed flags on a thread too, two
+    # steps late (lmkit.train.resume.Boundaries); 0: each step's window is sent as the step starts
+    device_prefetch: int = 0
+
+
+@dataclass(frozen=True)
+class DistributionConfig(Section):
+    """Which backend runs the workers and how gradients travel between them."""
+
+    SECTION = "distribution"
+
+    backend: str = "auto"  # auto | horovod | native | local (lmkit.distributed.BACKENDS)
+    num_gpus: int = 0  # native backend: replicas on one host (0 = all GPUs, or 1 CPU)
+    sparse_as_dense: bool = False
+    compression: str = "none"  # none | fp16 (dense gradients only)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig(Section):
+    """Where the weights start (``init_from``) and when and how many checkpoints are kept."""
+
+    SECTION = "checkpoints"
+
+    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral/BART folder: its weights, sizes, tokenizer
+    checkpoint_every_epochs: int = 1
+    checkpoint_every_steps: int = 0  # also every this many global steps (0 = off)
+    checkpoint_every_minutes: float = 0.0  # also this often, by rank 0's clock (0 = off)
+    keep_checkpoints: int = 3
+    preemption_grace_seconds: float = 60.0  # signal to exit, checkpoint or not (0 = no limit)
+
+
+@dataclass(frozen=True)
+class AdapterConfig(Section):
+    """LoRA: low-rank adapters trained on a frozen pretrained model (with ``init_from``)."""
+
+    SECTION = "adapters"
+
+    lora_rank: int = 0  # train rank-r adapters only, the base frozen (0 = full fine-tuning)
+    lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # on the adapters' inputs while training
+    # comma-separated Linear layer names ("" = the model's: llama query,value; gpt2 qkv;
+    # transformer_seq2seq query,key_value,qkv)
+    lora_targets: str = ""
+
+
+@dataclass(frozen=True)
+class RunConfig(Section):
+    """The run's seed, its log lines and when a diverging run stops."""
+
+    SECTION = "run"
+
+    seed: int = 1234
+    log_every_steps: int = 0  # 0 = about 10 lines per epoch
+    divergence_factor: float = 3.0  # stop (exit 3) when the loss stays above this x ln(vocab_size)...
+    divergence_steps: int = 10  # ...for this many steps in a row (a uniform guess scores ln(vocab_size))
+    peak_tflops: float = 0.0  # one device's peak TFLOP/s for the logs' MFU; 0 = a known GPU's (lmkit.train.flops)

@@ -1,0 +1,141 @@
+"""The config of a training run: its sections, built from any spelling and checked as a whole."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping
+
+from lmkit.config.base import ConfigError
+from lmkit.config.model import SHAPE_DEFAULTS, ModelConfig, keep_prob_of
+from lmkit.config.sections import (
+    AdapterConfig,
+    CheckpointConfig,
+    ComputeConfig,
+    DataConfig,
+    DistributionConfig,
+    OptimizationConfig,
+    RunConfig,
+)
+from lmkit.config.spelling import FLAT_KEYS, SECTIONS, Sections, merge, spell
+from lmkit.config.validation import validate
+
+__all__ = ["ADAPTER_KEYS", "MODEL_CONFIG_KEYS", "REQUIRED_KEYS", "TrainConfig"]
+
+# The flat keys that define the model's shape (0.x's model_config(); stored with checkpoints).
+MODEL_CONFIG_KEYS = ("model", *("keep_prob" if k == "dropout" else k for k in SHAPE_DEFAULTS))
+# The keys that shape a LoRA run's adapters (what its checkpoints hold): fixed for the run, like the model's.
+ADAPTER_KEYS = ("lora_rank", "lora_alpha", "lora_targets")
+# The keys every config states, flat, with their sections' fields.
+REQUIRED_KEYS = ("model", "vocab_size", "hidden_size", "num_layers", "init_scale", "dropout",
+                 "batch_size", "num_steps", "num_epochs", "learning_rate", "max_grad_norm")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run, grouped by concern.
+
+    ``cfg.model`` holds the model's name and its constructor's arguments,
+    ``cfg.data`` what the run reads, then ``optimization``, ``compute``
+    (precision, XLA, kernels), ``distribution``, ``checkpoints``,
+    ``adapters`` (LoRA) and ``run`` (seed, logs). Every field also reads
+    under its flat name, as in 0.x: ``cfg.learning_rate`` is
+    ``cfg.optimization.learning_rate``, ``cfg.keep_prob`` is ``1 -
+    cfg.model.dropout``, ``cfg.model == "lstm"`` compares the name.
+
+    Build one with :meth:`from_dict` (any spelling, :mod:`lmkit.config.spelling`)
+    or :func:`lmkit.config.load_config`; both check every value.
+    """
+
+    model: ModelConfig
+    data: DataConfig
+    optimization: OptimizationConfig
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
+    distribution: DistributionConfig = field(default_factory=DistributionConfig)
+    checkpoints: CheckpointConfig = field(default_factory=CheckpointConfig)
+    adapters: AdapterConfig = field(default_factory=AdapterConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "config") -> "TrainConfig":
+        """A checked config from settings spelled any way (flat 0.x keys, sections, dotted keys).
+
+        Raises:
+          ConfigError: naming the bad key: unknown, missing, ill-typed or out of range.
+        """
+        return cls.from_sections(spell(values, source), source)
+
+    @classmethod
+    def from_sections(cls, sections: Sections, source: str = "config") -> "TrainConfig":
+        """A checked config from ``{section: {field: value}}`` (:func:`lmkit.config.spelling.spell`)."""
+        for key in REQUIRED_KEYS:
+            section, name = FLAT_KEYS[key]
+            if name not in sections.get(section, {}):
+                raise ConfigError(f"{source}: missing required key {key!r}; add `{key} = ...` (or {name}=... "
+                                  f"in {section} = dict(...); required keys: {', '.join(REQUIRED_KEYS)})")
+        built = {name: section_cls.from_dict(sections.get(name, {}), source)
+                 for name, section_cls in SECTIONS.items()}
+        cfg = cls(**built)
+        validate(cfg, source)
+        return cfg
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A checked copy with some values changed, spelled any way (``batch_size=64``,
+        ``optimization={"learning_rate": 0.5}``, ``**{"model.dropout": 0.1}``); unknown keys are errors."""
+        return TrainConfig.from_sections(merge(self.to_sections(), spell(changes, "config override")),
+                                         source="config override")
+
+    # ------------------------------------------------------------------ reading
+    def __getattr__(self, key: str) -> Any:
+        """The flat 0.x names: ``cfg.learning_rate`` reads ``cfg.optimization.learning_rate``."""
+        fields = self.__dict__
+        if key.startswith("__") or "model" not in fields:
+            raise AttributeError(key)
+        if key in FLAT_KEYS:
+            section, name = FLAT_KEYS[key]
+            return getattr(fields[section], name)
+        if key == "keep_prob":
+            return keep_prob_of(fields["model"].dropout)
+        if key == "model_params":
+            return fields["model"].extras()
+        raise AttributeError(f"'TrainConfig' object has no attribute {key!r}")
+
+    @property
+    def source_length_limit(self) -> int:
+        """The most ids a source may have (``max_source_length``, 0 meaning ``max_source_positions``)."""
+        return self.data.max_source_length or self.model.max_source_positions
+
+    @property
+    def target_length_limit(self) -> int:
+        """The most ids a target may have, without its start/end id (0 meaning ``max_positions - 1``)."""
+        return self.data.max_target_length or self.model.max_positions - 1
+
+    @property
+    def tokenizer_options(self) -> Dict[str, Any]:
+        """The options of ``lmkit.data.train_tokenizer`` this config asks for."""
+        return {"vocab_size": self.model.vocab_size, "max_vocab": self.data.max_vocab or None,
+                "min_count": self.data.min_count, "model_type": self.data.spm_model_type,
+                "source": self.checkpoints.init_from}
+
+    def model_config(self) -> Dict[str, Any]:
+        """The model's settings as :func:`lmkit.models.build_model` takes them (0.x's flat keys)."""
+        return self.model.model_config()
+
+    # ------------------------------------------------------------------ writing
+    def to_sections(self) -> Sections:
+        """``{section: {field: value}}``: the model's arguments as stated, every field of the others."""
+        return {name: getattr(self, name).to_dict() for name in SECTIONS}
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Every setting under its flat 0.x name (``keep_prob``, ``model_params``), as ``config.json`` holds it."""
+        flat = {k: v for k, v in self.model.model_config().items() if k in MODEL_CONFIG_KEYS}
+        flat["model_params"] = self.model.extras()
+        for key, (section, name) in FLAT_KEYS.items():
+            if section != "model":
+                value = getattr(getattr(self, section), name)
+                flat[key] = dict(value) if isinstance(value, dict) else value
+        return flat
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
