@@ -50,7 +50,7 @@ class LlamaLanguageModel(LanguageModel):
                  qkv_bias: bool = False, attention_output_bias: bool = False,
                  rms_norm_epsilon: float = 1e-6, tie_weights: bool = False, activation: str = "silu",
                  dropout: float = 0.0, init_scale: float = 0.02, attention_blocks: Union[int, str] = "auto",
-                 name: Optional[str] = None) -> None:
+                 embedding_scale: float = 1.0, name: Optional[str] = None) -> None:
         """Creates the embedder, the decoder and the softmax layer.
 
         Args:
@@ -79,6 +79,9 @@ class LlamaLanguageModel(LanguageModel):
             keys before it); 1 = the whole window at once; ``"auto"`` (default):
             4 blocks for windows of at least 1024 positions, else 1. The results
             are the same (``model_params = {"attention_blocks": 4}`` in a config).
+          embedding_scale: the token embeddings are multiplied by it before the
+            first layer (Gemma's ``sqrt(hidden_size)``); the tied softmax uses
+            the table as it is.
           name: module name.
         """
         super().__init__(name=name)
@@ -103,6 +106,7 @@ class LlamaLanguageModel(LanguageModel):
         self.dropout = check_rate("dropout", dropout)
         self.init_scale = check_positive_float("init_scale", init_scale)
         self.tie_weights = bool(tie_weights)
+        self.embedding_scale = check_positive_float("embedding_scale", embedding_scale)
         initializer = uniform_initializer(init_scale)
         with self.name_scope:
             self.embedder = WordEmbedder(vocab_size=vocab_size, dim=hidden_size, initializer=initializer,
@@ -131,14 +135,21 @@ class LlamaLanguageModel(LanguageModel):
                  training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:
         """ids [batch, time] -> (logits [batch, time, vocab] float32, state or None), as the transformer's."""
         ids = check_window(ids, state, self.max_positions)
-        x = dropout(self.embedder(ids), self.dropout, training)
+        x = dropout(self.embed(ids), self.dropout, training)
         outputs, state = self.decoder(x, state, training)
         return self.projection(outputs), state
 
     def step(self, ids: tf.Tensor, state: TransformerState) -> Tuple[tf.Tensor, TransformerState]:
         """One cached step: ids [batch] int32 at ``state.positions`` -> (logits [batch, vocab], state)."""
-        outputs, state = self.decoder(self.embedder(ids)[:, tf.newaxis, :], state, False)
+        outputs, state = self.decoder(self.embed(ids)[:, tf.newaxis, :], state, False)
         return self.projection(outputs[:, 0, :]), state
+
+    def embed(self, ids: tf.Tensor) -> tf.Tensor:
+        """ids [...] -> the decoder's inputs [..., hidden] (the embeddings, times ``embedding_scale``)."""
+        x = self.embedder(ids)  # [..., hidden] in the compute dtype
+        if self.embedding_scale != 1.0:  # a constant of the input's dtype, as Gemma's own scale
+            x = x * tf.cast(self.embedding_scale, x.dtype)
+        return x
 
     def get_config(self) -> Dict[str, Any]:
         """``lmkit.models.build_model`` keys (``model = "llama"``)."""
@@ -154,4 +165,6 @@ class LlamaLanguageModel(LanguageModel):
                   "keep_prob": keep_prob_of(self.dropout), "init_scale": self.init_scale}
         if attention.attention_blocks != "auto":  # absent by default, as in the transformer's config
             config["attention_blocks"] = attention.attention_blocks
+        if self.embedding_scale != 1.0:  # absent by default: the configs of runs before it stay as they were
+            config["embedding_scale"] = self.embedding_scale
         return config
