@@ -218,6 +218,31 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
                     valid_words=words["valid"], test_words=words["test"])
 
 
+def _checked_lines(ids_per_line: Sequence[Sequence[int]], max_length: Optional[int]) -> List[np.ndarray]:
+    """The lines as 1-D integer arrays cut to ``max_length``; a :class:`DataError` names a bad one."""
+    lines = []
+    for i, line in enumerate(ids_per_line):
+        array = np.asarray(line)
+        if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+            raise DataError(f"ids_per_line[{i}] must be a 1-D integer sequence, got shape "
+                            f"{array.shape} dtype {array.dtype}")
+        lines.append(array[:max_length] if max_length is not None else array)
+    if not lines:
+        raise DataError("ids_per_line is empty; give at least one line")
+    return lines
+
+
+def _checked_bounds(bucket_boundaries: Optional[Sequence[int]]) -> Optional[List[int]]:
+    """``bucket_boundaries`` as ints, checked to be positive and strictly increasing (None stays None)."""
+    if bucket_boundaries is None:
+        return None
+    bounds = [int(b) for b in bucket_boundaries]
+    if not bounds or any(b < 1 for b in bounds) or any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise DataError(f"bucket_boundaries = {list(bucket_boundaries)} must be a non-empty, "
+                        "strictly increasing list of positive lengths")
+    return bounds
+
+
 def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, rank: int = 0,
                      size: int = 1, shuffle: bool = True, seed: int = 0,
                      bucket_boundaries: Optional[Sequence[int]] = None, pad_id: int = 0, *,
@@ -263,23 +288,11 @@ def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, ran
                         "unequal last batches; use drop_remainder = True")
     if max_length is not None and max_length < 1:
         raise DataError(f"max_length = {max_length} must be >= 1 or None")
-    lines = []
-    for i, line in enumerate(ids_per_line):
-        array = np.asarray(line)
-        if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
-            raise DataError(f"ids_per_line[{i}] must be a 1-D integer sequence, got shape "
-                            f"{array.shape} dtype {array.dtype}")
-        lines.append(array[:max_length] if max_length is not None else array)
-    if not lines:
-        raise DataError("ids_per_line is empty; give at least one line")
+    lines = _checked_lines(ids_per_line, max_length)
     if drop_remainder and bucket_boundaries is None and len(lines) < batch_size:
         raise DataError(f"{len(lines)} lines are too few for one batch of batch_size "
                         f"{batch_size}; use a smaller batch_size")
-    if bucket_boundaries is not None:
-        bounds = [int(b) for b in bucket_boundaries]
-        if not bounds or any(b < 1 for b in bounds) or any(a >= b for a, b in zip(bounds, bounds[1:])):
-            raise DataError(f"bucket_boundaries = {list(bucket_boundaries)} must be a non-empty, "
-                            "strictly increasing list of positive lengths")
+    bounds = _checked_bounds(bucket_boundaries)
 
     order = np.arange(len(lines))
     if shuffle:
@@ -292,7 +305,7 @@ def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, ran
     # Each element is a 1-D tensor; pair it with its length for padding/bucketing.
     dataset = dataset.map(lambda ids: (tf.ensure_shape(ids, [None]), tf.size(ids, out_type=tf.int32)))
     padding = (tf.constant(pad_id, tf.int32), tf.constant(0, tf.int32))
-    if bucket_boundaries is None:
+    if bounds is None:
         dataset = dataset.padded_batch(batch_size, padded_shapes=([None], []), padding_values=padding,
                                        drop_remainder=drop_remainder)
     else:

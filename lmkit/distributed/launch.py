@@ -65,7 +65,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lmkit.core.errors import PEER_FAILED_EXIT_STATUS, NonFiniteError, UsageError
 from lmkit.core.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
@@ -390,41 +390,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parses the flags, starts the workers and returns the job's exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("--") and argv[0][2:] in WRAPPED_LAUNCHERS:
-        if len(argv) == 1:
-            print(f"python -m lmkit.launch {argv[0]}: give the launcher's arguments, e.g. "
-                  f"{argv[0]} -np 2 python -m lmkit train --config config_small", file=sys.stderr)
-            return 2
-        try:
-            return run_wrapped([argv[0][2:], *argv[1:]])
-        except UsageError as exc:
-            print(str(exc), file=sys.stderr)
-            return 2
-    parser = argparse.ArgumentParser(
-        prog="python -m lmkit.launch",
-        description="Start the workers of a native-backend (TF_CONFIG) lmkit job.",
-        epilog="example: python -m lmkit.launch --hosts 127.0.0.1 --num_workers 2 -- "
-               "python examples/lm_ptb_distributed.py --use_horovod false.  A Horovod job: "
-               "python -m lmkit.launch --mpirun -np 2 python -m lmkit train ... (or --horovodrun "
-               "ARGS) runs that launcher and turns SIGTERM into a preemption of its ranks.")
-    parser.add_argument("--hosts", default="127.0.0.1",
-                        help="comma-separated hosts, optionally host:slots (default 127.0.0.1)")
-    parser.add_argument("--num_workers", type=int, required=True, help="total number of workers")
-    parser.add_argument("--port", type=int, default=None,
-                        help=f"first port on each host (default: free ports on this host, else {DEFAULT_PORT})")
-    parser.add_argument("--ssh", action="store_true",
-                        help="start the workers of other hosts through ssh (else print their commands)")
-    parser.add_argument("--rsh", default=None, metavar="AGENT",
-                        help="start the workers of other hosts as `AGENT host command` "
-                             "(like mpirun's plm_rsh_agent; --ssh is `ssh -o BatchMode=yes`)")
-    parser.add_argument("--bind", choices=("cores", "none"), default="cores",
-                        help="bind each worker of this host to its share of the cores (default), "
-                             "or leave them free")
-    parser.add_argument("--env", "-x", action="append", default=[], metavar="NAME",
-                        help="also pass this variable to other hosts' workers (repeatable; those "
-                             f"starting with {', '.join(FORWARDED_PREFIXES)} always are)")
-    parser.add_argument("--dry_run", action="store_true", help="print every worker's command and exit")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
-                        help="-- followed by the training command")
+        return _main_wrapped(argv)
+    parser = _parser()
     args = parser.parse_args(argv)
     command = list(args.command)
     if command and command[0] == "--":
@@ -454,6 +421,58 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for w in remote:
             print(f"[launch] on {w.host}: {remote_command(w, workers, command, cwd, forwarded)}",
                   file=sys.stderr)
+    return _start_and_wait(workers, command, cores, agent, lambda w: remote_command(w, workers, command, cwd,
+                                                                                   forwarded))
+
+
+def _main_wrapped(argv: List[str]) -> int:
+    """``python -m lmkit.launch --mpirun ARGS...``: runs that launcher (see :func:`run_wrapped`)."""
+    if len(argv) == 1:
+        print(f"python -m lmkit.launch {argv[0]}: give the launcher's arguments, e.g. "
+              f"{argv[0]} -np 2 python -m lmkit train --config config_small", file=sys.stderr)
+        return 2
+    try:
+        return run_wrapped([argv[0][2:], *argv[1:]])
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m lmkit.launch`` (a native-backend job)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m lmkit.launch",
+        description="Start the workers of a native-backend (TF_CONFIG) lmkit job.",
+        epilog="example: python -m lmkit.launch --hosts 127.0.0.1 --num_workers 2 -- "
+               "python examples/lm_ptb_distributed.py --use_horovod false.  A Horovod job: "
+               "python -m lmkit.launch --mpirun -np 2 python -m lmkit train ... (or --horovodrun "
+               "ARGS) runs that launcher and turns SIGTERM into a preemption of its ranks.")
+    parser.add_argument("--hosts", default="127.0.0.1",
+                        help="comma-separated hosts, optionally host:slots (default 127.0.0.1)")
+    parser.add_argument("--num_workers", type=int, required=True, help="total number of workers")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"first port on each host (default: free ports on this host, else {DEFAULT_PORT})")
+    parser.add_argument("--ssh", action="store_true",
+                        help="start the workers of other hosts through ssh (else print their commands)")
+    parser.add_argument("--rsh", default=None, metavar="AGENT",
+                        help="start the workers of other hosts as `AGENT host command` "
+                             "(like mpirun's plm_rsh_agent; --ssh is `ssh -o BatchMode=yes`)")
+    parser.add_argument("--bind", choices=("cores", "none"), default="cores",
+                        help="bind each worker of this host to its share of the cores (default), "
+                             "or leave them free")
+    parser.add_argument("--env", "-x", action="append", default=[], metavar="NAME",
+                        help="also pass this variable to other hosts' workers (repeatable; those "
+                             f"starting with {', '.join(FORWARDED_PREFIXES)} always are)")
+    parser.add_argument("--dry_run", action="store_true", help="print every worker's command and exit")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- followed by the training command")
+    return parser
+
+
+def _start_and_wait(workers: Sequence[Worker], command: Sequence[str], cores: Dict[int, Optional[List[int]]],
+                    agent: Optional[List[str]], remote: Callable[[Worker], str]) -> int:
+    """Starts this host's workers (bound to ``cores``) and, through ``agent``, the others' (``remote(w)`` is a
+    worker's command line there); passes scheduler signals on; returns the job's exit status."""
     procs: List[subprocess.Popen] = []
     started: List[Worker] = []  # the worker of each of procs
     signalled: List[int] = []
@@ -478,8 +497,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     preexec_fn=(lambda c=bind: os.sched_setaffinity(0, c)) if bind else None))
                 started.append(w)
             elif agent:
-                procs.append(subprocess.Popen([*agent, w.host,
-                                               remote_command(w, workers, command, cwd, forwarded)]))
+                procs.append(subprocess.Popen([*agent, w.host, remote(w)]))
                 started.append(w)
         if signalled:  # a notice while the workers started: the later ones get it too
             for p in procs[reached[0]:]:

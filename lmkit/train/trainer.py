@@ -175,74 +175,16 @@ class Trainer:
         self._build_steps()
 
     def _build_steps(self) -> None:
+        """Traces nothing yet: builds the compiled training step and the evaluator for this run."""
         cfg = self.config
-        model, opt, progress, policy = self.model, self.optimizer, self.progress, self.policy
-        loss_scale = self.loss_scale
-        variables = list(model.trainable_variables)
-        device = dist.device_type()
-        self.xla = use_xla(cfg.jit_compile, device)
-        # lmkit's own models trace without AutoGraph (3x faster to start); a user's keeps it.
-        self.autograph = autograph = use_autograph(model)
-        # Whether a non-finite step is skipped without a branch. On a GPU a tf.cond's
-        # predicate is copied to the host, which then waits for the device every step;
-        # on a CPU the host is the device and the branch skips the update's work, where
-        # selecting each write costs ~3 small ops per variable (the update of the tiny
-        # transformer took 8.7 ms instead of 3.0 on 2 cores). Under XLA a branch stays
-        # on the device and selects fuse into the update: either is fine, selects it is.
-        self.branch_free = self.xla or device == "GPU"
-        branch_free = self.branch_free
+        variables = list(self.model.trainable_variables)
+        self._choose_compilation(dist.device_type())
+        autograph = self.autograph
         # With more than one replica the collectives stay outside XLA (Horovod's cannot be
         # compiled): the replica's gradients and the update are compiled apart.
         split = self.xla and self.world > 1
-        # The kernel of causal attention (TrainConfig.attention_kernel): chosen while tracing.
-        self.attention_kernel = kernel = attention_kernels.resolve(
-            cfg.attention_kernel, device_type=device, xla=self.xla, precision=cfg.precision, log=self.log)
-
-        task = self.task
-
-        def forward(x, y, state):
-            loss, new_state = task.loss(x, y, state, training=True)  # float32 under every precision
-            return loss, (loss if loss_scale is None else loss_scale.scale_loss(loss)), new_state
-
-        def micro_step(x, y, state):  # one micro-batch's local (not yet averaged) gradients
-            with tf.GradientTape() as tape:
-                loss, scaled, new_state = forward(x, y, state)
-            return loss, tape.gradient(scaled, variables), new_state
-
-        def local_gradients(x, y, state):
-            """This replica's loss, gradients (not yet averaged) and new state: k micro-batches."""
-            with precision.scope(cfg.precision), attention_kernels.scope(kernel):  # this trace's dtype and kernel
-                return accumulate_gradients(micro_step, x, y, state, cfg.grad_accum_steps, cfg.sparse_as_dense)
-
-        def update(grads, mean_loss, state, new_state):
-            """Everything after the averaging, the same on every replica: no collective."""
-            if loss_scale is not None:
-                grads = loss_scale.unscale(grads)
-                # A skipped step keeps a non-finite state out of the next window.
-                if new_state is not None:
-                    new_state = tf.nest.map_structure(
-                        lambda new, old: tf.where(tf.math.is_finite(new), new, old), new_state, state)
-            # Clipping after the averaging: every rank applies the same update.
-            # IndexedSlices stay sparse, also for the norm when clipping is off.
-            grads, norm = clip_gradients(grads, cfg.max_grad_norm, cfg.max_grad_norm_per_layer)
-            # The norm of the averaged gradients is the same on every rank (an Inf or
-            # NaN anywhere makes it non-finite): so is this decision.
-            finite = tf.math.logical_and(tf.math.is_finite(mean_loss), tf.math.is_finite(norm))
-            opt.learning_rate.assign(policy(progress.global_step))
-            # A non-finite step is not applied; without loss scaling the host stops training,
-            # with it the scale halves and training goes on (for a while).
-            if branch_free:
-                opt.apply_gradients(zip(grads, variables), apply_if=finite)
-            else:
-                def apply():
-                    opt.apply_gradients(zip(grads, variables))
-                    return tf.constant(True)
-
-                tf.cond(finite, apply, lambda: tf.constant(False))
-            healthy = finite if loss_scale is None else loss_scale.update(finite)
-            progress.global_step.assign_add(1)
-            return new_state, healthy, finite
-
+        local_gradients = self._local_gradients_fn(variables)
+        update = self._update_fn(variables)
         # Pairs come in a few padded lengths: one trace serves them all (XLA compiles each shape).
         if split:
             local_gradients = tf.function(local_gradients, jit_compile=True, reduce_retracing=True,
@@ -270,7 +212,80 @@ class Trainer:
         self._flags = flag_tensors(feed_device()) if cfg.device_prefetch else host_flags  # see lmkit.train.feed
         self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split,
                                                 reduce_retracing=True, autograph=autograph)
-        self._evaluator = task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla, kernel)
+        self._evaluator = self.task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla,
+                                              self.attention_kernel)
+
+    def _choose_compilation(self, device: str) -> None:
+        """Sets how the step compiles on ``device``: ``xla``, ``autograph``, ``branch_free``, ``attention_kernel``."""
+        cfg = self.config
+        self.xla = use_xla(cfg.jit_compile, device)
+        # lmkit's own models trace without AutoGraph (3x faster to start); a user's keeps it.
+        self.autograph = use_autograph(self.model)
+        # Whether a non-finite step is skipped without a branch. On a GPU a tf.cond's
+        # predicate is copied to the host, which then waits for the device every step;
+        # on a CPU the host is the device and the branch skips the update's work, where
+        # selecting each write costs ~3 small ops per variable (the update of the tiny
+        # transformer took 8.7 ms instead of 3.0 on 2 cores). Under XLA a branch stays
+        # on the device and selects fuse into the update: either is fine, selects it is.
+        self.branch_free = self.xla or device == "GPU"
+        # The kernel of causal attention (TrainConfig.attention_kernel): chosen while tracing.
+        self.attention_kernel = attention_kernels.resolve(
+            cfg.attention_kernel, device_type=device, xla=self.xla, precision=cfg.precision, log=self.log)
+
+    def _local_gradients_fn(self, variables: List[tf.Variable]) -> Callable[..., Any]:
+        """``(x, y, state) -> (loss, gradients, new_state)`` of this replica (k micro-batches, not averaged)."""
+        cfg, task, loss_scale, kernel = self.config, self.task, self.loss_scale, self.attention_kernel
+
+        def forward(x, y, state):
+            loss, new_state = task.loss(x, y, state, training=True)  # float32 under every precision
+            return loss, (loss if loss_scale is None else loss_scale.scale_loss(loss)), new_state
+
+        def micro_step(x, y, state):  # one micro-batch's local (not yet averaged) gradients
+            with tf.GradientTape() as tape:
+                loss, scaled, new_state = forward(x, y, state)
+            return loss, tape.gradient(scaled, variables), new_state
+
+        def local_gradients(x, y, state):
+            with precision.scope(cfg.precision), attention_kernels.scope(kernel):  # this trace's dtype and kernel
+                return accumulate_gradients(micro_step, x, y, state, cfg.grad_accum_steps, cfg.sparse_as_dense)
+
+        return local_gradients
+
+    def _update_fn(self, variables: List[tf.Variable]) -> Callable[..., Any]:
+        """``(grads, mean_loss, state, new_state) -> (new_state, healthy, applied)``: everything after the
+        averaging, the same on every replica (no collective)."""
+        cfg, opt, progress, policy = self.config, self.optimizer, self.progress, self.policy
+        loss_scale, branch_free = self.loss_scale, self.branch_free
+
+        def update(grads, mean_loss, state, new_state):
+            if loss_scale is not None:
+                grads = loss_scale.unscale(grads)
+                # A skipped step keeps a non-finite state out of the next window.
+                if new_state is not None:
+                    new_state = tf.nest.map_structure(
+                        lambda new, old: tf.where(tf.math.is_finite(new), new, old), new_state, state)
+            # Clipping after the averaging: every rank applies the same update.
+            # IndexedSlices stay sparse, also for the norm when clipping is off.
+            grads, norm = clip_gradients(grads, cfg.max_grad_norm, cfg.max_grad_norm_per_layer)
+            # The norm of the averaged gradients is the same on every rank (an Inf or
+            # NaN anywhere makes it non-finite): so is this decision.
+            finite = tf.math.logical_and(tf.math.is_finite(mean_loss), tf.math.is_finite(norm))
+            opt.learning_rate.assign(policy(progress.global_step))
+            # A non-finite step is not applied; without loss scaling the host stops training,
+            # with it the scale halves and training goes on (for a while).
+            if branch_free:
+                opt.apply_gradients(zip(grads, variables), apply_if=finite)
+            else:
+                def apply():
+                    opt.apply_gradients(zip(grads, variables))
+                    return tf.constant(True)
+
+                tf.cond(finite, apply, lambda: tf.constant(False))
+            healthy = finite if loss_scale is None else loss_scale.update(finite)
+            progress.global_step.assign_add(1)
+            return new_state, healthy, finite
+
+        return update
 
     def train_step(self, inputs: Any, targets: Any, state: Any, stop: float = 0.0,
                    save: float = 0.0) -> "StepResult":
@@ -540,22 +555,7 @@ class Trainer:
         step_count = int(self.progress.global_step.numpy())
 
         def drain(index: int) -> None:
-            values = self._drain(pending, epoch, index)
-            if self.record_step_losses:  # NaN marks a skipped step
-                result.step_losses.extend(math.nan if v is None else v for v in values)
-            applied = [v for v in values if v is not None]
-            run.skipped += len(values) - len(applied)
-            run.loss_sum += sum(applied)
-
-        def act(actions: List[str], done_in_epoch: int) -> None:
-            stopping = "stop" in actions
-            run.preempted = run.preempted or stopping
-            run.save_at_end = bool(actions) and done_in_epoch == steps_per_epoch
-            if actions and done_in_epoch < steps_per_epoch:  # an epoch's end saves in _end_epoch
-                self.progress.steps_in_epoch.assign(done_in_epoch)
-                result.checkpoint = self._checkpoints.save(state, {"stopped_by": "preemption"} if stopping
-                                                           else {"saved_by": "schedule"}) or result.checkpoint
-                self._boundaries.saved()
+            self._count_losses(self._drain(pending, epoch, index), run, result)
 
         t0 = time.perf_counter()
         feed = window_feed(batches, self.config.device_prefetch)  # None without device_prefetch
@@ -581,13 +581,7 @@ class Trainer:
                 step_count += 1
                 if not self._compiled:  # the first call traces and compiles: not training speed
                     drain(i)
-                    self.compile_time = time.perf_counter() - t0
-                    self._compiled = True
-                    kernel = "" if self.attention_kernel == "matmul" else f" ({self.attention_kernel} attention)"
-                    self.log(f"compiled the training step{' with XLA' if self.xla else ''}{kernel} in "
-                             f"{self.compile_time:.1f} s")
-                    for line in attention_kernels.declined(self.attention_kernel):
-                        self.log(line)
+                    self._compiled_in(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     run.timed_from = run.steps
                 # Reading values back costs a host sync: only every few steps.
@@ -605,12 +599,13 @@ class Trainer:
                 if actions:
                     if pending:
                         drain(i)
-                    act(actions, i + 1)
+                    self._act(actions, i + 1, steps_per_epoch, state, run, result)
                     if run.preempted:
                         run.stopped = True
                         break
             else:
-                act(self._boundaries.flush(), steps_per_epoch)  # the last step's flags: no step follows
+                # The last step's flags: no step follows.
+                self._act(self._boundaries.flush(), steps_per_epoch, steps_per_epoch, state, run, result)
         finally:
             if feed:
                 feed.close()
@@ -619,6 +614,36 @@ class Trainer:
         bar.close()
         run.seconds = time.perf_counter() - t0
         return run
+
+    def _count_losses(self, values: List[Optional[float]], run: EpochRun, result: TrainResult) -> None:
+        """Adds the losses read back (None: a skipped, non-finite step) to the epoch's sums."""
+        if self.record_step_losses:  # NaN marks a skipped step
+            result.step_losses.extend(math.nan if v is None else v for v in values)
+        applied = [v for v in values if v is not None]
+        run.skipped += len(values) - len(applied)
+        run.loss_sum += sum(applied)
+
+    def _compiled_in(self, seconds: float) -> None:
+        """Notes that the first step traced and compiled in ``seconds`` (not training speed) and says so."""
+        self.compile_time = seconds
+        self._compiled = True
+        kernel = "" if self.attention_kernel == "matmul" else f" ({self.attention_kernel} attention)"
+        self.log(f"compiled the training step{' with XLA' if self.xla else ''}{kernel} in {seconds:.1f} s")
+        for line in attention_kernels.declined(self.attention_kernel):
+            self.log(line)
+
+    def _act(self, actions: List[str], done_in_epoch: int, steps_per_epoch: int, state: Any, run: EpochRun,
+             result: TrainResult) -> None:
+        """Carries out what the ranks agreed after a step (``"stop"``, ``"save"``): inside an epoch, a checkpoint
+        of ``state``; at its end, :meth:`_end_epoch` saves."""
+        stopping = "stop" in actions
+        run.preempted = run.preempted or stopping
+        run.save_at_end = bool(actions) and done_in_epoch == steps_per_epoch
+        if actions and done_in_epoch < steps_per_epoch:
+            self.progress.steps_in_epoch.assign(done_in_epoch)
+            result.checkpoint = self._checkpoints.save(state, {"stopped_by": "preemption"} if stopping
+                                                       else {"saved_by": "schedule"}) or result.checkpoint
+            self._boundaries.saved()
 
     def _end_epoch(self, epoch: int, epochs: int, run: EpochRun, cumulative: float,
                    valid_ids: Optional[Any], summaries: Summaries, result: TrainResult) -> None:
