@@ -64,7 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import command_line, load_average, machine_info, write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_SOURCE = os.path.join(HERE, "..", "shared", "data", "wikitext-2")
+DEFAULT_SOURCE = os.path.join(HERE, "data", "wikitext-2")  # lmkit download wikitext-2
 
 
 def make_corpus(source: str, path: str, megabytes: float) -> int:

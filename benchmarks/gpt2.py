@@ -3,7 +3,7 @@
 
 One random GPT-2 of a small shape (default 4 layers, 256 wide, 4 heads, 256
 positions, vocabulary 8192) is made with ``transformers`` and saved as a
-Hugging Face folder; lmkit loads that folder (:func:`lmkit.hub.hf.load_gpt2_weights`),
+Hugging Face folder; lmkit loads that folder (:func:`lmkit.models.gpt2.convert.load_gpt2_weights`),
 so both run the same weights (the logits are compared before timing).
 
 * training: AdamW (lr 1e-4, weight decay 0.01), global-norm clipping 1.0,

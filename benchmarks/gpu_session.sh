@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU measurements of docs/performance.md#on-one-gpu, as run on a lent GPU machine whose
+# The GPU measurements of docs/performance.md#one-gpu, as run on a lent GPU machine whose
 # TensorFlow came from ../shared/gpu (source /tmp/gpu-env.sh first; with a normal GPU install,
 # PYTHON=.venv/bin/python). Each stage writes its own file, after every config, so that a short
 # lease keeps what it finished:

@@ -44,7 +44,8 @@ SETTINGS = [
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data", "wikitext-2"))
+    p.add_argument("--data", default=os.path.join(ROOT, "data", "wikitext-2"),
+                   help="a folder with the WikiText-2 files (lmkit download wikitext-2)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "large_batch"))
     p.add_argument("--quick", action="store_true", help="2 epochs on a quarter of the text")
     p.add_argument("--only", default=None, help="comma-separated setting indices")

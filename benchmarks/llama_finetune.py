@@ -17,7 +17,7 @@ each rank's peak resident memory (``psutil``, sampled every 0.2 s).
 
 Usage::
 
-    .venv/bin/python benchmarks/llama_finetune.py --data ../shared/data/wikitext-2   # about 6 minutes
+    .venv/bin/python benchmarks/llama_finetune.py --data data/wikitext-2   # about 6 minutes (lmkit download wikitext-2)
 
 Writes ``benchmarks/results/llama_finetune.json``.
 """
@@ -124,7 +124,7 @@ def run(name: str, folder: str, data: str, work: str, log) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "wikitext-2"),
+    p.add_argument("--data", default=os.path.join(REPO, "data", "wikitext-2"),
                    help="a folder with valid.txt and test.txt (WikiText-2: lmkit download wikitext-2)")
     p.add_argument("--output", default=os.path.join(RESULTS_DIR, "llama_finetune.json"))
     args = p.parse_args(argv)

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import command_line, load_average, machine_info, median_ratio, write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(HERE, "..", "shared", "data", "wikitext-2")
+DATA = os.path.join(HERE, "data", "wikitext-2")  # lmkit download wikitext-2
 
 
 def run(sampling: str, seed: int, epochs: int, work: str, data: str) -> Dict[str, Any]:

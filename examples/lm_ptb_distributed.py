@@ -28,6 +28,7 @@ from lmkit.data import BpttBatches
 from lmkit.data.pipeline import load_ptb_everywhere
 from lmkit.layers import OutputProjection, RNNDecoder, WordEmbedder, uniform_initializer
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
+from lmkit.train import dropout_generator
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.losses import window_loss
 
@@ -112,7 +113,7 @@ def train(config, data, model_dir: str) -> dict:
     with dist.scope():  # DIST: the native backend keeps one copy per replica (Horovod: nothing)
         model, optimizer = LSTMLanguageModel(config.model), build_optimizer(config)
         # Dropout draws from the global generator: seeded per rank, as lmkit train does (other rows, other masks).
-        tf.random.set_global_generator(tf.random.Generator.from_seed(seed * 1009 + rank))  # DIST
+        tf.random.set_global_generator(dropout_generator(seed, rank))  # DIST
     batches = BpttBatches(data.train, batch_size, num_steps, rank=rank, size=size)  # DIST: this rank's rows
     policy = LearningRatePolicy.from_config(config, world_size=dist.num_replicas(),  # DIST: lr scaling, warmup
                                             steps_per_epoch=len(batches))

@@ -35,6 +35,7 @@ from lmkit.layers import (
     uniform_initializer,
 )
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
+from lmkit.train import dropout_generator
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.losses import window_loss
 
@@ -111,7 +112,7 @@ def train(config, data, model_dir: str) -> dict:
     with dist.scope():  # DIST: the native backend keeps one copy per replica (Horovod: nothing)
         model, optimizer = TinyGPT(config.model), build_optimizer(config)
         # Dropout draws from the global generator: seeded per rank, as lmkit train does (other rows, other masks).
-        tf.random.set_global_generator(tf.random.Generator.from_seed(seed * 1009 + rank))  # DIST
+        tf.random.set_global_generator(dropout_generator(seed, rank))  # DIST
 
     def windows(epoch):  # DIST: this rank's rows of every global batch, in the epoch's order (the same on all)
         return WindowBatches(data.train, config.data.batch_size, num_steps, epoch=epoch, seed=seed,

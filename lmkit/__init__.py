@@ -54,6 +54,7 @@ _EXPORTS = {
     "load_model": "lmkit.train",
     "generate": "lmkit.decoding.generation",
     "Generation": "lmkit.decoding.generation",
+    "GenerationConfig": "lmkit.decoding.config",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

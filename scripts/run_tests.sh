@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs lmkit's test suites; every suite's failure fails the run.
-#   scripts/run_tests.sh all | single | dist | native
+#   scripts/run_tests.sh all | lint | single | dist | native
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT="${1:-all}"
@@ -15,6 +15,12 @@ failed=()
 
 pytest_rc_ok() {  # exit 5 = no tests collected: a failure for us
   [ "$1" -eq 0 ]
+}
+
+run_lint() {
+  echo "=== lint: ruff check (pyproject.toml [tool.ruff]) ==="
+  "$PY" -m ruff check .
+  [ $? -eq 0 ] || failed+=("lint (ruff check .)")
 }
 
 run_single() {
@@ -55,6 +61,7 @@ run_all() {
     ( run_native; [ ${#failed[@]} -eq 0 ] ) > "$native_log" 2>&1 &
     native_pid=$!
   fi
+  run_lint
   run_single
   run_dist
   if [ -n "$native_pid" ]; then
@@ -66,10 +73,11 @@ run_all() {
 
 case "$WHAT" in
   all) run_all ;;
+  lint) run_lint ;;
   single) run_single ;;
   dist) run_dist ;;
   native) run_native ;;
-  *) echo "usage: $0 all|single|dist|native" >&2; exit 2 ;;
+  *) echo "usage: $0 all|lint|single|dist|native" >&2; exit 2 ;;
 esac
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -6,9 +6,8 @@
   (rank 0) and exits 2, a preemption signal at any point prints one line and
   exits 75 (:mod:`lmkit.core.preemption`), and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
-  leaving ranks waiting in a collective;
-* :func:`same_outcome_everywhere` turns a usage error on one rank into the
-  same error on every rank.
+  leaving ranks waiting in a collective (a usage error on one rank becomes the same error on every
+  rank through :func:`lmkit.distributed.same_outcome_everywhere`).
 """
 
 from __future__ import annotations
@@ -178,33 +177,6 @@ def _has_peers() -> bool:
 def _is_peer_failure(exc: BaseException) -> bool:
     dist = sys.modules.get("lmkit.distributed")  # only a job that got that far can have peers
     return dist is not None and dist.is_peer_failure(exc)
-
-
-def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
-    """Runs ``fn`` on every rank; a :class:`UsageError` on any rank is raised on all, and so is a
-    preemption signal during ``fn`` (as a :class:`PreemptedError`, before any usage error).
-
-    Per-rank work (reading local files) can fail on one rank only; that rank
-    alone would leave while the others wait in the next collective, and its
-    message would be lost (only rank 0 prints usage errors). Every rank must
-    call this, in the same order.
-    """
-    from lmkit import distributed as dist
-    from lmkit.core.preemption import PreemptionSignal
-    try:
-        result, error = fn(), None
-    except UsageError as exc:
-        result, error = None, ("usage", str(exc))
-    except PreemptionSignal as exc:  # its clean-ups have run: every rank stops here, together
-        result, error = None, ("preempted", str(exc))
-    failed = [(r, e) for r, e in enumerate(dist.allgather_object(error)) if e is not None]
-    stops = [message for _, (kind, message) in failed if kind == "preempted"]
-    if stops:
-        raise PreemptedError(stops[0])
-    if failed:
-        r, (_, message) = failed[0]
-        raise UsageError(message if r == 0 else f"on rank {r}: {message}")
-    return result
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -1,6 +1,6 @@
 """``lmkit evaluate``: perplexity of a trained model on a text, per token and per word; BLEU of an encoder-decoder.
 
-    lmkit evaluate --model_dir runs/wt2 --text_file ../shared/data/wikitext-2/test.txt
+    lmkit evaluate --model_dir runs/wt2 --text_file data/wikitext-2/test.txt
     lmkit evaluate --model_dir runs/config_small --split test --data_path data/ptb
     lmkit evaluate --model_dir runs/reverse --source_file test.src --target_file test.tgt --json
 
@@ -8,7 +8,7 @@ The text is encoded with the run's own tokenizer (or PTB vocabulary) and read
 in order, ``--batch_size`` rows of ``--num_steps`` tokens at a time (a
 recurrent state carries across windows; a transformer starts each window
 afresh). --model_dir may also be a Hugging Face language model's folder
-(GPT-2, Llama, Qwen2, Mistral, or one lmkit exported), read with its own
+(GPT-2, Llama, Qwen2, Mistral, Gemma, or one lmkit exported), read with its own
 tokenizer in windows of its max_positions, so a pretrained model and a run
 fine-tuned from it compare on the same text (pass the same --num_steps). Perplexity per word divides the
 total negative log-likelihood by the whitespace-separated words of the same

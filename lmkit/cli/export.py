@@ -10,7 +10,7 @@ and the tokenizer files (``tokenizer.json``, ``vocab.json``, ``merges.txt``,
 of GPT-2's shape with a Hugging Face tokenizer (a run started with ``lmkit
 train --init_from``) or trained from scratch with lmkit's word, char, byte or
 unigram sentencepiece tokenizer (written as a ``tokenizer.json`` giving lmkit's ids, docs/gpt2.md),
-or a Llama/Qwen2/Mistral fine-tune, written with its
+or a Llama/Qwen2/Mistral/Gemma fine-tune, written with its
 source folder's config, tokenizer and chat template
 (``AutoModelForCausalLM.from_pretrained(output)``), or a ``llama`` model
 trained from scratch with one of those tokenizers (the config of the family

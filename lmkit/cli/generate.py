@@ -212,7 +212,7 @@ def check_args(args: argparse.Namespace) -> Tuple[Any, List[List[int]], List[Lis
     if args.stream is None:  # on a terminal, one sample streams
         args.stream = sys.stdout.isatty() and single and args.strategy != "beam" and not args.one_line
     check_beam_samples(args)
-    if not folder.hugging_face:  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral) is read as it is
+    if not folder.hugging_face:  # a Hugging Face folder (GPT-2, Llama, Qwen2, Mistral, Gemma) is read as it is
         check_model_dir(args.model_dir)
     tokenizer = folder.tokenizer(args.checkpoint)
     vocab = getattr(tokenizer, "vocab", None) if tokenizer.name == "word" else None

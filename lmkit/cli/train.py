@@ -52,7 +52,7 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                    help="print the resolved config (the config file, the flags and --set applied) as a config "
                         "file, by section, and exit without training; save it as a .py file to pass to --config")
     p.add_argument("--init_from", default=None,
-                   help="fine-tune a pretrained GPT-2, Llama, Qwen2 or Mistral (with --train_file) or BART "
+                   help="fine-tune a pretrained GPT-2, Llama, Qwen2, Mistral or Gemma (with --train_file) or BART "
                         "(with --source_file and --target_file): a Hugging Face folder (config.json, "
                         "model.safetensors, tokenizer.json or vocab.json + merges.txt) or hf:<name> to download "
                         "one (e.g. hf:gpt2); its sizes, weights and tokenizer replace the config's")
@@ -234,8 +234,10 @@ def config_from_args(args: argparse.Namespace, distributed: bool = True):
     from lmkit.hub.download import resolve_source
     folder = resolve_source(args.init_from)  # a download only for hf:<name>
     overrides["init_from"] = os.path.abspath(folder)  # checked with the keys that need it (lora_rank)
-    if getattr(family_of(folder), "conditional", False):  # BART: an encoder-decoder, fine-tuned on pairs
-        overrides.setdefault("model", "transformer_seq2seq")
+    if getattr(family_of(folder), "conditional", False):  # an encoder-decoder (BART): fine-tuned on pairs
+        from lmkit.hub.folders import model_type_of
+        from lmkit.models.registry import model_of_hf_type
+        overrides.setdefault("model", model_of_hf_type(model_type_of(folder)[1]))
     # --train_file: data = "text"; --source_file/--target_file: data = "pairs"
     config = pretrained_training_config(load_config(args.config, overrides), folder)
     # Dropout is the recipe's, not the architecture's: a --set wins over the folder's.

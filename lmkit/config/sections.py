@@ -131,7 +131,7 @@ class CheckpointConfig(Section):
 
     SECTION = "checkpoints"
 
-    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral/BART folder: its weights, sizes, tokenizer
+    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral/Gemma/BART folder: its weights, sizes, tokenizer
     checkpoint_every_epochs: int = 1
     checkpoint_every_steps: int = 0  # also every this many global steps (0 = off)
     checkpoint_every_minutes: float = 0.0  # also this often, by rank 0's clock (0 = off)

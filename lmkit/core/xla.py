@@ -7,7 +7,7 @@
   launching small kernels; GPU utilisation under 10 %), and bfloat16 pays
   only once its casts fuse into the matmuls (issue 27). On an H200 the
   default step (XLA) then ran 1.8-3.2x PyTorch eager and 6.5x the plain
-  step on config_transformer (``docs/performance.md#on-one-gpu``);
+  step on config_transformer (``docs/performance.md#one-gpu``);
 * on CPUs, the plain step: XLA's CPU matmuls are slower than TensorFlow's
   oneDNN/Eigen kernels, 0.65-0.85x on the PTB configs and 0.98-1.02x on the
   tiny transformer (``benchmarks/results/train_throughput*.json``).

@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from lmkit import distributed as dist
-from lmkit.core.errors import PreemptedError, UsageError
+from lmkit.core.errors import UsageError
 from lmkit.core.fileio import atomic_write_bytes
 from lmkit.core.preemption import as_error, doing
 from lmkit.data.tokenizers import check_vocabulary
+from lmkit.distributed import same_outcome_everywhere
 
 __all__ = ["RunData", "load_run_data", "load_pair_data", "load_ptb_everywhere", "tokenizer_everywhere",
            "cached_text_everywhere", "same_outcome_everywhere", "check_vocabulary"]
@@ -53,32 +54,6 @@ def _chief_print(text: str) -> None:
     """The default log: a line on rank 0's stdout."""
     if dist.is_chief():
         print(text, flush=True)
-
-
-def same_outcome_everywhere(fn: Callable[[], Any]) -> Any:
-    """Runs ``fn`` on every rank; a :class:`UsageError` on any rank is raised on all, and so is a
-    preemption signal during ``fn`` (as a :class:`PreemptedError`, before any usage error).
-
-    Per-rank work (reading local files) can fail on one rank only; that rank
-    alone would leave while the others wait in the next collective, and its
-    message would be lost (only rank 0 prints usage errors). Every rank must
-    call this, in the same order.
-    """
-    from lmkit.core.preemption import PreemptionSignal
-    try:
-        result, error = fn(), None
-    except UsageError as exc:
-        result, error = None, ("usage", str(exc))
-    except PreemptionSignal as exc:  # its clean-ups have run: every rank stops here, together
-        result, error = None, ("preempted", str(exc))
-    failed = [(r, e) for r, e in enumerate(dist.allgather_object(error)) if e is not None]
-    stops = [message for _, (kind, message) in failed if kind == "preempted"]
-    if stops:
-        raise PreemptedError(stops[0])
-    if failed:
-        r, (_, message) = failed[0]
-        raise UsageError(message if r == 0 else f"on rank {r}: {message}")
-    return result
 
 
 @dataclass

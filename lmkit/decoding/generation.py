@@ -52,7 +52,7 @@ def generate(source: Any,
 
     Args:
       source: a model folder (an lmkit run, or a Hugging Face folder: GPT-2, Llama, Qwen2, Mistral,
-        BART), a :class:`~lmkit.decoding.source.Generator`, or a model object (then pass ``tokenizer``).
+        Gemma, BART), a :class:`~lmkit.decoding.source.Generator`, or a model object (then pass ``tokenizer``).
       inputs: a language model's prompts (texts or token ids; None: one sample from the start of a
         line) or an encoder-decoder's sources (texts); one, or a list.
       config: a :class:`~lmkit.decoding.config.GenerationConfig`. Each setting left out is what the

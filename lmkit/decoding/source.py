@@ -224,7 +224,7 @@ def load_generator(source: Any, *, checkpoint: Optional[str] = None, tokenizer: 
     """The :class:`Generator` of ``source``.
 
     Args:
-      source: a model folder (an lmkit run or a Hugging Face folder: GPT-2, Llama, Qwen2, Mistral,
+      source: a model folder (an lmkit run or a Hugging Face folder: GPT-2, Llama, Qwen2, Mistral, Gemma,
         BART), a :class:`ModelFolder`, a :class:`Generator`, an encoder-decoder's run object
         (:class:`lmkit.decoding.transduction.Seq2SeqRun`), a ``(model, tokenizer)`` pair, or a model
         object (then pass ``tokenizer``).

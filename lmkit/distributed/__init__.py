@@ -81,7 +81,7 @@ __all__ = [
     "rank", "size", "local_rank", "local_size", "num_replicas", "local_replicas", "is_chief", "device_type",
     "scope", "run", "per_replica", "first", "local_rows",
     "barrier", "allreduce", "allgather", "broadcast", "allreduce_scalar", "broadcast_scalar",
-    "broadcast_object", "allgather_object", "broadcast_variables",
+    "broadcast_object", "allgather_object", "same_outcome_everywhere", "broadcast_variables",
     "DistributedGradientTape", "average_gradients", "run_on_chief", "is_peer_failure",
 ]
 
@@ -324,6 +324,34 @@ def broadcast_object(obj: T, root: int = 0) -> T:
 def allgather_object(obj: Any) -> List[Any]:
     """A list with every rank's picklable object, in rank order."""
     return _backend().allgather_object(obj)
+
+
+def same_outcome_everywhere(fn: Callable[[], T]) -> T:
+    """Runs ``fn`` on every rank; a :class:`~lmkit.core.errors.UsageError` on any rank is raised on all, and
+    so is a preemption signal during ``fn`` (as a :class:`~lmkit.core.errors.PreemptedError`, before any
+    usage error).
+
+    Per-rank work (reading local files) can fail on one rank only; that rank
+    alone would leave while the others wait in the next collective, and its
+    message would be lost (only rank 0 prints usage errors). Every rank must
+    call this, in the same order.
+    """
+    from lmkit.core.errors import PreemptedError, UsageError
+    from lmkit.core.preemption import PreemptionSignal
+    try:
+        result, error = fn(), None
+    except UsageError as exc:
+        result, error = None, ("usage", str(exc))
+    except PreemptionSignal as exc:  # its clean-ups have run: every rank stops here, together
+        result, error = None, ("preempted", str(exc))
+    failed = [(r, e) for r, e in enumerate(allgather_object(error)) if e is not None]
+    stops = [message for _, (kind, message) in failed if kind == "preempted"]
+    if stops:
+        raise PreemptedError(stops[0])
+    if failed:
+        r, (_, message) = failed[0]
+        raise UsageError(message if r == 0 else f"on rank {r}: {message}")
+    return result
 
 
 def broadcast_variables(variables: Iterable["tf.Variable"], root: int = 0) -> None:

@@ -40,7 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmkit.models.protocols import LanguageModel
 
 __all__ = ["CONVERTERS", "FAMILIES", "MODELS", "build_model", "converter_of_model", "family_converters",
-           "family_of_model", "family_package", "is_import_path", "model_class", "model_keys", "pretrained_models"]
+           "family_of_model", "family_package", "is_import_path", "model_class", "model_keys", "model_of_hf_type",
+           "pretrained_models"]
 
 #: family -> its package. A new family is one line here.
 FAMILIES: Dict[str, str] = {
@@ -93,6 +94,11 @@ def family_converters() -> Dict[str, "Converter"]:
     from lmkit.hub.converters import converter_at
     paths = {family: _declaration(family, "CONVERTER") for family in FAMILIES}
     return {family: converter_at(path) for family, path in paths.items() if path}
+
+
+def model_of_hf_type(model_type: str) -> Optional[str]:
+    """The ``model`` name a Hugging Face ``model_type`` loads as (None for a type no family reads)."""
+    return _declared("HF_MODEL_TYPES").get(model_type)
 
 
 def pretrained_models() -> Tuple[str, ...]:

@@ -67,16 +67,27 @@ class TrainResult:
         }
 
 
-class Progress(tf.Module):
-    """Counters and the random state that a checkpoint must carry."""
+def dropout_generator(seed: int, rank: int = 0) -> tf.random.Generator:
+    """The random generator of rank ``rank``'s dropout masks for the config's ``seed``.
 
-    def __init__(self, seed: int) -> None:
+    One stream per rank (each rank drops other units of other rows), the same
+    for the same seed. :class:`~lmkit.train.Trainer` draws from it and
+    checkpoints it; a loop of your own gets lmkit train's masks with
+    ``tf.random.set_global_generator(dropout_generator(seed, rank))``.
+    """
+    return tf.random.Generator.from_seed(seed * 1009 + rank, alg="philox")
+
+
+class Progress(tf.Module):
+    """Counters and the random state that a checkpoint must carry (``rng``: :func:`dropout_generator`)."""
+
+    def __init__(self, seed: int, rank: int = 0) -> None:
         super().__init__(name="progress")
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # Steps done in the current epoch: 0 at an epoch's start (a mid-epoch checkpoint's position).
         self.steps_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_in_epoch")
-        self.rng = tf.random.Generator.from_seed(seed, alg="philox")
+        self.rng = dropout_generator(seed, rank)
 
 
 @dataclass

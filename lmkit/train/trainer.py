@@ -130,7 +130,7 @@ class Trainer:
             ) if self.precision.loss_scaling else None
             # Dropout of lmkit modules draws from the global generator: make it a
             # checkpointed one, different on every rank (each rank sees other rows).
-            self.progress = Progress(config.seed * 1009 + self.rank)
+            self.progress = Progress(config.seed, self.rank)
         tf.random.set_global_generator(self.progress.rng)
         self._compiled_train_step: Optional[Callable[..., Any]] = None
         self._evaluator: Optional[Evaluator] = None

@@ -112,8 +112,8 @@ def test_every_rank_stops_together_when_one_is_signalled_in_shared_work(monkeypa
     # same_outcome_everywhere and as_error (dist.run_on_chief) send a signal's stop to every rank as a
     # PreemptedError, ahead of any usage error, so no rank waits in a collective for one that left.
     from lmkit import distributed as dist
-    from lmkit.cli.common import same_outcome_everywhere
     from lmkit.core.preemption import PreemptionSignal, as_error
+    from lmkit.distributed import same_outcome_everywhere
 
     def signalled():
         raise PreemptionSignal("stopped by SIGTERM while training the word tokenizer")

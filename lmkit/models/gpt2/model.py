@@ -34,7 +34,7 @@ class TransformerLanguageModel(LanguageModel):
 
     With ``tie_weights=True``, ``pre_layer_norm=True``, learned positions and
     ``output_bias=False`` this is GPT-2's architecture (the ``gpt2`` entry of
-    :data:`lmkit.models.MODELS`), which :mod:`lmkit.hub.hf` loads from and
+    :data:`lmkit.models.MODELS`), which :mod:`lmkit.models.gpt2.convert` loads from and
     exports to Hugging Face checkpoints.
     """
 

@@ -3,7 +3,7 @@
 One class covers Hugging Face's ``LlamaForCausalLM`` (Llama 2/3, TinyLlama,
 SmolLM), ``Qwen2ForCausalLM`` (biases on q/k/v, tied embeddings in the small
 ones) and ``MistralForCausalLM`` (a sliding attention window);
-:mod:`lmkit.hub.hf_llama` maps their checkpoints onto it. Positions are rotary
+:mod:`lmkit.models.llama.convert` maps their checkpoints onto it. Positions are rotary
 (no position table), so ``max_positions`` only bounds the cache.
 """
 

@@ -300,8 +300,10 @@ def test_a_download_without_a_network_is_one_clear_error(tmp_path):
 
 
 def test_a_missing_folder_names_every_family_lmkit_reads(tmp_path):
-    with pytest.raises(UsageError, match=r"is not a folder; pass a Hugging Face model folder \(model_type gpt2, "
-                                         r"llama, qwen2, mistral, bart: "):
+    from lmkit.models.registry import CONVERTERS  # every family's types, in FAMILIES' order
+    assert list(CONVERTERS)[:4] == ["gpt2", "llama", "qwen2", "mistral"] and "bart" in CONVERTERS
+    with pytest.raises(UsageError, match=r"is not a folder; pass a Hugging Face model folder \(model_type "
+                                         + re.escape(", ".join(CONVERTERS)) + ": "):
         resolve_source(str(tmp_path / "missing"))
 
 
