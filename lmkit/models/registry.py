@@ -48,6 +48,7 @@ FAMILIES: Dict[str, str] = {
     "rnn": "lmkit.models.rnn",  # LSTM, GRU, and their encoder-decoder with attention
     "gpt2": "lmkit.models.gpt2",  # lmkit's transformer, and GPT-2
     "llama": "lmkit.models.llama",  # Llama, Qwen2, Mistral
+    "gemma": "lmkit.models.gemma",  # Gemma
     "bart": "lmkit.models.bart",  # the transformer encoder-decoder, and BART
 }
 
