@@ -148,9 +148,12 @@ def test_bad_shaping_and_bad_backend_are_one_clear_error():
 
 
 def test_without_root_the_harness_says_so():
-    # As another user (nobody), `up` refuses with a message naming root.
+    # As another user (nobody), `up` refuses with a message naming root. The harness needs only the
+    # standard library: the system's Python runs it, which nobody can (a pyenv Python under /root,
+    # as the newest-TensorFlow environment's may be, cannot even load its libpython there).
+    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, SCRIPT, "up", "--name", NAME],
+                           python, SCRIPT, "up", "--name", NAME],
                           cwd="/", env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "need root" in proc.stderr and "Traceback" not in proc.stderr
