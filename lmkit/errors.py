@@ -4,6 +4,9 @@
 (config, data, flags, model directory): the commands print its message once
 (rank 0) and exit with status 2. :class:`NonFiniteError` exits with 3,
 :class:`PreemptedError` (stopped by a signal, checkpoint written) with 75.
+A rank that stops only because another rank failed exits with 4
+(:data:`PEER_FAILED_EXIT_STATUS`), so that a launcher can tell the cause
+from its consequences whatever order their exits reach it in.
 Other exceptions are bugs or failures of the machine and exit with status 1.
 """
 
@@ -37,12 +40,16 @@ class NonFiniteError(LmkitError, FloatingPointError):
     exit_code = 3
 
 
+# A bystander: this rank's collective was cancelled because another rank failed, exited or stalled.
+PEER_FAILED_EXIT_STATUS = 4
+
+
 class PreemptedError(LmkitError):
     """Training stopped on a preemption signal after writing a checkpoint: rerun to continue.
 
     Exit status 75 (``EX_TEMPFAIL`` of ``sysexits.h``: a temporary failure, the
     user is invited to retry), distinct from 0 (done), 1 (a crash), 2 (bad
-    input) and 3 (a non-finite loss).
+    input), 3 (a non-finite loss) and 4 (another rank failed).
     """
 
     exit_code = 75

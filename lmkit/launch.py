@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host
-from lmkit.errors import NonFiniteError, UsageError
+from lmkit.errors import PEER_FAILED_EXIT_STATUS, NonFiniteError, UsageError
 from lmkit.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
 
 __all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "core_sets", "main",
@@ -79,6 +79,9 @@ DEFAULT_PORT = 23456
 FORWARDED_PREFIXES = ("NCCL_", "LMKIT_", "TF_", "CUDA_", "XLA_")
 # How long the other workers may take to finish a preemption stop after the first one left.
 PREEMPTION_WAIT = 120.0
+# How long a bystander's exit (status 4: another rank failed) waits for the exit of the worker that
+# caused it: the two can reach the launcher in either order when they end within moments of each other.
+CAUSE_WAIT = 5.0
 # `python -m lmkit.launch --NAME ARGS...` runs launcher NAME with ARGS (a Horovod job).
 WRAPPED_LAUNCHERS = ("mpirun", "mpiexec", "horovodrun")
 # Process names of Open MPI's launcher (mpirun and mpiexec are links to orterun; 5.x: prterun).
@@ -530,7 +533,11 @@ def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: 
     is stopping for a preemption (a signal, or a worker's preempted status):
     then every worker finishes its own stop, within the grace period. The
     worker that failed first (in time: the others' errors after it are mostly
-    its consequence) is named on stderr, with its status or signal.
+    its consequence) is named on stderr, with its status or signal. A
+    bystander's status (4: its collective was cancelled because another rank
+    failed) never comes first while another worker's failure arrives within
+    :data:`CAUSE_WAIT` seconds: the two exits can reach this process in
+    either order.
 
     Args:
       procs: the started workers' processes.
@@ -549,6 +556,7 @@ def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: 
     def name(i: int) -> str:
         return f"worker {workers[i].rank} of {size} (on {workers[i].host}, pid {procs[i].pid})"
 
+    cause_deadline: Optional[float] = None
     while True:
         done = list(ended)
         if any(procs[i].returncode is None for i in done):  # noted, not reaped yet: a moment
@@ -556,7 +564,13 @@ def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: 
             continue
         failed = [i for i in done if procs[i].returncode != 0]
         if failed:
-            first = failed[0]
+            causes = [i for i in failed if procs[i].returncode != PEER_FAILED_EXIT_STATUS]
+            if not causes and running():  # only bystanders so far: the cause's exit may be on its way
+                cause_deadline = cause_deadline or time.monotonic() + CAUSE_WAIT
+                if time.monotonic() < cause_deadline:
+                    time.sleep(0.01)
+                    continue
+            first = (causes or failed)[0]
             code = procs[first].returncode
             if (signalled or code == PREEMPTED_EXIT_STATUS) and running():
                 deadline = time.monotonic() + PREEMPTION_WAIT
@@ -569,7 +583,9 @@ def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: 
                 _stop(procs)
             if len(procs) > 1 and code not in _EVERY_RANK_STATUSES:
                 # The job's last line names the cause, which the other workers' errors may have buried.
-                why = ("its own message above says why" if code > 0 else
+                why = ("it stopped because a worker of another host failed; that worker's output says why"
+                       if code == PEER_FAILED_EXIT_STATUS else
+                       "its own message above says why" if code > 0 else
                        "a signal from outside, e.g. the kernel's when memory ran out")
                 print(f"[launch] the job failed: {name(first)} failed first ({_exit_text(code)}; {why}); "
                       "the other workers' errors after it follow from it", file=sys.stderr, flush=True)

@@ -21,7 +21,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from lmkit.distributed.env import launcher_rank
-from lmkit.errors import LmkitError, PreemptedError, UsageError
+from lmkit.errors import PEER_FAILED_EXIT_STATUS, LmkitError, PreemptedError, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,12 +61,12 @@ class OutputClosed(Exception):
 def _hard_exit(code: int) -> None:
     """Leaves at once: flushes output, skips atexit handlers that could wait on other ranks.
 
-    A crash (1) or an interrupt (130) of a process that got a preemption
+    A crash (1), a bystander's stop (4) or an interrupt (130) of a process that got a preemption
     signal on its way out leaves with 75: a rank blocked in a collective sees
     its peers' failure before its own signal's handler can run.
     """
     from lmkit import preemption
-    if code in (1, 130) and preemption.received():
+    if code in (1, PEER_FAILED_EXIT_STATUS, 130) and preemption.received():
         code = preemption.PREEMPTED_EXIT_STATUS
     try:
         sys.stdout.flush()
@@ -159,7 +159,7 @@ def _leave(exc: BaseException) -> None:
         sys.stderr.write(f"rank {launcher_rank()} stopped: a collective operation was cancelled "
                          "because another rank failed, exited or stalled; see that rank's "
                          "message or the launcher's\n")
-        _hard_exit(1)
+        _hard_exit(PEER_FAILED_EXIT_STATUS)
     sys.stderr.write(f"{traceback.format_exc()}\nrank {launcher_rank()} failed: {type(exc).__name__}: {exc}\n")
     _hard_exit(1)
 

@@ -135,6 +135,38 @@ def test_launch_names_the_worker_that_failed_first_not_the_one_that_followed(tmp
     assert not any("worker 0 of 2" in line for line in lines), lines
 
 
+def test_launch_names_the_cause_even_when_the_bystanders_exit_reaches_it_first(tmp_path, capsys):
+    # Under load the exit of a bystander (status 4: its collective was cancelled) can reach the
+    # launcher before that of the worker that caused it: the cause is still the one named.
+    import sys
+    script = tmp_path / "w.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '0':\n"
+                      "    sys.exit(4)\n"
+                      "time.sleep(1.0)\n"
+                      "os.kill(os.getpid(), 9)\n")
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--bind", "none", "--",
+                        sys.executable, str(script)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"\[launch\] the job failed: worker 1 of 2 \(on 127\.0\.0\.1, pid \d+\) failed first "
+                        r"\(killed by SIGKILL; .*", lines[-1]), lines
+    assert not any("worker 0 of 2" in line for line in lines), lines
+
+
+def test_launch_names_a_bystander_when_no_cause_is_on_this_host(tmp_path, capsys, monkeypatch):
+    # The worker that failed ran on another host: the local bystander is named, and says so.
+    import sys
+    monkeypatch.setattr(launch, "CAUSE_WAIT", 0.2)
+    script = tmp_path / "w.py"
+    script.write_text("import os, sys, time\n"
+                      "sys.exit(4) if os.environ['RANK'] == '0' else time.sleep(60)\n")
+    assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--bind", "none", "--",
+                        sys.executable, str(script)]) == 4
+    lines = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"\[launch\] the job failed: worker 0 of 2 .* failed first \(exit status 4; it stopped "
+                        r"because a worker of another host failed; .*", lines[-1]), lines
+
+
 def test_launch_names_a_worker_killed_by_a_signal(tmp_path, capsys):
     # A worker killed from outside (the kernel's OOM killer) prints nothing itself.
     import sys
