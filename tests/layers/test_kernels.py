@@ -383,7 +383,8 @@ def test_the_default_kernel_is_auto_and_a_cpu_run_keeps_the_matmuls_without_prob
     from lmkit.models import build_model
     from lmkit.train import Trainer
 
-    assert TrainConfig.__dataclass_fields__["attention_kernel"].default == "auto"
+    from lmkit.config.sections import ComputeConfig  # the config's compute section holds the kernel
+    assert ComputeConfig.__dataclass_fields__["attention_kernel"].default == "auto"
     assert _config().attention_kernel == "auto"
     assert _config(attention_kernel="matmul").attention_kernel == "matmul"
 
