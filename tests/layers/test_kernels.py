@@ -380,10 +380,9 @@ def test_a_bad_attention_kernel_is_named_with_the_choices(value):
 
 def test_the_default_kernel_is_auto_and_a_cpu_run_keeps_the_matmuls_without_probing(monkeypatch):
     """"auto" by default (measured on a GPU); on a CPU it resolves to the matmuls before any probe."""
+    from lmkit.config.sections import ComputeConfig  # the config's compute section holds the kernel
     from lmkit.models import build_model
     from lmkit.train import Trainer
-
-    from lmkit.config.sections import ComputeConfig  # the config's compute section holds the kernel
     assert ComputeConfig.__dataclass_fields__["attention_kernel"].default == "auto"
     assert _config().attention_kernel == "auto"
     assert _config(attention_kernel="matmul").attention_kernel == "matmul"
