@@ -103,24 +103,30 @@ def test_launch_returns_the_failing_workers_status(tmp_path):
                         str(script)]) == 7
 
 
-def _bystander_script(tmp_path):
-    """Worker 1 exits 7; worker 0 exits 1 as soon as worker 1 is gone (as a collective would abort)."""
+def _ordered_exits(tmp_path, first_rank: str, first: str, then: str) -> str:
+    """A worker script: rank ``first_rank`` runs ``first`` (its exit); the other rank waits until the
+    launcher has reaped it (so its end was noted first), then runs ``then``."""
     script = tmp_path / "w.py"
-    pid_file = str(tmp_path / "rank1.pid")
+    pid_file = str(tmp_path / "first.pid")
     script.write_text(
         "import os, sys, time\n"
         f"pid_file = {pid_file!r}\n"
-        "if os.environ['RANK'] == '1':\n"
+        f"if os.environ['RANK'] == {first_rank!r}:\n"
         "    open(pid_file + '.tmp', 'w').write(str(os.getpid()))\n"
         "    os.replace(pid_file + '.tmp', pid_file)\n"
-        "    sys.exit(7)\n"
+        f"    {first}\n"
         "while not os.path.exists(pid_file):\n"
         "    time.sleep(0.005)\n"
         "pid = open(pid_file).read()\n"
-        "while os.path.exists('/proc/' + pid):  # until the launcher has reaped worker 1\n"
+        "while os.path.exists('/proc/' + pid):  # until the launcher has reaped the first\n"
         "    time.sleep(0.005)\n"
-        "sys.exit(1)\n")
+        f"{then}\n")
     return str(script)
+
+
+def _bystander_script(tmp_path):
+    """Worker 1 exits 7; worker 0 exits 1 as soon as worker 1 is gone (as a collective would abort)."""
+    return _ordered_exits(tmp_path, "1", "sys.exit(7)", "sys.exit(1)")
 
 
 def test_launch_names_the_worker_that_failed_first_not_the_one_that_followed(tmp_path, capsys):
@@ -140,14 +146,10 @@ def test_launch_names_the_cause_even_when_the_bystanders_exit_reaches_it_first(t
     # Under load the exit of a bystander (status 4: its collective was cancelled) can reach the
     # launcher before that of the worker that caused it: the cause is still the one named.
     import sys
-    script = tmp_path / "w.py"
-    script.write_text("import os, sys, time\n"
-                      "if os.environ['RANK'] == '0':\n"
-                      "    sys.exit(4)\n"
-                      "time.sleep(1.0)\n"
-                      "os.kill(os.getpid(), 9)\n")
+    # Worker 1 dies 1 s after worker 0 was reaped: past the launcher's 0.2 s poll, well inside CAUSE_WAIT (5 s).
+    script = _ordered_exits(tmp_path, "0", "sys.exit(4)", "time.sleep(1.0); os.kill(os.getpid(), 9)")
     assert launch.main(["--hosts", "127.0.0.1", "--num_workers", "2", "--bind", "none", "--",
-                        sys.executable, str(script)]) == 1
+                        sys.executable, script]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert re.fullmatch(r"\[launch\] the job failed: worker 1 of 2 \(on 127\.0\.0\.1, pid \d+\) failed first "
                         r"\(killed by SIGKILL; .*", lines[-1]), lines
