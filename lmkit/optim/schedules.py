@@ -422,6 +422,41 @@ class LearningRatePolicy:
                    warmup_epochs=config.warmup_epochs, schedule=config.schedule,
                    warmup_start_factor=start_factor, **params)
 
+    @classmethod
+    def in_steps(cls, base_lr: float, *, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0,
+                 schedule: str = "cosine", world_size: int = 1, scaling: str = "none") -> "LearningRatePolicy":
+        """A run planned in steps, as nanoGPT's and transformers' recipes are written.
+
+        A linear warmup over ``warmup_steps`` from ``peak / (W + 1)`` (step 0)
+        to ``peak`` (step ``W``), then ``schedule`` from ``peak`` down to
+        ``min_lr`` at ``total_steps``, held after it: at every step the rate of
+        nanoGPT's ``get_lr`` with ``warmup_iters = W`` and ``lr_decay_iters =
+        total_steps``.
+
+        Args:
+          base_lr: the single-worker peak rate.
+          total_steps: the step where the decay reaches ``min_lr`` (the run's ``max_steps``), > ``warmup_steps``.
+          warmup_steps: ``W`` >= 0.
+          min_lr: the floor, >= 0 (absolute).
+          schedule: ``cosine``, ``polynomial`` (linear) or ``constant`` (no decay).
+          world_size, scaling: as for the constructor.
+
+        Raises:
+          UsageError: (a ValueError) a bad value, named.
+        """
+        if schedule not in ("cosine", "polynomial", "constant"):
+            raise UsageError(f"schedule = {schedule!r} cannot be planned in steps; use cosine, polynomial "
+                             "or constant")
+        total_steps = _check_int("max_steps", total_steps, 1)
+        warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
+        if schedule != "constant" and total_steps <= warmup_steps:
+            raise UsageError(f"max_steps = {total_steps} must be more than warmup_steps = {warmup_steps}: the "
+                             "decay runs from the warmup's end to max_steps")
+        params = {} if schedule == "constant" else {"total_epochs": total_steps, "end_lr": min_lr}
+        # One "epoch" of one step: the epoch-counted pieces count steps.
+        return cls(base_lr, world_size, 1, scaling=scaling, warmup_epochs=warmup_steps, schedule=schedule,
+                   warmup_start_factor=1.0 / (warmup_steps + 1), **params)
+
     def __call__(self, step: StepLike) -> tf.Tensor:
         """The learning rate (float32 scalar tensor) at global step ``step``.
 

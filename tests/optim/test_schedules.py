@@ -10,6 +10,8 @@ import tensorflow as tf
 
 from lmkit import optim
 from lmkit.config import load_config
+from lmkit.core.errors import UsageError
+from lmkit.optim.schedules import LearningRatePolicy
 from tests.optim import reference as ref
 
 SPE = 10  # steps per epoch
@@ -171,3 +173,31 @@ def test_steps_must_be_integers():
     with pytest.raises(ValueError, match="integer"):
         p(tf.constant(1.5))
     assert np.isclose(float(p(np.int64(3))), 1.0)
+
+
+def _nanogpt_get_lr(it, learning_rate, warmup_iters, lr_decay_iters, min_lr):
+    """nanoGPT's schedule (train.py's get_lr), written out from its definition as the reference."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+@pytest.mark.parametrize("warmup, total", [(100, 2000), (0, 50), (3, 4)])
+def test_a_run_planned_in_steps_has_nanogpts_rate_at_every_step(warmup, total):
+    policy = LearningRatePolicy.in_steps(1e-3, total_steps=total, warmup_steps=warmup, min_lr=1e-4)
+    steps = list(range(total + 100))  # past the end: the floor
+    got = [float(policy(s)) for s in steps] if total < 100 else policy(tf.range(total + 100)).numpy()
+    want = [_nanogpt_get_lr(s, 1e-3, warmup, total, 1e-4) for s in steps]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_plan_in_steps_names_what_does_not_fit():
+    with pytest.raises(UsageError, match="cannot be planned in steps"):
+        LearningRatePolicy.in_steps(1e-3, total_steps=10, schedule="exponential")
+    with pytest.raises(UsageError, match="max_steps = 0"):
+        LearningRatePolicy.in_steps(1e-3, total_steps=0)
+    with pytest.raises(UsageError, match="max_steps = 10 must be more than warmup_steps = 10"):
+        LearningRatePolicy.in_steps(1e-3, total_steps=10, warmup_steps=10)
