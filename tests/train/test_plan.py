@@ -53,8 +53,8 @@ def test_a_run_in_steps_applies_nanogpts_rate_at_every_step_and_stops_at_the_las
     assert result.global_step == 30 and len(result.step_losses) == 30
     assert [e.epoch for e in result.epochs] == [1, 2]
     lines = [line for line in logged if line.startswith("step ")]
-    assert lines[-1].startswith("step 30/30 | loss ") and f"| lr {rates[-1]:.3g} |" in lines[-1] and "tokens/s" in lines[-1]
-    assert "| MFU " in lines[-1] and "| eta " in lines[-1]
+    assert lines[-1].startswith("step 30/30 | loss ") and f"| lr {rates[-1]:.3g} |" in lines[-1]
+    assert "tokens/s" in lines[-1] and "| MFU " in lines[-1] and "| eta " in lines[-1]
     assert not any(line.startswith("epoch ") for line in logged)  # no epoch bar in a plan in steps
     with open(tmp_path / "results.json") as f:
         assert json.load(f)["global_step"] == 30
