@@ -344,7 +344,7 @@ class Trainer:
             test_ids: Optional[Any] = None, max_steps: Optional[int] = None,
             num_epochs: Optional[int] = None,
             words: Optional[Mapping[str, int]] = None) -> TrainResult:
-        """Trains for the config's epochs (or until ``max_steps``), evaluating on rank 0.
+        """Trains for the config's plan (epochs, steps or tokens; or until ``max_steps``), evaluating on rank 0.
 
         A stateful model (an RNN) reads the stream as BPTT rows, in order, its
         state carried from window to window; a stateless one (a transformer)
@@ -358,9 +358,9 @@ class Trainer:
             stream; each takes its rows), or an encoder-decoder's pairs.
           valid_ids: evaluated by rank 0 after every epoch.
           test_ids: evaluated by rank 0 at the end.
-          max_steps: stop after this many global steps; the state at the stop
-            is saved as a checkpoint.
-          num_epochs: overrides ``config.num_epochs``.
+          max_steps: stop after this many global steps (before the plan's end; the
+            schedule stays the plan's); the state at the stop is saved as a checkpoint.
+          num_epochs: overrides the epochs the plan goes through.
           words: whitespace-separated words of the ``"train"``, ``"valid"``
             and ``"test"`` texts, for perplexity per word (subword, char and
             byte data); None reports perplexity per token only.
