@@ -17,7 +17,9 @@ def _old():
 def test_a_0_2_config_json_loads_with_every_value():
     stored = _old()
     cfg = TrainConfig.from_dict(stored, source="config.json")
-    assert cfg.to_dict() == stored  # written back, key for key
+    written = cfg.to_dict()
+    assert {key: written[key] for key in stored} == stored  # written back, key for key
+    assert (written["text_field"], written["text_column"]) == ("text", "text")  # keys added since: their defaults
     assert (cfg.model, cfg.model.name, cfg.data.kind, cfg.tokenizer, cfg.train_file) == (
         "transformer", "transformer", "text", "char", "train.txt")
     assert cfg.model.dropout == pytest.approx(0.1) and cfg.keep_prob == 0.9
