@@ -53,7 +53,8 @@ def build_parser(prog: str = "lmkit evaluate") -> argparse.ArgumentParser:
     """The flags of ``lmkit evaluate``."""
     p = model_dir_parser(prog, __doc__)
     what = p.add_mutually_exclusive_group()
-    what.add_argument("--text_file", default=None, help="any UTF-8 text, one sentence or paragraph a line")
+    what.add_argument("--text_file", default=None, help="any UTF-8 text, one sentence or paragraph a line, or a "
+                                                        "source of another format, as lmkit train's --train_file")
     what.add_argument("--split", choices=["valid", "test", "train"], default=None,
                       help="a split of the run's own data (default: test when --text_file is not given)")
     p.add_argument("--data_path", default="data/ptb", help="PTB runs: the folder with ptb.*.txt")
@@ -127,6 +128,7 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
     from lmkit.config import TrainConfig
     from lmkit.core.layout import read_config_dict
     from lmkit.core.preemption import set_doing
+    from lmkit.data.formats import DATASET_SPLITS, Source
     from lmkit.data.text import load_text_data
     from lmkit.data.token_cache import cache_root
 
@@ -151,6 +153,9 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
     named = "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"
     # checks the file (no TF yet), then encodes it or maps its cached ids
     set_doing(f"reading {path}" + ("" if cache is None else " (through the data cache)"))
+    if config is not None and config.data == "text":  # the run's records hold their text where its config says
+        path = Source(path, text_field=config.text_field, text_column=config.text_column,
+                      dataset_split=DATASET_SPLITS[args.split or "test"])
     text = load_text_data(tokenizer, path, cache_dir=cache, log=stderr_line, names={"train": named})
     user_modules_importable()
 

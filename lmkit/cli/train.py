@@ -96,13 +96,20 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                       help="PTB: accept files from --data_url without checking their SHA-1 (a mirror "
                            "serving other data)")
     data.add_argument("--train_file", default=None, nargs="+", metavar="PATH",
-                      help="your own training text (UTF-8, one sentence or paragraph a line): files, "
-                           "folders or quoted glob patterns ('shards/*.txt'), read in sorted order; "
-                           "switches a PTB config to data = 'text'")
+                      help="your own training text (UTF-8, one sentence or paragraph a line; or .jsonl, "
+                           ".parquet, a datasets save_to_disk folder, .gz/.bz2/.zst text: one document a "
+                           "record): files, folders or quoted glob patterns ('shards/*.parquet'), read in "
+                           "sorted order; switches a PTB config to data = 'text'")
     data.add_argument("--valid_file", default=None, nargs="+", metavar="PATH",
                       help="validation text (rank 0 evaluates it), as --train_file")
     data.add_argument("--test_file", default=None, nargs="+", metavar="PATH",
                       help="test text (rank 0 evaluates it at the end), as --train_file")
+    data.add_argument("--text_field", default=None, metavar="NAME",
+                      help=".jsonl sources: the field of each record that holds its text (default: the "
+                           "config's, 'text')")
+    data.add_argument("--text_column", default=None, metavar="NAME",
+                      help=".parquet sources and datasets folders: the column that holds the text (default: "
+                           "the config's, 'text')")
     _add_pair_flags(p)
     data.add_argument("--data_cache", default=None, metavar="DIR",
                       help="text: the folder where encoded text is kept and reused by later runs "
@@ -225,7 +232,8 @@ def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, An
     joined = {key: None if value is None else SEPARATOR.join(value)
               for key, value in (("train_file", args.train_file), ("valid_file", args.valid_file),
                                  ("test_file", args.test_file))}
-    named = {"seed": args.seed, "model": args.model, **joined, "data_cache": args.data_cache,
+    named = {"seed": args.seed, "model": args.model, **joined, "text_field": args.text_field,
+             "text_column": args.text_column, "data_cache": args.data_cache,
              "sampling": args.sampling, "tokenizer": args.tokenizer,
              "vocab_size": args.vocab_size, "max_vocab": args.max_vocab, "min_count": args.min_count,
              "spm_model_type": args.spm_model_type, "precision": args.precision,

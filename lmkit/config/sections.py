@@ -37,9 +37,12 @@ class DataConfig(Section):
     num_steps: int  # a language model's window (BPTT length)
     kind: str = "ptb"  # ptb | text | pairs (line-aligned source/target files, for encoder-decoders)
     eval_batch_size: int = 0  # 0 = batch_size
-    train_file: str = ""  # kind = "text": UTF-8 text, one sentence or paragraph a line
+    train_file: str = ""  # kind = "text": UTF-8 text, one sentence or paragraph a line; .jsonl, .parquet, a
+    # datasets folder (save_to_disk), .gz/.bz2/.zst text: one document a record (lmkit.data.formats)
     valid_file: str = ""  # optional; evaluated by rank 0 after every epoch
     test_file: str = ""  # optional; evaluated by rank 0 at the end
+    text_field: str = "text"  # .jsonl sources: the field of each record that holds its text
+    text_column: str = "text"  # .parquet sources and datasets folders: the column that holds the text
     data_cache: str = ""  # text: token cache folder ("" = $LMKIT_DATA_CACHE or ~/.cache/lmkit/tokens; "none" = off)
     source_file: str = ""  # kind = "pairs": line i is the source of line i of target_file
     target_file: str = ""

@@ -175,6 +175,10 @@ def _validate_data(cfg: Any, bad: Bad) -> None:
                 bad(key, "is set but data = 'ptb'; set data = 'text' (or pass --train_file)")
         if cfg.tokenizer != "word":
             bad("tokenizer", "applies to data = 'text' (PTB is word-level); pass --train_file")
+    for key in ("text_field", "text_column"):
+        if not getattr(cfg, key).strip():
+            bad(key, "is empty; name the field (.jsonl) or column (.parquet, datasets folders) that holds "
+                "the text, e.g. text")
     if cfg.max_vocab < 0 or cfg.min_count < 1:
         bad("max_vocab" if cfg.max_vocab < 0 else "min_count",
             "must be >= 0 (0 = no limit)" if cfg.max_vocab < 0 else "must be >= 1")

@@ -35,7 +35,7 @@ import functools
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from lmkit import distributed as dist
 from lmkit.core.errors import UsageError
@@ -141,12 +141,13 @@ def load_ptb_everywhere(data_path: str = "data/ptb", url: Optional[str] = None,
 
 
 def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] = None,
-                         train_file: Optional[str] = None):
+                         train_file: Optional[Union[str, Sequence[str]]] = None):
     """Rank 0 trains (or reuses) the config's tokenizer in ``model_dir``; every rank gets it.
 
     With a data cache, a tokenizer trained before on the same files with the
     same settings (in any model folder) is copied from it. ``train_file``
-    (default: the config's) names the text it trains on.
+    (default: the config's) names the text it trains on: a config value or
+    resolved sources (:func:`~lmkit.data.sources.resolve_sources`).
 
     Raises:
       DataError: on every rank, when rank 0 cannot train or reuse it.
@@ -200,6 +201,7 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
                              f"{config.vocab_size}; set vocab_size = {len(data.vocab)}")
         return RunData(data.train, data.valid, data.test, data.vocab, config)
 
+    from lmkit.data.formats import DATASET_SPLITS
     from lmkit.data.sources import resolve_sources
     from lmkit.data.text import SPLITS, load_text_data
     from lmkit.data.textfile import check_text_file
@@ -209,7 +211,10 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
                                                        config.test_file)) if spec}
 
     def resolve() -> Dict[str, List[str]]:
-        return {name: resolve_sources(spec, f"{name}_file") for name, spec in specs.items()}
+        return {name: resolve_sources(spec, f"{name}_file", text_field=config.text_field,
+                                      text_column=config.text_column,
+                                      dataset_split=DATASET_SPLITS[name])
+                for name, spec in specs.items()}
 
     try:
         local: Optional[Dict[str, List[str]]] = resolve()
@@ -223,7 +228,7 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
     checked = sources if cache is None else {k: v for k, v in sources.items() if k != "train"}
     _everywhere(readable, lambda: [check_text_file(f, f"{name}_file")
                                    for name, files in checked.items() for f in files])
-    tokenizer = tokenizer_everywhere(config, model_dir, cache)
+    tokenizer = tokenizer_everywhere(config, model_dir, cache, train_file=sources["train"])
     if cache is None:
         with doing("encoding the text (--data_cache none)"):
             text = _everywhere(readable, lambda: load_text_data(
@@ -260,7 +265,7 @@ def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: 
     jobs = {name: (f"{name}_file", functools.partial(open_cached, root, tokenizer, files, add_eos),
                    functools.partial(cached_stream, root, tokenizer, files, add_eos, what=f"{name}_file"))
             for name, files in sources.items()}
-    readable = all(os.path.isfile(f) for files in sources.values() for f in files)
+    readable = all(os.path.exists(f) for files in sources.values() for f in files)  # a datasets folder too
     streams = cached_everywhere(jobs, readable, log)
     sizes = [f"{name} {streams[name].ids.size}" + (" tokens" if k == 0 else "")
              for k, name in enumerate(streams)]
@@ -347,8 +352,8 @@ def load_pair_data(config: Any, model_dir: str, log: Log = _chief_print) -> RunD
             prefix = "" if split == "train" else f"{split}_"
             # With the cache, the training files' text is checked as it is encoded (as for a language model's).
             if cache is None or split != "train":
-                check_text_file(source_path, f"{prefix}source_file")
-                check_text_file(target_path, f"{prefix}target_file")
+                check_text_file(source_path, f"{prefix}source_file", plain=True)
+                check_text_file(target_path, f"{prefix}target_file", plain=True)
             if cache is None:
                 lines[split] = read_pairs(source_path, target_path)
             else:  # the lines go into the cache: only their counts are checked here

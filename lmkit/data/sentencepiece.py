@@ -264,17 +264,25 @@ def _longest_line(files: Sequence[str]) -> int:
 
 
 def _sample_lines(files: Sequence[str], sample: str, budget: int, seed: int = 0) -> List[str]:
-    """``files`` when they hold at most ``budget`` bytes in lines SentencePiece reads whole, else
-    ``[sample]``: their lines, each kept with probability ``budget / total`` (a seeded generator, so
-    always the same lines), a line longer than :data:`MAX_SENTENCE_BYTES` cut into pieces (which
-    SentencePiece would otherwise skip: a corpus of one long line would leave it nothing)."""
+    """``files`` when they are plain text files holding at most ``budget`` bytes in lines SentencePiece
+    reads whole, else ``[sample]``: their lines, each kept with probability ``budget / total`` (a seeded
+    generator, so always the same lines), a line longer than :data:`MAX_SENTENCE_BYTES` cut into pieces
+    (which SentencePiece would otherwise skip: a corpus of one long line would leave it nothing).
+
+    SentencePiece reads only plain text: the text of another format (JSON Lines, Parquet, a datasets
+    folder, compressed text) always goes through the sample, its size measured by reading it once
+    (its size on disk says little of its text's)."""
     import numpy as np
 
+    from lmkit.data import formats
     from lmkit.data.textfile import text_pieces
 
-    total = sum(os.path.getsize(f) for f in files)
-    if total <= budget and _longest_line(files) <= MAX_SENTENCE_BYTES:
-        return list(files)
+    if all(formats.is_plain(f) for f in files):
+        total = sum(os.path.getsize(f) for f in files)
+        if total <= budget and _longest_line(files) <= MAX_SENTENCE_BYTES:
+            return list(files)
+    else:
+        total = sum(_text_bytes(f) for f in files)
     keep = min(1.0, budget / max(total, 1))
     rng = np.random.default_rng(seed)
     with open(sample, "w", encoding="utf-8") as out:
@@ -283,6 +291,21 @@ def _sample_lines(files: Sequence[str], sample: str, budget: int, seed: int = 0)
                 if has_text and text.strip() and rng.random() < keep:
                     out.write(text.strip() + "\n")
     return [sample]
+
+
+def _text_bytes(path: str) -> int:
+    """The bytes of a source's text as a plain file would hold it (read once, in blocks)."""
+    from lmkit.data import formats
+
+    if formats.is_plain(path):
+        return os.path.getsize(path)
+    size = 0
+    with formats.open_text(path, "train_file") as stream:
+        while True:
+            block = stream.read(1 << 22)
+            if not block:
+                return size
+            size += len(block)
 
 
 def train_sentencepiece(train_file: Union[PathLike, Sequence[PathLike]], vocab_size: int, model_prefix: PathLike,

@@ -158,7 +158,8 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
                    test_file: Optional[Union[PathLike, Sequence[PathLike]]] = None, *,
                    cache_dir: Optional[str] = None, workers: Optional[int] = None,
                    log: Callable[[str], None] = lambda line: None,
-                   names: Optional[Mapping[str, str]] = None) -> TextData:
+                   names: Optional[Mapping[str, str]] = None, text_field: str = "text",
+                   text_column: str = "text") -> TextData:
     """Checks and encodes the text files of a corpus.
 
     Every non-blank line is encoded and followed by the tokenizer's eos id
@@ -166,10 +167,12 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
 
     Args:
       tokenizer: any :class:`~lmkit.data.tokenizers.Tokenizer`.
-      train_file: UTF-8 text, one sentence or paragraph a line: a file, a
-        folder, a glob pattern, several of them separated by commas, or a
-        list (:func:`~lmkit.data.sources.resolve_sources`); the files are
-        read in sorted order.
+      train_file: UTF-8 text, one sentence or paragraph a line, or a
+        source of another format (JSON Lines, Parquet, a ``datasets`` folder,
+        compressed text: :mod:`lmkit.data.formats`, one document a record):
+        a file, a folder, a glob pattern, several of them separated by
+        commas, or a list (:func:`~lmkit.data.sources.resolve_sources`); the
+        files are read in sorted order.
       valid_file: the validation text, or None.
       test_file: the test text, or None.
       cache_dir: a data cache folder (:func:`~lmkit.data.token_cache.cache_root`):
@@ -181,6 +184,9 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
       log: where the cache's progress lines go.
       names: what messages call a split's files (``{"train": "--text_file"}``);
         default ``train_file``, ``valid_file``, ``test_file``.
+      text_field: JSON Lines: the field of a record that holds its text.
+      text_column: Parquet and ``datasets`` folders: the column that holds the text
+        (a ``DatasetDict`` folder gives each split its own: train, validation, test).
 
     Returns:
       A :class:`TextData`; with a cache its streams are read-only
@@ -191,6 +197,7 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
         not UTF-8, or a pattern matches nothing (naming it as ``train_file``,
         ``valid_file`` or ``test_file``); a broken cache folder.
     """
+    from lmkit.data.formats import DATASET_SPLITS, text_lines
     from lmkit.data.sources import resolve_sources
 
     add_eos = tokenizer.eos_id is not None
@@ -202,7 +209,8 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
             streams[name] = words[name] = None
             continue
         what = (names or {}).get(name, f"{name}_file")
-        files = resolve_sources(spec, what)
+        files = resolve_sources(spec, what, text_field=text_field, text_column=text_column,
+                                dataset_split=DATASET_SPLITS[name])
         if cache_dir is not None:
             from lmkit.data.token_cache import cached_stream
             stream = cached_stream(cache_dir, tokenizer, files, add_eos, what=what, workers=workers, log=log)
@@ -210,7 +218,7 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
             continue
         for path in files:
             check_text_file(path, what)
-        lines = [line for path in files for line in read_lines(path) if line.strip()]
+        lines = [line for path in files for line in text_lines(path, what) if line.strip()]
         streams[name] = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
         words[name] = count_words(lines, line_ends=corpus.add_eos)
     return TextData(tokenizer=tokenizer, train=streams["train"], valid=streams["valid"],

@@ -18,28 +18,34 @@ and says which end their line; :func:`text_pieces` gives a file's lines so,
 to every reader of training text (the data cache, the word and char
 tokenizers' training, :func:`count_words`).
 
+Every reader here takes any source :mod:`lmkit.data.formats` reads (JSON
+Lines, Parquet, a ``datasets`` folder, compressed text): its text comes as a
+plain file's would, one document a line.
+
 :func:`count_words` gives the denominator of perplexity per word (see
 ``docs/data.md``): the whitespace-separated words of a text, plus one per
 non-blank line when the id stream ends every line with an end-of-sentence id.
 
 :func:`content_sample` hashes a file's head and tail: the caches key a
 source on it besides its size and modification time, which ``cp -p`` and
-``rsync -t`` keep across an edit.
+``rsync -t`` keep across an edit (:func:`source_identity`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
-from typing import Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from lmkit.core.fileio import PathLike
+from lmkit.data import formats
 from lmkit.data.errors import DataError
 
 __all__ = ["check_text_file", "count_words", "BINARY_PROBE_BYTES", "BLOCK_BYTES", "LINE_BREAK",
-           "TextBlock", "TextBlocks", "line_segments", "text_pieces", "content_sample"]
+           "TextBlock", "TextBlocks", "line_segments", "text_pieces", "content_sample", "source_identity"]
 
 # A NUL byte in this much of the head marks a binary file (UTF-8 text has none).
 BINARY_PROBE_BYTES = 1 << 20
@@ -75,8 +81,12 @@ class TextBlock:
 class TextBlocks:
     """The blocks of a UTF-8 text file, memory bounded whatever its line lengths (module docstring).
 
+    A source of another format (JSON Lines, Parquet, a ``datasets`` folder,
+    compressed text: :mod:`lmkit.data.formats`) gives the blocks of its text
+    as a plain file would hold it, each document on its own line.
+
     Args:
-      path: the file.
+      path: the file (a path or a :class:`~lmkit.data.formats.Source`).
       what: how messages call it, e.g. ``"train_file"``.
       block_bytes: bytes read at a time (None: :data:`BLOCK_BYTES`); a block holds at most twice as many.
       cr_breaks: a bare ``"\\r"`` ends a line (False: only ``"\\n"`` does, as an
@@ -87,23 +97,30 @@ class TextBlocks:
       long_line_fix: what to do about a line too long to keep whole.
       nul_limit: look for NUL bytes (a binary file) in this many bytes of the
         head; None: everywhere.
+      plain: read the file's bytes as they are, whatever its name (an
+        encoder-decoder's line-aligned files).
 
     Attributes:
-      read: bytes read so far.
+      read: bytes of text read so far.
+      consumed: bytes of the source read so far (a compressed file's
+        compressed bytes; the whole source once read to the end).
 
     Raises (while iterating):
       DataError: a NUL byte, a byte that is not UTF-8 (naming the line and
-        the byte), or a line too long to keep whole.
+        the byte), a line too long to keep whole, or a source of another
+        format that its library cannot read (:func:`lmkit.data.formats.open_text`).
     """
 
     def __init__(self, path: PathLike, what: str = "text file", *, block_bytes: Optional[int] = None,
                  cr_breaks: bool = True, max_line_bytes: Optional[int] = None, long_line_fix: str = "",
-                 nul_limit: Optional[int] = None) -> None:
-        self.path, self.what = os.fspath(path), what
+                 nul_limit: Optional[int] = None, plain: bool = False) -> None:
+        self.source, self.path, self.what = path, os.fspath(path), what
+        self.plain = plain
         self.block_bytes = max(8, int(block_bytes or BLOCK_BYTES))
         self.cr_breaks, self.max_line_bytes = cr_breaks, max_line_bytes
         self.long_line_fix, self.nul_limit = long_line_fix, nul_limit
         self.read = 0
+        self.consumed = 0
         self._line = 1  # the line the next block starts in
         self._line_start = 0  # the offset of that line's first byte
         self._offset = 0  # the offset of the next block's first byte
@@ -117,11 +134,12 @@ class TextBlocks:
 
     def __iter__(self) -> Iterator[TextBlock]:
         carry = b""
-        with open(self.path, "rb") as f:
+        with self._open() as f:
             while True:
                 chunk = f.read(self.block_bytes)
                 self._check_nul(chunk)
                 self.read += len(chunk)
+                self.consumed = f.consumed
                 data = carry + chunk
                 end = self._last_line_end(data, eof=not chunk)
                 if end:
@@ -141,6 +159,12 @@ class TextBlocks:
                         yield self._block(data, ends_line=True)
                     return
                 carry = data
+
+    def _open(self) -> formats.TextStream:
+        if self.plain:  # the bytes as they are, whatever the name
+            raw = open(self.path, "rb")
+            return formats.TextStream(raw, raw.tell, [raw])
+        return formats.open_text(self.source, self.what)
 
     # -- where blocks end ---------------------------------------------------------------------------
     def _breaks(self, raw: bytes) -> int:
@@ -253,16 +277,19 @@ def text_pieces(path: PathLike, what: str = "text file", *,
         raise DataError(f"{what} {os.fspath(path)!r} is a folder; give the path of a file") from None
 
 
-def check_text_file(path: PathLike, what: str = "text file") -> str:
-    """Checks that ``path`` is a non-empty UTF-8 text file.
+def check_text_file(path: PathLike, what: str = "text file", *, plain: bool = False) -> str:
+    """Checks that ``path`` is a non-empty UTF-8 text file, or a source of another format with text.
 
     The whole file is read once (in blocks of bounded size, whatever its
     line lengths), so a bad byte anywhere is found here rather than half-way
-    through training.
+    through training. A source of another format
+    (:mod:`lmkit.data.formats`) is read through its library, each record
+    checked for its text.
 
     Args:
-      path: the file.
+      path: the file, or a ``datasets`` folder (a path or a :class:`~lmkit.data.formats.Source`).
       what: how error messages call it, e.g. ``"train_file"``.
+      plain: read the file's bytes as they are, whatever its name (an encoder-decoder's files).
 
     Returns:
       ``path`` as a ``str``.
@@ -270,14 +297,17 @@ def check_text_file(path: PathLike, what: str = "text file") -> str:
     Raises:
       DataError: the file is missing, a folder, unreadable, empty (or only
         blank lines), binary (a NUL byte in its first MiB), or not UTF-8
-        (naming the line and the byte).
+        (naming the line and the byte); a record without its text (naming
+        the record and the fields present); a library its format needs that
+        is not installed.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"{what} {path!r} does not exist; check the path")
-    if os.path.isdir(path):
-        raise DataError(f"{what} {path!r} is a folder; give the path of a UTF-8 text file")
-    blocks = TextBlocks(path, what, nul_limit=BINARY_PROBE_BYTES)
+    if os.path.isdir(path) and (plain or not formats.is_dataset_folder(path)):
+        raise DataError(f"{what} {path!r} is a folder; give the path of a UTF-8 text file" +
+                        ("" if plain else " (or of a datasets folder, written by save_to_disk)"))
+    blocks = TextBlocks(path, what, nul_limit=BINARY_PROBE_BYTES, plain=plain)
     blank = True
     try:
         for block in blocks:
@@ -285,6 +315,9 @@ def check_text_file(path: PathLike, what: str = "text file") -> str:
     except OSError as exc:
         raise DataError(f"{what} {path!r} cannot be read ({exc.strerror}); "
                         "check its permissions") from None
+    if not plain and formats.holds_records(path) and blank:
+        raise DataError(f"{what} {path!r} has no text (no record, or only empty ones); give a file whose "
+                        "records hold text")
     if blocks.lines == 0:
         raise DataError(f"{what} {path!r} is empty; give a file with text, one sentence or "
                         "paragraph a line")
@@ -333,3 +366,34 @@ def content_sample(path: PathLike, size: int, sample_bytes: int = SAMPLE_BYTES) 
             f.seek(max(sample_bytes, size - sample_bytes))
             digest.update(f.read(sample_bytes))
     return digest.hexdigest()
+
+
+def source_identity(path: PathLike) -> Dict[str, object]:
+    """What the caches key a source on: its absolute path, size, modification time and a sample of its
+    content (:func:`content_sample`; a ``datasets`` folder: of each of its files), and for JSON Lines,
+    Parquet and ``datasets`` folders their format and where the text is (``read``).
+
+    A plain text file, compressed or not, has no ``read``: its keys are those lmkit gave it before formats.
+
+    Raises:
+      OSError: a file of the source cannot be read (FileNotFoundError: it does not exist).
+    """
+    name = os.fspath(path)
+    files = formats.source_files(path)
+    if files == [name]:
+        st = os.stat(name)
+        identity: Dict[str, object] = {"path": os.path.abspath(name), "size": int(st.st_size),
+                                       "mtime_ns": int(st.st_mtime_ns), "sample": content_sample(name, st.st_size)}
+    else:  # a folder: its files together
+        digest, size, mtime = hashlib.sha256(), 0, 0
+        for file in files:
+            st = os.stat(file)
+            size, mtime = size + st.st_size, max(mtime, st.st_mtime_ns)
+            record = [os.path.relpath(file, name), st.st_size, st.st_mtime_ns, content_sample(file, st.st_size)]
+            digest.update(json.dumps(record).encode("utf-8"))
+        identity = {"path": os.path.abspath(name), "size": int(size), "mtime_ns": int(mtime),
+                    "sample": digest.hexdigest()}
+    read = formats.read_options(path)
+    if read:
+        identity["read"] = read
+    return identity

@@ -22,7 +22,9 @@ so that line ``i`` of one side still goes with line ``i`` of the other)::
 lines end with an eos id, and each source's absolute path, size,
 modification time and a sample of its content (the sha256 of its first and
 last MB, :func:`lmkit.data.textfile.content_sample`, so that a file edited
-and copied back with ``cp -p`` or ``rsync -t`` is seen to change): a run with
+and copied back with ``cp -p`` or ``rsync -t`` is seen to change), and for
+JSON Lines, Parquet and ``datasets`` folders the field or column (and split)
+that holds the text (:func:`lmkit.data.textfile.source_identity`): a run with
 the same text and tokenizer, in any model folder, finds the folder; a changed
 source or another tokenizer gives another key. A folder is written under a
 temporary name (``<cache>/.tmp-<key>-*``, locked by its writer with
@@ -35,7 +37,9 @@ sharing the folder, still writes.
 
 Encoding (:func:`encode_to_cache`) reads each file in blocks
 (:class:`lmkit.data.textfile.TextBlocks`: memory does not grow with the file
-nor with its lines; a bare CR ends a line) and encodes the blocks in worker
+nor with its lines; a bare CR ends a line; a source of another format,
+:mod:`lmkit.data.formats`, gives its records' texts as lines, and the
+progress counts its bytes on disk) and encodes the blocks in worker
 processes, one per core, in order; the ids are those of
 :meth:`lmkit.data.text.TextCorpus.encode_text_lines` (blank lines skipped,
 eos after each line) whatever the number of workers. A line longer than
@@ -70,7 +74,7 @@ import numpy as np
 
 from lmkit.core.fileio import TempFolder, atomic_write_text, fsync_dir
 from lmkit.core.progress import rate_progress
-from lmkit.data import textfile
+from lmkit.data import formats, textfile
 from lmkit.data.cache_folders import TEMP_PREFIX, sweep_temp_folders
 from lmkit.data.errors import DataError
 
@@ -186,10 +190,9 @@ def encoding_workers() -> int:
 
 
 def _identity(path: str) -> Dict[str, object]:
-    """What the cache key holds of a source: path, size, modification time and a sample of its content."""
-    st = os.stat(path)
-    return {"path": os.path.abspath(path), "size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns),
-            "sample": textfile.content_sample(path, st.st_size)}
+    """What the cache key holds of a source: path, size, modification time, a sample of its content, and
+    for JSON Lines, Parquet and datasets folders where the text is (:func:`lmkit.data.textfile.source_identity`)."""
+    return textfile.source_identity(path)
 
 
 def _tokenizer_record(tokenizer) -> Dict[str, object]:
@@ -394,15 +397,15 @@ class _Blocks:
         self.sha256 = hashlib.sha256()
         stream = layout == "stream"
         self._blocks = textfile.TextBlocks(
-            path, what, block_bytes=BLOCK_BYTES, cr_breaks=stream,
+            path, what, block_bytes=BLOCK_BYTES, cr_breaks=stream, plain=not stream,
             max_line_bytes=None if stream else MAX_LINE_BYTES,
             long_line_fix="each line of an encoder-decoder's file is one example, split at \\n only; "
                           "break the line into shorter examples or remove it")
 
     @property
     def read(self) -> int:
-        """Bytes read so far."""
-        return self._blocks.read
+        """Bytes of the source read so far (a compressed file's compressed bytes)."""
+        return self._blocks.consumed
 
     def __iter__(self):
         for block in self._blocks:
@@ -452,7 +455,7 @@ def encode_to_cache(root: str, tokenizer, files: Sequence[str], add_eos: bool, *
     found = open_cached(root, tokenizer, files, add_eos)
     if found is not None:
         return found
-    total = sum(os.path.getsize(f) for f in files)
+    total = sum(formats.source_size(f) for f in files)
 
     def fill(temp: str, workers: int) -> Dict[str, object]:
         return _encode_files(temp, tokenizer, files, add_eos, what, workers, total, log)
@@ -699,5 +702,5 @@ def cached_lines(root: str, tokenizer, path: str, *, what: str, workers: Optiona
     if found is not None:
         return found
     from lmkit.data.textfile import check_text_file
-    check_text_file(path, what)
+    check_text_file(path, what, plain=True)
     return encode_lines_to_cache(root, tokenizer, path, what=what, workers=workers, log=log)

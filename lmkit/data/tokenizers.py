@@ -48,7 +48,7 @@ from lmkit.core.errors import UsageError
 from lmkit.core.fileio import PathLike, atomic_write_text, fsync_dir
 from lmkit.core.registry import import_object
 from lmkit.data.errors import DataError
-from lmkit.data.textfile import check_text_file, content_sample, text_pieces
+from lmkit.data.textfile import check_text_file, source_identity, text_pieces
 from lmkit.data.vocab import DEFAULT_SPECIALS, Vocab
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -580,9 +580,10 @@ def _cached_tokenizer_dir(cache_dir: Optional[str], kind: Type[Tokenizer], optio
     sources = []
     try:
         for path in files:
-            st = os.stat(path)
-            sources.append([os.path.abspath(path), st.st_size, st.st_mtime_ns,
-                            content_sample(path, st.st_size)])
+            found = source_identity(path)
+            # Where a JSON Lines, Parquet or datasets source holds its text, after the values plain text had.
+            sources.append([found["path"], found["size"], found["mtime_ns"], found["sample"],
+                            *([found["read"]] if "read" in found else [])])
     except OSError:  # unreadable: no cache (check_text_file says what is wrong)
         return None
     record = json.dumps({"kind": kind.name, "options": dict(options), "files": sources,

@@ -302,3 +302,39 @@ def test_a_run_in_tokens_stops_at_the_same_step_on_one_and_two_workers(tmp_path,
         assert [v["step"] for v in results["validations"]] == [4, 8]
         assert "8 steps (1,024 tokens;" in res.stdout and "step 8/8 | loss " in res.stdout, res.stdout[-3000:]
         assert "step 4/8 | val loss " in res.stdout
+
+
+def test_train_on_jsonl_and_parquet_records_in_one_process(tmp_path, corpus):
+    """--train_file x.jsonl (its text under --text_field) and --valid_file v.parquet: one document a record."""
+    import pyarrow as pa  # the test extra installs it (lmkit[data])
+    import pyarrow.parquet as pq
+    texts = {}
+    for name in ("train", "valid"):
+        with open(corpus[name], encoding="utf-8") as f:
+            texts[name] = f.read().splitlines()
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"id": k, "body": line}) + "\n" for k, line in enumerate(texts["train"])),
+                     encoding="utf-8")
+    valid = str(tmp_path / "valid.parquet")
+    pq.write_table(pa.table({"text": texts["valid"]}), valid)
+    model_dir = str(tmp_path / "model")
+    res = run([sys.executable, "-m", "lmkit", "train", "--config", "config_transformer", "--train_file", str(train),
+               "--valid_file", valid, "--text_field", "body", "--tokenizer", "char", "--model_dir", model_dir,
+               "--data_cache", str(tmp_path / "cache"), "--max_steps", "2", *SMALL], timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert "encoding train_file (" in res.stdout and "train.jsonl" in res.stdout, res.stdout[-3000:]
+    with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    assert results["global_step"] == 2 and results["epochs"][-1]["valid_perplexity"] > 1
+    assert results["config"]["vocab_size"] == 4 + len(alphabet(corpus))  # the characters of the records' text
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    assert (config["train_file"], config["text_field"], config["text_column"]) == (str(train), "body", "text")
+    # lmkit evaluate reads the run's splits as the run did (the field from its config).
+    evaluate = [sys.executable, "-m", "lmkit", "evaluate", "--model_dir", model_dir, "--json", "--data_cache", "none"]
+    on_valid, on_train = run_pair([evaluate + ["--split", "valid"], evaluate + ["--split", "train"]], timeout=200)
+    for res in (on_valid, on_train):
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    valid, trained = json.loads(on_valid.stdout), json.loads(on_train.stdout)
+    assert valid["perplexity"] == pytest.approx(results["epochs"][-1]["valid_perplexity"], rel=1e-4)
+    assert trained["words"] == sum(len(line.split()) + 1 for line in texts["train"] if line.strip())
