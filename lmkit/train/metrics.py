@@ -106,8 +106,8 @@ class StepLines:
         if self.flops_per_token and self.peak:
             mfu = f"{100 * tokens_per_sec * self.flops_per_token / (self.peak * 1e12):.1f}%"
         eta = duration((self.total - step) / steps_per_sec) if steps_per_sec > 0 else "-"
-        line = (f"step {step}/{self.total} | loss {loss} | lr {lr:.3g} | {tokens_per_sec:,.0f} tokens/s | "
-                f"MFU {mfu} | eta {eta}")
+        rate = f"{tokens_per_sec:,.0f}" if tokens_per_sec > 0 else "-"  # (the first step compiles: not timed)
+        line = f"step {step}/{self.total} | loss {loss} | lr {lr:.3g} | {rate} tokens/s | MFU {mfu} | eta {eta}"
         self.log(line)
         return line
 

@@ -88,7 +88,7 @@ class LanguageModeling:
 
     def eval_sample(self, ids: Any, batches: int, batch_size: int) -> Any:
         """The first ``batches`` evaluation batches of ``ids`` (all when shorter): ``eval_steps``' sample."""
-        return ids[:batches * batch_size * self.config.num_steps + 1]
+        return ids[:batch_size * (batches * self.config.num_steps + 1)]  # rows of batches x num_steps (+1 target)
 
     def check_eval_data(self, batch_size: int, **streams: Optional[np.ndarray]) -> None:
         """Evaluation data too small for one batch fails before training, on every rank."""

@@ -82,7 +82,7 @@ def test_evaluations_every_few_steps_read_a_fixed_sample(tmp_path):
     assert [line.split(" | ")[0] for line in logged if "val loss" in line] == ["step 5/10", "step 10/10"]
     # The sample is the validation stream's first 2 batches of 2 rows x 8 steps, evaluated as a whole stream is
     # (the last evaluation is after the last step: the model as it is now).
-    sample = _ids(200)[:2 * 2 * 8 + 1]
+    sample = _ids(200)[:2 * (2 * 8 + 1)]  # 2 rows of 2 x 8 inputs and the last one's target
     assert result.validations[-1]["valid_loss"] == pytest.approx(trainer.evaluate_loss(sample), rel=1e-6)
     assert trainer.evaluate_loss(_ids(200)) != pytest.approx(trainer.evaluate_loss(sample), rel=1e-6)
 
