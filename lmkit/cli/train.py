@@ -118,15 +118,33 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
     data.add_argument("--sampling", choices=["windows", "random"], default=None,
                       help="transformers: 'windows' (shuffled fixed windows, each token once an "
                            "epoch) or 'random' (windows at random offsets); default: the config's")
-    data.add_argument("--tokenizer", choices=list(TOKENIZERS), default=None,
-                      help="text data: word, sentencepiece, char or byte; default: the config's")
+    data.add_argument("--tokenizer", type=_tokenizer_choice, default=None,
+                      metavar="{" + ",".join(TOKENIZERS) + ",hf:FOLDER_OR_NAME}",
+                      help="text data: word, sentencepiece, char or byte (trained on --train_file), or "
+                           "hf:FOLDER_OR_NAME, a pretrained tokenizer for a model trained from scratch: a folder "
+                           "with tokenizer.json (or vocab.json + merges.txt) or a Hugging Face Hub name to "
+                           "download (hf:gpt2); default: the config's")
     data.add_argument("--vocab_size", type=int, default=None,
-                      help="sentencepiece: number of pieces; default: the config's vocab_size")
+                      help="sentencepiece: number of pieces; hf:...: the model's ids, the tokenizer's or more "
+                           "(padding: 50304 for GPT-2's 50257); default: the config's vocab_size")
     data.add_argument("--max_vocab", type=int, default=None,
                       help="word tokenizer: largest vocabulary (specials included); 0 = no limit")
     data.add_argument("--min_count", type=int, default=None, help="word tokenizer: drop rarer words")
     data.add_argument("--spm_model_type", choices=["unigram", "bpe"], default=None,
                       help="sentencepiece: the algorithm")
+
+
+def _tokenizer_choice(value: str) -> str:
+    """``--tokenizer``: a registered kind, or ``hf:<folder or Hub name>``.
+
+    Raises:
+      argparse.ArgumentTypeError: anything else (argparse prints it and exits with status 2).
+    """
+    from lmkit.data.tokenizers import TOKENIZERS, split_tokenizer
+    if split_tokenizer(value)[0] in TOKENIZERS:
+        return value
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(TOKENIZERS)}, or "
+                                     "hf:FOLDER_OR_NAME: a tokenizer folder or Hugging Face Hub name, e.g. hf:gpt2)")
 
 
 def _add_pair_flags(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from lmkit.core.errors import UsageError
 from lmkit.core.registry import import_object, names
 
 __all__ = ["attention_kernel_problem", "backends", "is_import_path", "launcher_rank", "model_class", "models",
-           "precisions", "pretrained_models", "samplings", "spm_model_types", "tokenizers"]
+           "precisions", "pretrained_models", "samplings", "split_tokenizer", "spm_model_types", "tokenizers"]
 
 
 def models() -> Tuple[str, ...]:
@@ -39,6 +39,12 @@ def is_import_path(name: Any) -> bool:
 
 def tokenizers() -> Tuple[str, ...]:
     return names("lmkit.data.tokenizers:TOKENIZERS", "tokenizer registry")
+
+
+def split_tokenizer(spec: Any) -> Tuple[str, str]:
+    """``(kind, source)`` of a ``tokenizer`` setting: ``hf:<folder or Hub name>`` is the ``hf`` kind read from
+    there (:func:`lmkit.data.tokenizers.split_tokenizer`)."""
+    return import_object("lmkit.data.tokenizers:split_tokenizer", "tokenizer registry")(spec)
 
 
 def samplings() -> Tuple[str, ...]:

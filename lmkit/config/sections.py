@@ -54,7 +54,7 @@ class DataConfig(Section):
     max_source_length: int = 0  # pairs: longer sources are skipped, counted (0 = max_source_positions)
     max_target_length: int = 0  # pairs: longer targets are skipped, counted (0 = max_positions - 1)
     sampling: str = "windows"  # transformers: windows (shuffled fixed windows) | random (random offsets)
-    tokenizer: str = "word"  # text: word | sentencepiece | char | byte | hf (with init_from)
+    tokenizer: str = "word"  # text: word | sentencepiece | char | byte | hf (with init_from) | hf:<folder or Hub name>
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
     min_count: int = 1  # word tokenizer: drop words seen fewer times
     spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe (size: the model's vocab_size)

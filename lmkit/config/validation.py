@@ -158,8 +158,10 @@ def _validate_data(cfg: Any, bad: Bad) -> None:
     if cfg.sampling not in names.samplings():
         bad("sampling", f"is not one of {', '.join(names.samplings())} (windows: shuffled fixed windows, "
             "exact epochs; random: random offsets)")
-    if cfg.tokenizer not in names.tokenizers():
-        bad("tokenizer", f"is not one of {', '.join(names.tokenizers())}")
+    kind, source = names.split_tokenizer(cfg.tokenizer)
+    if kind not in names.tokenizers():
+        bad("tokenizer", f"is not one of {', '.join(names.tokenizers())}, nor hf:<a Hugging Face tokenizer folder "
+            "or Hub name> (e.g. hf:gpt2)")
     if cfg.data == "text" and not cfg.train_file:
         bad("train_file", "is empty but data = 'text' needs one; pass --train_file")
     if cfg.data == "pairs":
@@ -184,8 +186,12 @@ def _validate_data(cfg: Any, bad: Bad) -> None:
             "must be >= 0 (0 = no limit)" if cfg.max_vocab < 0 else "must be >= 1")
     if cfg.spm_model_type not in names.spm_model_types():
         bad("spm_model_type", f"is not one of {', '.join(names.spm_model_types())}")
-    if cfg.tokenizer == "hf" and not cfg.init_from:
-        bad("tokenizer", "comes with a pretrained model; pass --init_from <a Hugging Face model folder>")
+    if kind == "hf" and not source and not cfg.init_from:
+        bad("tokenizer", "comes with a pretrained model; pass --init_from <a Hugging Face model folder>, or "
+            "--tokenizer hf:<a tokenizer folder or Hub name> to train a model from scratch with that tokenizer")
+    if source and cfg.init_from:
+        bad("tokenizer", f"trains a model from scratch, but init_from = {cfg.init_from!r} brings the pretrained "
+            "model's own tokenizer; drop one of them")
     _validate_pretrained(cfg, bad)
 
 
@@ -222,9 +228,9 @@ def _validate_pairs(cfg: Any, bad: Bad) -> None:
                 "give both sides of the split")
     if cfg.share_embeddings and not cfg.share_vocab:
         bad("share_embeddings", "needs one vocabulary for both sides: set share_vocab = True")
-    if cfg.tokenizer == "hf" and not cfg.init_from:
-        bad("tokenizer", "comes with a pretrained model (--init_from <a BART folder> for pairs); pairs from "
-            "scratch use word, sentencepiece, char or byte")
+    if names.split_tokenizer(cfg.tokenizer)[0] == "hf" and not cfg.init_from:
+        bad("tokenizer", "is for language models; pairs take a pretrained tokenizer with its model (--init_from "
+            "<a BART folder>), and pairs from scratch use word, sentencepiece, char or byte")
     for key, limit, room in (("max_source_length", cfg.max_source_positions, 0),
                              ("max_target_length", cfg.max_positions, 1)):
         value = getattr(cfg, key)

@@ -35,17 +35,17 @@ import functools
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from lmkit import distributed as dist
 from lmkit.core.errors import UsageError
 from lmkit.core.fileio import atomic_write_bytes
 from lmkit.core.preemption import as_error, doing
-from lmkit.data.tokenizers import check_vocabulary
+from lmkit.data.tokenizers import PRETRAINED_PREFIX, check_vocabulary
 from lmkit.distributed import same_outcome_everywhere
 
 __all__ = ["RunData", "load_run_data", "load_pair_data", "load_ptb_everywhere", "tokenizer_everywhere",
-           "cached_text_everywhere", "same_outcome_everywhere", "check_vocabulary"]
+           "cached_text_everywhere", "same_outcome_everywhere", "check_vocabulary", "model_vocabulary"]
 
 Log = Callable[[str], None]
 
@@ -158,7 +158,9 @@ def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] =
         train_tokenizer(config.tokenizer, train_file or config.train_file, model_dir, cache_dir=cache_dir,
                         **config.tokenizer_options)
 
-    with doing(f"training the {config.tokenizer} tokenizer (or finding a trained one)"):
+    pretrained = config.tokenizer.startswith(PRETRAINED_PREFIX) or bool(config.init_from)
+    with doing(f"{'reading' if pretrained else 'training'} the {config.tokenizer} tokenizer (or finding the one "
+               "saved)"):
         _on_chief(train)
     here = os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE))
     if not all(dist.allgather_object(here)):
@@ -243,12 +245,33 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
         check_vocabulary(tokenizer, config.vocab_size, config.init_from)
         said = ""
     else:
-        said = "" if tokenizer.vocab_size == config.vocab_size else \
-            f" (the model's vocabulary; the config said vocab_size = {config.vocab_size})"
-        config = config.replace(vocab_size=tokenizer.vocab_size)
-    log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir}{said}")
+        config, said = model_vocabulary(config, tokenizer)
+    name = config.tokenizer if config.tokenizer.startswith(PRETRAINED_PREFIX) else tokenizer.name
+    log(f"tokenizer: {name}, {tokenizer.vocab_size} ids, in {model_dir}{said}")
     words = {} if tokenizer.name == "word" else counts
     return RunData(streams["train"], streams.get("valid"), streams.get("test"), tokenizer, config, words)
+
+
+def model_vocabulary(config: Any, tokenizer: Any) -> Tuple[Any, str]:
+    """The config with the ``vocab_size`` of a model trained from scratch with ``tokenizer``, and what the log
+    line adds about it.
+
+    lmkit's own tokenizers size the model: ``vocab_size`` becomes the tokenizer's. With a pretrained tokenizer
+    (``tokenizer = "hf:<folder or name>"``) a config's ``vocab_size`` at least the tokenizer's is kept, the ids
+    past the tokenizer's padding that the data never holds and generation never picks (nanoGPT's 50,304 for
+    GPT-2's 50,257, a multiple of 64 for speed); a smaller one becomes the tokenizer's, since every config
+    states a ``vocab_size`` and no model can have fewer ids than its tokenizer.
+    """
+    size, asked = int(tokenizer.vocab_size), int(config.vocab_size)
+    if asked == size:
+        return config, ""
+    if asked > size and config.tokenizer.startswith(PRETRAINED_PREFIX):
+        return config, (f"; the model keeps the config's vocab_size = {asked}: ids {size}..{asked - 1} are padding, "
+                        "never in the data nor generated")
+    if config.tokenizer.startswith(PRETRAINED_PREFIX):
+        return config.replace(vocab_size=size), (f"; the model's vocab_size is the tokenizer's {size}, not the "
+                                                 f"config's {asked} (a vocab_size >= {size} pads)")
+    return config.replace(vocab_size=size), f" (the model's vocabulary; the config said vocab_size = {asked})"
 
 
 def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: str,

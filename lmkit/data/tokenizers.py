@@ -14,7 +14,9 @@ and ``save(folder)``. The kinds, by registry name (:data:`TOKENIZERS`):
 * ``byte``: the 256 byte values of UTF-8, no training and no file;
 * ``hf`` (:mod:`lmkit.hub.tokenizer`): the tokenizer of a pretrained
   Hugging Face model (GPT-2's byte-level BPE), read with the ``tokenizers``
-  package from the folder ``--init_from`` names, file ``hf_tokenizer.json``.
+  package from the folder ``--init_from`` names, file ``hf_tokenizer.json``;
+  ``hf:<folder or Hub name>`` (:data:`PRETRAINED_PREFIX`) reads it from that
+  folder or downloads it, for a model trained from scratch.
 
 The first four have the special symbols unknown, end and start of sentence, and
 padding (``<unk> <eos> <bos> <pad>``; SentencePiece calls the middle two
@@ -57,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "Tokenizer", "WordTokenizer", "CharTokenizer", "ByteTokenizer", "TOKENIZERS", "TOKENIZER_FILE",
     "tokenizer_class", "train_tokenizer", "load_tokenizer", "tokenizer_of_run", "check_vocabulary",
+    "PRETRAINED_PREFIX", "split_tokenizer",
 ]
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -185,6 +188,17 @@ class Tokenizer(abc.ABC):
         """
         from lmkit.data.hf_form import save_form
         save_form(self, folder, model_max_length)
+
+    def model_token_ids(self) -> Dict[str, Any]:
+        """The start, end and padding ids (``bos_token_id``, ``eos_token_id``, ``pad_token_id``) that an export
+        writes into ``config.json`` and ``generation_config.json`` for a model trained with this tokenizer
+        (:func:`lmkit.data.hf_form.model_token_ids`).
+
+        Raises:
+          DataError: a kind that has no Hugging Face form, before anything is written.
+        """
+        from lmkit.data.hf_form import model_token_ids
+        return model_token_ids(self)
 
     def source_side(self) -> "Tokenizer":
         """The tokenizer an encoder-decoder's sources are encoded with when both sides share it: itself,
@@ -476,6 +490,19 @@ TOKENIZERS: Dict[str, str] = {
 }
 
 
+#: ``tokenizer = "hf:<folder or Hub name>"``: the ``hf`` kind read from that folder (or downloaded), for a model
+#: trained from scratch with a pretrained tokenizer (``hf`` alone is an ``--init_from`` model's own).
+PRETRAINED_PREFIX = "hf:"
+
+
+def split_tokenizer(spec: str) -> Tuple[str, str]:
+    """``(kind, source)`` of a ``tokenizer`` setting: ``"hf:gpt2"`` -> ``("hf", "gpt2")``, ``"char"`` ->
+    ``("char", "")``; ``"hf:"`` with nothing after it stays itself, an unknown kind."""
+    if isinstance(spec, str) and spec.startswith(PRETRAINED_PREFIX) and spec[len(PRETRAINED_PREFIX):].strip():
+        return "hf", spec[len(PRETRAINED_PREFIX):].strip()
+    return spec, ""
+
+
 def tokenizer_class(name: str) -> Type[Tokenizer]:
     """The class registered as ``name``.
 
@@ -499,7 +526,9 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
 
     Args:
       name: a key of :data:`TOKENIZERS`: ``word``, ``sentencepiece``,
-        ``char`` or ``byte``.
+        ``char`` or ``byte``; or ``hf:<folder or Hub name>``, a pretrained
+        tokenizer read from that folder or downloaded (not trained; the
+        ``source`` below).
       train_file: UTF-8 text, one sentence or paragraph a line (checked with
         :func:`check_text_file`; not read by ``byte``): a file, a folder, a
         glob pattern, several separated by commas, or a list
@@ -509,7 +538,8 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
       max_vocab: largest word vocabulary, specials included (``word``).
       min_count: drop words seen fewer times (``word``).
       model_type: ``"unigram"`` or ``"bpe"`` (``sentencepiece``).
-      source: the pretrained model folder the ``hf`` kind is read from.
+      source: the pretrained model folder the ``hf`` kind is read from
+        (``name`` ``hf:<source>`` gives it too).
       cache_dir: a data cache folder (:func:`lmkit.data.token_cache.cache_root`):
         a tokenizer trained there before on the same files (path, size,
         modification time and a sample of the content,
@@ -528,22 +558,16 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
         or a tokenizer already in ``folder`` that differs from the one asked
         for (naming both).
     """
+    name, named_source = split_tokenizer(name)
+    if named_source and source and named_source != source:
+        raise DataError(f"tokenizer hf:{named_source} and source {source!r} name two tokenizers; give one")
+    source = named_source or source
     kind = tokenizer_class(name)
     options = kind.check_options({"vocab_size": vocab_size, "max_vocab": max_vocab, "source": source,
                                   "min_count": min_count, "model_type": model_type})
     folder = os.fspath(folder)
     if os.path.isfile(os.path.join(folder, TOKENIZER_FILE)):
-        saved = load_tokenizer(folder)
-
-        def asked(opts: Mapping[str, Any]) -> Dict[str, Any]:  # the options that are chosen, not read from a source
-            return {k: v for k, v in opts.items() if k not in kind.DERIVED}
-
-        if saved.name == kind.name and asked(saved.options) == asked(options):
-            return saved
-        raise DataError(f"{os.path.join(folder, TOKENIZER_FILE)} holds a {saved.name} tokenizer "
-                        f"with options {saved.options}, but a {kind.name} tokenizer with options "
-                        f"{options} was asked for; ask for the saved one (the settings of the run "
-                        "that wrote this folder) or use another folder")
+        return _saved_tokenizer(folder, kind, options)
     files: List[str] = []
     if kind.READS_TEXT:
         from lmkit.data.sources import resolve_sources
@@ -566,6 +590,26 @@ def train_tokenizer(name: str, train_file: Union[PathLike, Sequence[PathLike]], 
     if cached is not None:
         _keep_in_cache(tokenizer, cached)
     return tokenizer
+
+
+def _saved_tokenizer(folder: str, kind: Type[Tokenizer], options: Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer saved in ``folder`` when it is the ``kind`` with the ``options`` asked for (those read from a
+    source aside).
+
+    Raises:
+      DataError: another kind or other options, naming both.
+    """
+    saved = load_tokenizer(folder)
+
+    def asked(opts: Mapping[str, Any]) -> Dict[str, Any]:  # the options that are chosen, not read from a source
+        return {k: v for k, v in opts.items() if k not in kind.DERIVED}
+
+    if saved.name == kind.name and asked(saved.options) == asked(options):
+        return saved
+    raise DataError(f"{os.path.join(folder, TOKENIZER_FILE)} holds a {saved.name} tokenizer "
+                    f"with options {saved.options}, but a {kind.name} tokenizer with options "
+                    f"{options} was asked for; ask for the saved one (the settings of the run "
+                    "that wrote this folder) or use another folder")
 
 
 def _cached_tokenizer_dir(cache_dir: Optional[str], kind: Type[Tokenizer], options: Mapping[str, Any],

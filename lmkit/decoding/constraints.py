@@ -6,7 +6,10 @@ BART's summarizers: no n-gram twice (``no_repeat_ngram_size``), a forced
 first token (``forced_bos_token_id``) and a forced end at the last position
 (``forced_eos_token_id``); with the decode's ``min_new_tokens`` (its
 ``min_length``, counted without the decoder's prompt) no end before that
-many new tokens. :meth:`Constraints.apply` turns
+many new tokens. ``vocab_limit`` is the model's, not a setting: text
+generation sets it to the tokenizer's size when the model's vocabulary is
+padded past it (nanoGPT's 50,304 ids for GPT-2's 50,257), whose extra ids
+name no text. :meth:`Constraints.apply` turns
 the log-probabilities (or logits) of the next token of every hypothesis of
 beam search, or of every row of the per-token loop, into those of the allowed
 tokens (``-inf`` elsewhere), inside the compiled loop, with the
@@ -54,23 +57,30 @@ class Constraints:
         hypothesis (its prompt included, as ``transformers`` counts) is not allowed.
       forced_first_id: the first new token is this id.
       forced_last_id: the token at the last position of the output is this id.
+      vocab_limit: no id at or past this one is chosen (None: any id of the model).
     """
 
     no_repeat_ngram_size: int = 0
     forced_first_id: Optional[int] = None
     forced_last_id: Optional[int] = None
+    vocab_limit: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_count("no_repeat_ngram_size", self.no_repeat_ngram_size)
         _check_id("forced_first_id", self.forced_first_id)
         _check_id("forced_last_id", self.forced_last_id)
+        _check_id("vocab_limit", self.vocab_limit)
 
     @property
     def active(self) -> bool:
-        return bool(self.no_repeat_ngram_size or self.forced_first_id is not None or self.forced_last_id is not None)
+        return bool(self.no_repeat_ngram_size or self.forced_first_id is not None or self.forced_last_id is not None
+                    or self.vocab_limit is not None)
 
     def get_config(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The rules a :class:`~lmkit.decoding.config.GenerationConfig` holds (``vocab_limit`` is the model's)."""
+        config = dataclasses.asdict(self)
+        del config["vocab_limit"]
+        return config
 
     def apply(self, log_probs: tf.Tensor, ids: tf.Tensor, length: tf.Tensor, prompt_lengths: tf.Tensor,
               max_length: int, ends: Tuple[int, ...], min_new_tokens: Optional[tf.Tensor] = None) -> tf.Tensor:
@@ -87,6 +97,8 @@ class Constraints:
         """
         vocab = log_probs.shape[-1]
         neg_inf = tf.constant(float("-inf"), log_probs.dtype)
+        if self.vocab_limit is not None:
+            log_probs = tf.where(tf.range(tf.shape(log_probs)[-1]) >= self.vocab_limit, neg_inf, log_probs)
         if self.no_repeat_ngram_size:
             log_probs = tf.where(_repeated_ngram_mask(ids, length, self.no_repeat_ngram_size, vocab), neg_inf,
                                  log_probs)

@@ -324,7 +324,8 @@ def continue_prompts(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]
         tokens: the end of a document, and ``stop_at_eos``'s line break), ``context`` (the positions a
         transformer reads before its window slides, at most its ``max_positions``), ``jit_compile``
         and its rules on tokens. Past a slide the n-grams are those of the window, the forced first
-        token is not forced again, and a forced last token is forced only where no window slides.
+        token is not forced again, and a forced last token is forced only where no window slides. A
+        model with more ids than its tokenizer (a padded vocabulary) never picks the ids past it.
       sampler: the strategy (default the config's).
       stream: a function that takes text (e.g. ``sys.stdout.write``): the one sample is written to it
         while it is generated, the prompt first (the loop then runs without XLA).
@@ -340,6 +341,9 @@ def continue_prompts(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]
     sampler = config.sampler() if sampler is None else sampler
     run = _Samples(model, tokenizer, prompts, budgets, config, isinstance(sampler, BeamSampler))
     rules = config.rules()
+    limit = getattr(tokenizer, "vocab_size", None)
+    if limit is not None and int(model.vocab_size) > int(limit):  # a vocabulary padded past the tokenizer's
+        rules = dataclasses.replace(rules, vocab_limit=int(limit))  # (nanoGPT's 50,304): those ids name no text
     rules = None if not rules.active else rules
     if rules is not None and run.window is not None and run.longest > run.window:  # the window slides
         rules = dataclasses.replace(rules, forced_last_id=None)

@@ -1,8 +1,11 @@
 """The tokenizer of a Hugging Face model folder (GPT-2's byte-level BPE and the like), through ``tokenizers``.
 
 lmkit does not train this kind: it comes with a pretrained model. It is
-read from the folder ``--init_from`` names (:meth:`HFTokenizer.from_hf_folder`:
-``tokenizer.json``, or GPT-2's ``vocab.json`` + ``merges.txt``), saved into
+read from the folder ``--init_from`` names, or for a model trained from
+scratch from the folder or Hub name of ``--tokenizer hf:<folder or name>``
+(:func:`lmkit.hub.download.tokenizer_folder`; a Hub name downloads the
+tokenizer's files alone), with :meth:`HFTokenizer.from_hf_folder`
+(``tokenizer.json``, or GPT-2's ``vocab.json`` + ``merges.txt``); saved into
 the run's model folder as ``hf_tokenizer.json`` (lmkit's own
 ``tokenizer.json`` describes it there, as for every kind) and written back
 in Hugging Face's layout by :meth:`HFTokenizer.save_hf` when a run is
@@ -12,7 +15,9 @@ re-implements BPE.
 Special ids in lmkit's sense: ``eos_id`` is the token of a line break
 (``"\\n"``, which lmkit's text pipeline puts at the end of every line, as a
 GPT-2 text has it) and ``bos_id`` the model's ``<|endoftext|>`` (GPT-2's
-document separator); there is no unknown or padding token.
+document separator: the text ``<|endoftext|>`` between documents of a text
+file is that one id, as ``tokenizers`` reads an added token); there is no
+unknown or padding token.
 
 The ids that end a generated text (``end_ids``) are the model's, read from
 the folder (:func:`lmkit.hub.generation_config.end_token_ids`: ``generation_config.json``'s
@@ -181,13 +186,17 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def train(cls, train_file: Sequence[str], folder: str, **options: Any) -> "HFTokenizer":
-        """Not trained: read from the pretrained model's folder (``source``, set by ``--init_from``)."""
+        """Not trained: read from the pretrained model's folder (``source``, set by ``--init_from``), or from
+        ``tokenizer = "hf:<source>"``'s folder or Hub name (downloaded), which ``source`` then records."""
         source = options.get("source") or ""
         if not source:
             raise DataError("tokenizer = 'hf' comes with a pretrained model and is not trained by lmkit; "
-                            "pass --init_from <a Hugging Face model folder> (or use tokenizer = "
-                            "'sentencepiece' to train one on your text)")
-        return cls.from_hf_folder(source)
+                            "pass --init_from <a Hugging Face model folder>, or tokenizer = 'hf:<a tokenizer "
+                            "folder or Hub name>' (or use tokenizer = 'sentencepiece' to train one on your text)")
+        from lmkit.hub.download import tokenizer_folder
+        tokenizer = cls.from_hf_folder(tokenizer_folder(source))
+        tokenizer.source = source  # as asked (a Hub name, not its download's folder): a resumed run compares it
+        return tokenizer
 
     @classmethod
     def load(cls, folder: str, options: Mapping[str, Any]) -> "HFTokenizer":
@@ -240,6 +249,10 @@ class HFTokenizer(Tokenizer):
         if tokenizer.token_to_id(END_OF_TEXT) is not None:
             tokenizer.add_special_tokens([END_OF_TEXT])
         return cls(tokenizer, os.path.abspath(folder), None, end_ids)
+
+    def model_token_ids(self) -> Dict[str, Any]:
+        """GPT-2's: a document starts and ends at ``<|endoftext|>`` (both null when the vocabulary lacks it)."""
+        return {"bos_token_id": self._end_of_text, "eos_token_id": self._end_of_text}
 
     def save_hf(self, folder: str, model_max_length: int) -> None:
         """Writes the tokenizer as ``transformers`` reads it: ``tokenizer.json``, ``vocab.json``,

@@ -133,6 +133,32 @@ def test_text_data_takes_every_tokenizer_and_ptb_only_words():
         assert load_config("config_seq2seq", {"data": "pairs", **PAIRS, "tokenizer": tokenizer}).tokenizer == tokenizer
     with pytest.raises(ConfigError, match="tokenizer = 'char' applies to data = 'text'"):
         load_config("config_small", {"tokenizer": "char"})
+    # A pretrained tokenizer for a language model trained from scratch: a folder or a Hub name.
+    for tokenizer in ("hf:gpt2", "hf:/models/tokenizer", "hf:owner/name"):
+        assert load_config("config_transformer", {"data": "text", "train_file": "x.txt",
+                                                  "tokenizer": tokenizer}).tokenizer == tokenizer
+
+
+TEXT = {"data": "text", "train_file": "x.txt"}
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("config_transformer", {**TEXT, "tokenizer": "hf"},
+     r"tokenizer = 'hf' comes with a pretrained model; pass --init_from <a Hugging Face model folder>, or "
+     r"--tokenizer hf:<a tokenizer folder or Hub name> to train a model from scratch"),
+    ("config_transformer", {**TEXT, "tokenizer": "hf:"},
+     r"tokenizer = 'hf:' is not one of word, sentencepiece, char, byte, hf, nor hf:<a Hugging Face tokenizer folder "
+     r"or Hub name> \(e.g. hf:gpt2\)"),
+    ("config_transformer", {**TEXT, "tokenizer": "bpe"}, r"tokenizer = 'bpe' is not one of word, "),
+    ("config_gpt2_finetune", {**TEXT, "tokenizer": "hf:gpt2", "init_from": "/models/gpt2"},
+     r"tokenizer = 'hf:gpt2' trains a model from scratch, but init_from = '/models/gpt2' brings the pretrained "
+     r"model's own tokenizer; drop one of them"),
+    ("config_seq2seq", {"data": "pairs", **PAIRS, "tokenizer": "hf:gpt2"},
+     r"tokenizer = 'hf:gpt2' is for language models; .* pairs from scratch use word, sentencepiece, char or byte"),
+])
+def test_a_pretrained_tokenizer_is_checked(config, override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(config, override)
 
 
 def test_a_local_config_that_shadows_a_built_in_one_is_named_once(tmp_path, monkeypatch, capsys):

@@ -359,3 +359,16 @@ def test_one_registry():
     # The pretrained kind is not trained: asking for it without a model to take it from is one clear error.
     with pytest.raises(DataError, match=r"tokenizer = 'hf' comes with a pretrained model .* --init_from"):
         HFTokenizer.train("train.txt", "folder")
+
+
+def test_a_pretrained_tokenizer_setting_is_the_hf_kind_and_its_source(tmp_path):
+    from lmkit.data.tokenizers import split_tokenizer
+    assert split_tokenizer("hf:gpt2") == ("hf", "gpt2")
+    assert split_tokenizer("hf:/models/tok") == ("hf", "/models/tok")
+    assert split_tokenizer("char") == ("char", "") and split_tokenizer("hf") == ("hf", "")
+    assert split_tokenizer("hf:") == ("hf:", "")  # nothing after the prefix: no kind
+    with pytest.raises(DataError, match=r"unknown tokenizer 'hf:'"):
+        train_tokenizer("hf:", "train.txt", str(tmp_path / "run"))
+    with pytest.raises(DataError, match=r"tokenizer hf:gpt2 and source '/models/gpt2' name two tokenizers"):
+        train_tokenizer("hf:gpt2", "train.txt", str(tmp_path / "run"), source="/models/gpt2")
+    assert not (tmp_path / "run").exists()

@@ -182,9 +182,8 @@ def export_gemma_from_scratch(model: Any, tokenizer: Any, output: str) -> List[s
       UsageError: a model Gemma cannot hold, a tokenizer without a form, or an ``output`` that exists and is
         not empty; nothing is written then.
     """
-    from lmkit.data.hf_form import model_token_ids
     config = config_json(model.get_config())
-    ids = model_token_ids(tokenizer)  # a tokenizer without a form stops here
+    ids = tokenizer.model_token_ids()  # a tokenizer without a form stops here
     check_new_folder(output)
     config.update({"pad_token_id": None, **ids})  # not Gemma's default 0: the tokenizer's, or none
     return write_new(gemma_tensors(model), config, ids, tokenizer, model.max_positions, output)

@@ -155,7 +155,7 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
     the tokenizer's files. Written into a temporary folder next to
     ``output`` and renamed into place, so a failed export leaves nothing.
 
-    The tokenizer is a Hugging Face GPT-2's (a fine-tune), or lmkit's own
+    The tokenizer is a Hugging Face one (a fine-tune's, or ``--tokenizer hf:...`` from scratch), or lmkit's own
     word, char, byte or unigram sentencepiece tokenizer (a model trained from scratch), written as
     a ``tokenizer.json`` that encodes every text to lmkit's ids
     (:mod:`lmkit.data.hf_form`); such a model starts a text after a line
@@ -169,15 +169,11 @@ def export_gpt2(model: Any, tokenizer: Any, output: str, dropout: float = 0.1) -
       UsageError: not a GPT-2-shaped model, a tokenizer without a Hugging
         Face form (BPE SentencePiece), or an ``output`` that exists and is not empty.
     """
-    from lmkit.hub.tokenizer import END_OF_TEXT, HFTokenizer
-
     _check_gpt2(model, "export --format hf")
-    if isinstance(tokenizer, HFTokenizer):  # GPT-2's: a document starts and ends at <|endoftext|>
-        end = tokenizer.hf.token_to_id(END_OF_TEXT)
-        ids = {"bos_token_id": end, "eos_token_id": end}
-    else:  # lmkit's own: a line starts after a line break; no end of document (a kind without a form stops here)
-        from lmkit.data.hf_form import model_token_ids
-        ids = model_token_ids(tokenizer)
+    # A Hugging Face tokenizer's (GPT-2's, a fine-tune's or a model's trained from scratch with it): a document
+    # starts and ends at <|endoftext|>; lmkit's own: a line starts after a line break, no end of document (a kind
+    # without a form stops here).
+    ids = tokenizer.model_token_ids()
     check_new_folder(output)
     tensors = {f"transformer.{name}": v.numpy() for name, v in parameter_map(model).items()}
     return write_new(tensors, config_json(model, dropout, ids), ids, tokenizer, model.max_positions, output)

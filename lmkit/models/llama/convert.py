@@ -256,9 +256,8 @@ def export_llama_from_scratch(model: Any, tokenizer: Any, output: str) -> List[s
     """
     import numpy as np
 
-    from lmkit.data.hf_form import model_token_ids
     config = config_json(model.get_config())
-    ids = model_token_ids(tokenizer)  # a tokenizer without a form stops here
+    ids = tokenizer.model_token_ids()  # a tokenizer without a form stops here
     check_new_folder(output)
     config.update(ids)
     tensors = _hf_tensors(model)
