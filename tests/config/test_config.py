@@ -1,6 +1,7 @@
 """Config loading: the shipped configs and every kind of bad key."""
 import os
 
+import numpy as np
 import pytest
 
 from lmkit.config import ConfigError, TrainConfig, available_configs, load_config
@@ -176,3 +177,13 @@ def test_a_local_config_that_shadows_a_built_in_one_is_named_once(tmp_path, monk
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     load_config("config_small")
     assert capsys.readouterr().err == ""  # rank 0 alone says it
+
+
+def test_config_gpt2_124m_is_gpt2_small_planned_as_nanogpt_plans_it():
+    from lmkit.models import build_model
+    cfg = load_config("config_gpt2_124m", {"data": "text", "train_file": "x.txt", "tokenizer": "hf:gpt2"})
+    # Hugging Face's GPT-2 small has 124,439,808 parameters with 50,257 ids; 47 padded rows of 768 add 36,096.
+    model = build_model(cfg.model_config())
+    assert sum(int(np.prod(v.shape)) for v in model.trainable_variables) == 124_439_808 + 47 * 768
+    assert (cfg.planned_steps, cfg.tokens_per_step, cfg.warmup_steps, cfg.min_lr) == (600_000, 491_520, 2000, 6e-5)
+    assert cfg.batch_size // cfg.grad_accum_steps == 12 and cfg.num_steps == cfg.max_positions == 1024
