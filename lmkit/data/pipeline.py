@@ -282,9 +282,11 @@ def cached_text_everywhere(tokenizer: Any, sources: Dict[str, List[str]], root: 
     its progress) while the others wait; then every rank maps the files
     (:func:`cached_everywhere`). Call it on every rank, in the same order.
     """
+    from lmkit.data.formats import documents_for
     from lmkit.data.token_cache import cached_stream, open_cached
 
     add_eos = tokenizer.eos_id is not None
+    sources = {name: documents_for(tokenizer, files) for name, files in sources.items()}
     jobs = {name: (f"{name}_file", functools.partial(open_cached, root, tokenizer, files, add_eos),
                    functools.partial(cached_stream, root, tokenizer, files, add_eos, what=f"{name}_file"))
             for name, files in sources.items()}

@@ -197,7 +197,7 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
         not UTF-8, or a pattern matches nothing (naming it as ``train_file``,
         ``valid_file`` or ``test_file``); a broken cache folder.
     """
-    from lmkit.data.formats import DATASET_SPLITS, text_lines
+    from lmkit.data.formats import DATASET_SPLITS, documents_for, text_lines
     from lmkit.data.sources import resolve_sources
 
     add_eos = tokenizer.eos_id is not None
@@ -209,8 +209,8 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
             streams[name] = words[name] = None
             continue
         what = (names or {}).get(name, f"{name}_file")
-        files = resolve_sources(spec, what, text_field=text_field, text_column=text_column,
-                                dataset_split=DATASET_SPLITS[name])
+        files = documents_for(tokenizer, resolve_sources(spec, what, text_field=text_field,
+                                                         text_column=text_column, dataset_split=DATASET_SPLITS[name]))
         if cache_dir is not None:
             from lmkit.data.token_cache import cached_stream
             stream = cached_stream(cache_dir, tokenizer, files, add_eos, what=what, workers=workers, log=log)
@@ -220,7 +220,9 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
             check_text_file(path, what)
         lines = [line for path in files for line in text_lines(path, what) if line.strip()]
         streams[name] = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
-        words[name] = count_words(lines, line_ends=corpus.add_eos)
+        end = getattr(tokenizer, "document_end", None)  # each one a word, as an eos is (the cache's count)
+        words[name] = count_words([line.replace(end, f" {end} ") for line in lines] if end else lines,
+                                  line_ends=corpus.add_eos)
     return TextData(tokenizer=tokenizer, train=streams["train"], valid=streams["valid"],
                     test=streams["test"], train_words=words["train"],
                     valid_words=words["valid"], test_words=words["test"])

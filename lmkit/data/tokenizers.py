@@ -135,6 +135,13 @@ class Tokenizer(abc.ABC):
         return self._special_id("pad")
 
     @property
+    def document_end(self) -> Optional[str]:
+        """The text (one id) that ends each document of a source of records (JSON Lines, Parquet,
+        ``datasets``) instead of a line break, or None: lmkit's own kinds end a document with
+        ``eos_id`` as a line (:func:`lmkit.data.formats.documents_for`)."""
+        return None
+
+    @property
     @abc.abstractmethod
     def options(self) -> Dict[str, Any]:
         """The training options this tokenizer was made with (keys of ``OPTIONS``)."""

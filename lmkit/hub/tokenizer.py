@@ -17,7 +17,9 @@ Special ids in lmkit's sense: ``eos_id`` is the token of a line break
 GPT-2 text has it) and ``bos_id`` the model's ``<|endoftext|>`` (GPT-2's
 document separator: the text ``<|endoftext|>`` between documents of a text
 file is that one id, as ``tokenizers`` reads an added token); there is no
-unknown or padding token.
+unknown or padding token. In a source of records (JSON Lines, Parquet,
+``datasets``) each document ends with that ``<|endoftext|>`` id
+(:attr:`HFTokenizer.document_end`), a line break inside it being the newline's.
 
 The ids that end a generated text (``end_ids``) are the model's, read from
 the folder (:func:`lmkit.hub.generation_config.end_token_ids`: ``generation_config.json``'s
@@ -140,6 +142,15 @@ class HFTokenizer(Tokenizer):
         if self.framing is None:
             return self
         return HFTokenizer(self.hf, self.source, {**self.framing, "suffix": self.framing["source_suffix"]})
+
+    @property
+    def document_end(self) -> Optional[str]:
+        """``<|endoftext|>`` when the vocabulary has it as one id other than the newline's (GPT-2's document
+        separator, as nanoGPT's data preparation puts it after each document); None for a framed
+        (encoder-decoder) tokenizer and one without it, whose documents end with a line break."""
+        if self.framing is not None or self._end_of_text is None or self._end_of_text == self._newline:
+            return None
+        return END_OF_TEXT if self._encode_line(END_OF_TEXT) == [self._end_of_text] else None
 
     # -- text <-> ids -----------------------------------------------------------------------------
     def _encode_line(self, line: str) -> List[int]:

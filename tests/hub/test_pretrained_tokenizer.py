@@ -95,6 +95,55 @@ def test_the_ids_are_the_tokenizers_librarys_with_the_end_of_text_between_docume
                "the config's 65" in line for line in lines), lines
 
 
+def _records(made, kind, folder):
+    """The documents as one record each, in ``kind`` (jsonl, parquet or a datasets folder)."""
+    if kind == "jsonl":
+        path = folder / "docs.jsonl"
+        path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in made["docs"]), encoding="utf-8")
+        return str(path)
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"text": made["docs"]}), str(folder / "docs.parquet"), row_group_size=7)
+        return str(folder / "docs.parquet")
+    import datasets
+    datasets.Dataset.from_dict({"text": made["docs"]}).save_to_disk(str(folder / "docs"))
+    return str(folder / "docs")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "datasets"])
+@pytest.mark.parametrize("cache", ["none", "cache"])
+def test_records_are_documents_each_ended_by_the_end_of_text_id(made, kind, cache, tmp_path):
+    """A record is a document: its ids (a line break inside it is the newline's id), then <|endoftext|>'s id,
+    as nanoGPT's data preparation writes them; the end of the source ends a line (the newline's id)."""
+    source = _records(made, kind, tmp_path)
+    data, _ = run_data(source, f"hf:{made['folders']['json']}", str(tmp_path / "run"),
+                       "none" if cache == "none" else str(tmp_path / "cache"))
+    reference = made["reference"]
+    end, newline = reference.token_to_id(END), reference.token_to_id("Ċ")
+    expected = [i for doc in made["docs"] for i in reference.encode(doc).ids + [end]] + [newline]
+    assert [int(i) for i in data.train] == expected
+    assert any("\n" in doc for doc in made["docs"]) and newline in expected[:-1]
+    # Words as a line's: each document's words, one for each <|endoftext|> and line break (as for an eos) and
+    # one for the last line's end.
+    assert data.words["train"] == sum(len(doc.split()) + 1 + doc.count("\n") for doc in made["docs"]) + 1
+
+
+def test_lmkits_own_tokenizers_end_a_record_with_their_end_of_line_id(made, tmp_path):
+    """No document_end: a record ends as a line of a plain file does (the same ids as the text, one document a
+    line), with or without the cache."""
+    from lmkit.data.formats import documents_for
+    from lmkit.data.text import load_text_data
+    source = _records({"docs": ["one two", "three\nfour"]}, "jsonl", tmp_path)
+    plain = tmp_path / "docs.txt"
+    plain.write_text("one two\nthree\nfour\n", encoding="utf-8")
+    tokenizer = train_tokenizer("char", str(plain), str(tmp_path / "tok"))
+    assert tokenizer.document_end is None and documents_for(tokenizer, [source]) == [source]
+    for cache in (None, str(tmp_path / "cache")):
+        ids = load_text_data(tokenizer, source, cache_dir=cache).train
+        assert [int(i) for i in ids] == [int(i) for i in load_text_data(tokenizer, str(plain)).train]
+
+
 def test_a_larger_vocab_size_pads_and_a_resumed_run_needs_no_source_folder(made, tmp_path):
     source = str(tmp_path / "tokenizer")
     shutil.copytree(made["folders"]["json"], source)

@@ -20,7 +20,9 @@ and imported only for a source that needs them. :func:`open_text` gives
 any source's text as the bytes of a plain text file, a document's text then
 a line break, so every reader of text (the token cache, the tokenizers'
 training, the word counts) reads every format alike and a document ends with
-the end-of-text id as a line of a plain file does.
+the end-of-text id as a line of a plain file does. A pretrained tokenizer's
+documents end with its own separator instead (GPT-2's ``<|endoftext|>``:
+:func:`documents_for`), a line break inside a document staying its newline.
 
 Adding a format is one :class:`~lmkit.data.formats.base.StreamFormat` or
 :class:`~lmkit.data.formats.base.TableFormat` in its own module and one entry
@@ -42,8 +44,8 @@ from lmkit.data.formats.parquet import Parquet
 from lmkit.data.formats.plain import PlainText
 
 __all__ = ["FORMATS", "COMPRESSIONS", "DATASET_SPLITS", "Source", "source_of", "TextStream", "format_of",
-           "open_text", "is_plain", "holds_records", "is_dataset_folder", "read_options", "source_files",
-           "source_size", "text_lines"]
+           "open_text", "is_plain", "holds_records", "documents_for", "is_dataset_folder", "read_options",
+           "source_files", "source_size", "text_lines"]
 
 PLAIN = PlainText()
 #: name -> format; a file is of the first whose suffix ends its name (less a compression's), else plain text.
@@ -81,7 +83,28 @@ def read_options(path: Any) -> Dict[str, str]:
     (``{}`` for plain text, compressed or not, so that its keys are those of before formats)."""
     source = source_of(path)
     fmt, _ = format_of(source)
-    return {} if fmt is PLAIN else {"format": fmt.name, **fmt.options(source)}
+    if fmt is PLAIN:
+        return {}
+    ended = {"record_end": source.record_end} if source.record_end else {}
+    return {"format": fmt.name, **fmt.options(source), **ended}
+
+
+def documents_for(tokenizer: Any, sources: Sequence[Any]) -> List[Any]:
+    """``sources`` as ``tokenizer`` separates their documents: each source of records (JSON Lines, Parquet,
+    a ``datasets`` folder) ends each record with the tokenizer's ``document_end`` text (a pretrained
+    tokenizer's ``<|endoftext|>``, one id) instead of a line break; the others unchanged.
+
+    lmkit's own tokenizers have no ``document_end``: their end-of-line id ends a document as it ends a
+    line of a plain file. A line break inside a record stays a line break.
+    """
+    end = getattr(tokenizer, "document_end", None)
+    if not end:
+        return list(sources)
+    out = []
+    for path in sources:
+        source = source_of(path)
+        out.append(Source(source, **{**source.options(), "record_end": end}) if holds_records(source) else path)
+    return out
 
 
 def source_files(path: Any) -> List[str]:

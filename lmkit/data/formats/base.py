@@ -46,25 +46,30 @@ class Source(str):
       text_column: Parquet files and ``datasets`` folders: the column that holds the text.
       dataset_split: a ``DatasetDict`` folder: the split to read (``train``, ``validation`` or ``test``;
         not ``split``, which would hide ``str.split``).
+      record_end: records (JSON Lines, Parquet, ``datasets``): the text that ends each record's text in
+        place of a line break, e.g. ``"<|endoftext|>"``, the document separator of a pretrained
+        tokenizer (:func:`lmkit.data.formats.documents_for`); ``""``: a line break.
     """
 
     text_field: str
     text_column: str
     dataset_split: str
+    record_end: str
 
     def __new__(cls, path: Any, text_field: str = "text", text_column: str = "text",
-                dataset_split: str = "train") -> "Source":
+                dataset_split: str = "train", record_end: str = "") -> "Source":
         self = super().__new__(cls, os.fspath(path))
         self.text_field, self.text_column = str(text_field), str(text_column)
-        self.dataset_split = str(dataset_split)
+        self.dataset_split, self.record_end = str(dataset_split), str(record_end)
         return self
 
-    def __reduce__(self) -> Tuple[Any, Tuple[str, str, str, str]]:  # ranks send sources to each other
-        return Source, (str(self), self.text_field, self.text_column, self.dataset_split)
+    def __reduce__(self) -> Tuple[Any, Tuple[str, ...]]:  # ranks send sources to each other
+        return Source, (str(self), self.text_field, self.text_column, self.dataset_split, self.record_end)
 
     def options(self) -> Dict[str, str]:
         """The reading options, as keywords of ``Source``."""
-        return {"text_field": self.text_field, "text_column": self.text_column, "dataset_split": self.dataset_split}
+        return {"text_field": self.text_field, "text_column": self.text_column, "dataset_split": self.dataset_split,
+                "record_end": self.record_end}
 
     def at(self, path: Any) -> "Source":
         """Another path read with these options."""
@@ -214,10 +219,16 @@ def record_bytes(value: Any, source: str, what: str, record: str, name: str, fla
                         "repair the record") from None
 
 
-def lines_of(chunks: Iterator[Tuple[bytes, ...]]) -> Iterator[bytes]:
-    """Groups of records' bytes as chunks of plain text: each record, then a line break."""
+def lines_of(chunks: Iterator[Tuple[bytes, ...]], source: Source) -> Iterator[bytes]:
+    """Groups of records' bytes as chunks of plain text: each record, then a line break, or the source's
+    ``record_end`` (then a record of only white space is left out, as a blank line is)."""
+    end = source_of(source).record_end.encode("utf-8")
     for texts in chunks:
-        if texts:
+        if end:
+            chunk = b"".join(text + end for text in texts if text.strip())
+            if chunk:
+                yield chunk
+        elif texts:
             yield b"\n".join(texts) + b"\n"
 
 

@@ -76,7 +76,7 @@ class SavedDataset(TableFormat):
             yield from column_texts(batches, source, what, (pa.ArrowException, OSError),
                                     lambda n: read.__setitem__(0, n))
 
-        return buffered(RecordText(lines_of(texts()))), lambda: read[0] / rows
+        return buffered(RecordText(lines_of(texts(), source))), lambda: read[0] / rows
 
 
 def _split(loaded: Dict[str, object], source: Source, what: str) -> object:

@@ -39,7 +39,7 @@ class JsonLines(StreamFormat):
         return {"text_field": source.text_field}
 
     def read(self, stream: BinaryIO, source: Source, what: str) -> BinaryIO:
-        return buffered(RecordText(lines_of(self._texts(stream, source, what))))
+        return buffered(RecordText(lines_of(self._texts(stream, source, what), source)))
 
     def _texts(self, stream: BinaryIO, source: Source, what: str) -> Iterator[Tuple[bytes, ...]]:
         """The records' texts in groups of about :data:`READ_BYTES`."""

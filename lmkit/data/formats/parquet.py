@@ -57,4 +57,4 @@ class Parquet(TableFormat):
                 yield from column_texts(batches(), source, what, (pa.ArrowException, OSError),
                                         lambda n: read.__setitem__(0, n))
 
-        return buffered(RecordText(lines_of(texts()))), lambda: read[0] / rows
+        return buffered(RecordText(lines_of(texts(), source))), lambda: read[0] / rows
