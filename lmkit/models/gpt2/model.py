@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple, Union
 
 import tensorflow as tf
@@ -14,9 +15,11 @@ from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerDecoder, TransformerState
 from lmkit.models.protocols import LanguageModel, check_window, embedding_dim_of, keep_prob_of
 
-__all__ = ["TransformerLanguageModel"]
+__all__ = ["INITIALIZATIONS", "TransformerLanguageModel"]
 
 _POSITION_EMBEDDINGS = ("learned", "sinusoid")
+#: How the kernels and embedding tables start (``initialization``): see :class:`TransformerLanguageModel`.
+INITIALIZATIONS = ("uniform", "gpt2")
 
 
 class TransformerLanguageModel(LanguageModel):
@@ -46,7 +49,7 @@ class TransformerLanguageModel(LanguageModel):
                  tie_weights: bool = False, init_scale: float = 0.1, embedding_dim: int = 0,
                  position_embedding: str = "learned", layer_norm_epsilon: float = 1e-5, output_bias: bool = True,
                  attention_blocks: Union[int, str] = "auto", attention_dropout: Optional[float] = None,
-                 name: Optional[str] = None) -> None:
+                 initialization: str = "uniform", name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 
         Args:
@@ -59,7 +62,7 @@ class TransformerLanguageModel(LanguageModel):
           dropout: dropout rate while training.
           pre_layer_norm: GPT-2 style (True) or post-layer-norm.
           tie_weights: share the embedding table with the softmax kernel.
-          init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
+          init_scale: the spread of the kernels and embeddings at the start (see ``initialization``).
           embedding_dim: must be 0 or ``hidden_size`` (kept for config parity).
           position_embedding: ``"learned"`` (GPT-2) or ``"sinusoid"``.
           layer_norm_epsilon: added to the variance in every layer norm.
@@ -73,12 +76,19 @@ class TransformerLanguageModel(LanguageModel):
             dropout and lets a fused attention kernel take training windows
             (``model_params = {"attention_dropout": 0.0}`` in a config;
             :mod:`lmkit.layers.kernels`).
+          initialization: ``"uniform"`` (default): every kernel and embedding
+            table from uniform(-init_scale, init_scale); ``"gpt2"``: from
+            normal(0, init_scale), and the two projections of each layer that
+            write into the residual stream (attention's ``output`` and
+            ``ffn_outer``) from normal(0, init_scale / sqrt(2 * num_layers)),
+            as GPT-2 and nanoGPT start (with ``init_scale = 0.02``). Biases and
+            layer-norm offsets start at 0, layer-norm scales at 1, either way.
           name: module name.
 
         Raises:
           ValueError: ``hidden_size`` not divisible by ``num_heads``, an
             ``embedding_dim`` other than 0 or ``hidden_size``, an unknown
-            position embedding, or a bad size or rate.
+            position embedding or initialization, or a bad size or rate.
         """
         super().__init__(name=name)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
@@ -91,6 +101,10 @@ class TransformerLanguageModel(LanguageModel):
             raise UsageError(f"position_embedding {position_embedding!r} is not one of "
                              f"{', '.join(_POSITION_EMBEDDINGS)}")
         self.position_embedding = position_embedding
+        if initialization not in INITIALIZATIONS:
+            raise UsageError(f"initialization {initialization!r} is not one of {', '.join(INITIALIZATIONS)} "
+                             "(uniform: uniform(-init_scale, init_scale); gpt2: GPT-2's normal(0, init_scale))")
+        self.initialization = initialization
         self.dropout = check_rate("dropout", dropout)
         self.attention_dropout = None if attention_dropout is None else check_rate("attention_dropout",
                                                                                     attention_dropout)
@@ -114,6 +128,23 @@ class TransformerLanguageModel(LanguageModel):
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.embedder if self.tie_weights else None,
                                                use_bias=output_bias, initializer=initializer, name="projection")
+        if initialization == "gpt2":
+            self._initialize_like_gpt2()
+
+    def _initialize_like_gpt2(self) -> None:
+        """Redraws every kernel and table (the variables of rank 2) from GPT-2's normal distributions.
+
+        The residual projections' smaller spread keeps the residual stream's
+        variance from growing with depth (GPT-2 paper, section 2.3). The
+        variables keep their names and order; only their values change.
+        """
+        num_layers = len(self.decoder.layers)
+        residual = {kernel.ref() for layer in self.decoder.layers
+                    for kernel in (layer.attention.output.kernel, layer.ffn_outer.kernel)}
+        for variable in self.variables:  # LoRA's frozen() base too: not only the trainable ones
+            if variable.shape.rank == 2:
+                stddev = self.init_scale / math.sqrt(2 * num_layers) if variable.ref() in residual else self.init_scale
+                variable.assign(tf.random.normal(variable.shape, stddev=stddev, dtype=variable.dtype))
 
     @property
     def max_positions(self) -> int:
@@ -170,8 +201,8 @@ class TransformerLanguageModel(LanguageModel):
 
     def get_config(self) -> Dict[str, Any]:
         """``TrainConfig.model_config()`` keys (model ``gpt2`` for GPT-2's architecture), plus
-        ``position_embedding``, ``layer_norm_epsilon``, ``output_bias``, ``attention_blocks`` and
-        ``attention_dropout`` when not the defaults."""
+        ``position_embedding``, ``layer_norm_epsilon``, ``output_bias``, ``attention_blocks``,
+        ``attention_dropout`` and ``initialization`` when not the defaults."""
         config = {"model": "gpt2" if self.is_gpt2 else "transformer", "vocab_size": self.vocab_size,
                   "hidden_size": self.hidden_size,
                   "num_layers": self.decoder.num_layers, "init_scale": self.init_scale,
@@ -191,4 +222,6 @@ class TransformerLanguageModel(LanguageModel):
             config["attention_blocks"] = blocks
         if self.attention_dropout is not None:
             config["attention_dropout"] = self.attention_dropout
+        if self.initialization != "uniform":
+            config["initialization"] = self.initialization
         return config
