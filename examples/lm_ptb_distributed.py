@@ -13,6 +13,7 @@ same config and seed it trains as ``lmkit train`` does, to rounding
 reads what it writes.
 """
 import argparse
+import itertools
 import json
 import math
 import os
@@ -106,7 +107,7 @@ def make_evaluate(model, config):
 
 
 def train(config, data, model_dir: str) -> dict:
-    """Trains for ``config.num_epochs``; returns rank 0's perplexities (as lmkit train's results.json)."""
+    """Trains for the config's plan (epochs or steps); returns rank 0's perplexities (as results.json)."""
     rank, size = dist.rank(), dist.size()  # DIST: this process, of how many
     seed, batch_size, num_steps = config.run.seed, config.data.batch_size, config.data.num_steps
     tf.random.set_seed(seed)  # the initial values; rank 0's reach every rank below anyway
@@ -124,19 +125,21 @@ def train(config, data, model_dir: str) -> dict:
                                     tf.train.Checkpoint(model=model, optimizer=optimizer))
     rows = batch_size // dist.num_replicas()  # DIST: each replica's share of the global batch
     results = {"world_size": size, "epochs": []}
-    epochs = config.optimization.num_epochs
+    planned = config.planned_steps  # a plan in steps (max_steps, max_tokens) ends inside an epoch; None: epochs
+    epochs = config.epochs_to_run(len(batches))
     for epoch in range(epochs):
+        count = len(batches) if planned is None else min(len(batches), planned - epoch * len(batches))
         state = dist.per_replica(lambda: model.decoder.initial_state(rows))  # DIST: a zero state per replica
         start, total = time.perf_counter(), 0.0
-        for x, y in batches:  # the rows go on from batch to batch, and so does the state
+        for x, y in itertools.islice(batches, count):  # the rows go on from batch to batch, and so does the state
             loss, state = train_step(tf.constant(x), tf.constant(y), state)
             total += float(loss)
         seconds, lr = time.perf_counter() - start, float(optimizer.learning_rate.numpy())
         if rank == 0:  # DIST: rank 0 alone evaluates, logs and saves; no collective on this path
             stats = {"epoch": epoch + 1, "learning_rate": lr,
-                     "train_perplexity": math.exp(total / (len(batches) * num_steps)),
+                     "train_perplexity": math.exp(total / (count * num_steps)),
                      "valid_perplexity": math.exp(evaluate(data.valid)),
-                     "tokens_per_sec": len(batches) * batch_size * num_steps / seconds}
+                     "tokens_per_sec": count * batch_size * num_steps / seconds}
             results["epochs"].append(stats)
             print(f"Epoch {epoch + 1}/{epochs}: lr {lr:.4g} | train ppl {stats['train_perplexity']:.2f} "
                   f"| valid ppl {stats['valid_perplexity']:.2f} | {stats['tokens_per_sec']:.0f} tokens/sec "
@@ -158,7 +161,9 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     args = p.parse_args(argv)
     overrides = parse_overrides(args.set)  # --set batch_size=40 --set optimizer=adam
-    config = load_config(args.config, {**overrides, **({"num_epochs": args.num_epochs} if args.num_epochs else {})})
+    if args.num_epochs:  # the flag's plan replaces the config's (in epochs, steps or tokens)
+        overrides.update(num_epochs=args.num_epochs, max_steps=0, max_tokens=0)
+    config = load_config(args.config, overrides)
     if config.model.name not in ("lstm", "gru") or config.data.kind != "ptb":
         raise UsageError(f"this example trains an RNN on PTB; {args.config} has model {config.model.name!r} "
                          f"and data {config.data.kind!r} (try examples/lm_text.py, or lmkit train)")

@@ -14,6 +14,7 @@ On the same config and seed it trains as ``lmkit train`` does, to rounding
 it writes.
 """
 import argparse
+import itertools
 import json
 import math
 import os
@@ -105,7 +106,7 @@ def make_evaluate(model, config):
 
 
 def train(config, data, model_dir: str) -> dict:
-    """Trains for ``config.num_epochs``; returns rank 0's perplexities (as lmkit train's results.json)."""
+    """Trains for the config's plan (epochs or steps); returns rank 0's perplexities (as results.json)."""
     rank, size = dist.rank(), dist.size()  # DIST: this process, of how many
     seed, num_steps = config.run.seed, config.data.num_steps
     tf.random.set_seed(seed)  # the initial values; rank 0's reach every rank below anyway
@@ -127,13 +128,16 @@ def train(config, data, model_dir: str) -> dict:
     checkpoints = CheckpointManager(os.path.join(model_dir, "checkpoints"),
                                     tf.train.Checkpoint(model=model, optimizer=optimizer))
     results = {"world_size": size, "epochs": []}
-    epochs = config.optimization.num_epochs
+    planned = config.planned_steps  # a plan in steps (max_steps, max_tokens) ends inside an epoch; None: epochs
+    epochs = config.epochs_to_run(steps)
     for epoch in range(epochs):
-        total = sum(float(train_step(tf.constant(x), tf.constant(y))) for x, y in windows(epoch))
+        count = steps if planned is None else min(steps, planned - epoch * steps)
+        total = sum(float(train_step(tf.constant(x), tf.constant(y))) for x, y in itertools.islice(windows(epoch),
+                                                                                                  count))
         lr = float(optimizer.learning_rate.numpy())
         if rank == 0:  # DIST: rank 0 alone evaluates, logs and saves; no collective on this path
             stats = {"epoch": epoch + 1, "learning_rate": lr,
-                     "train_perplexity": math.exp(total / (steps * num_steps)),
+                     "train_perplexity": math.exp(total / (count * num_steps)),
                      "valid_perplexity": None if data.valid is None else math.exp(evaluate(data.valid))}
             results["epochs"].append(stats)
             valid = "-" if stats["valid_perplexity"] is None else f"{stats['valid_perplexity']:.2f}"
@@ -155,7 +159,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     overrides = parse_overrides(args.set)  # --set batch_size=40 --set optimizer=adam
     overrides.update(data="text", train_file=args.train_file, valid_file=args.valid_file or "",
-                     **{k: v for k, v in (("tokenizer", args.tokenizer), ("num_epochs", args.num_epochs)) if v})
+                     **({"tokenizer": args.tokenizer} if args.tokenizer else {}))
+    if args.num_epochs:  # the flag's plan replaces the config's (in epochs, steps or tokens)
+        overrides.update(num_epochs=args.num_epochs, max_steps=0, max_tokens=0)
     config = load_config(args.config, overrides)
     if config.model.name != "transformer" or config.model.extras():
         raise UsageError(f"this example trains lmkit's plain transformer; {args.config} has model "

@@ -142,9 +142,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     run.add_argument("--no_resume", action="store_true",
                      help="start afresh even when --model_dir holds a checkpoint "
                           "(refuses a folder that already has one)")
-    run.add_argument("--num_epochs", type=int, default=None, help="override the config's num_epochs")
-    run.add_argument("--max_steps", type=int, default=None,
-                     help="stop after this many global steps (a checkpoint is written there)")
+    _add_plan_flags(p)
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key, by its section or flat, e.g. --set optimization.optimizer=adam "
                           "--set batch_size=40 --set model.dropout=0.1 (repeatable)")
@@ -161,6 +159,44 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                      help="CPU threads per op on each rank (default: cores / ranks on the host)")
     run.add_argument("--verbose", action="store_true",
                      help="keep TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
+
+
+def _add_plan_flags(p: argparse.ArgumentParser) -> None:
+    plan = p.add_argument_group(
+        "the run's length and schedule (one of --num_epochs, --max_steps, --max_tokens: it replaces the config's "
+        "plan; a decay ends at its last step)")
+    plan.add_argument("--num_epochs", type=int, default=None, help="train this many epochs (passes over the data)")
+    plan.add_argument("--max_steps", type=int, default=None,
+                      help="train this many optimizer steps (global batches); a checkpoint is written at the end")
+    plan.add_argument("--max_tokens", type=int, default=None,
+                      help="train on this many tokens of the global batch: ceil(max_tokens / (batch_size x "
+                           "num_steps)) steps, on any number of workers")
+    plan.add_argument("--warmup_steps", type=int, default=None,
+                      help="linear warmup over this many steps, from lr / (warmup_steps + 1) (nanoGPT's); "
+                           "replaces the config's warmup_epochs")
+    plan.add_argument("--min_lr", type=float, default=None,
+                      help="where a cosine or polynomial decay ends, at the plan's last step")
+    plan.add_argument("--eval_every_steps", type=int, default=None,
+                      help="rank 0 evaluates the validation data every this many global steps (a 'val loss' line)")
+    plan.add_argument("--eval_steps", type=int, default=None,
+                      help="batches of validation data each of those evaluations reads (its start: a fixed "
+                           "sample; 0 = all of it)")
+
+
+def _plan_overrides(args: argparse.Namespace) -> Dict[str, Any]:
+    """The plan the flags state: one of num_epochs, max_steps, max_tokens replaces the config's (the others 0)."""
+    overrides: Dict[str, Any] = {}
+    stated = [key for key in ("num_epochs", "max_steps", "max_tokens") if getattr(args, key) is not None]
+    if len(stated) > 1:
+        from lmkit.core.errors import UsageError
+        raise UsageError(f"{' and '.join('--' + key for key in stated)} both plan the run's length; pass one")
+    if stated:
+        overrides.update({"num_epochs": 0, "max_steps": 0, "max_tokens": 0, stated[0]: getattr(args, stated[0])})
+    if args.warmup_steps is not None:
+        overrides.update(warmup_steps=args.warmup_steps, warmup_epochs=0.0)
+    overrides.update({key: getattr(args, key) for key in ("min_lr", "eval_every_steps", "eval_steps")
+                      if getattr(args, key) is not None})
+    return overrides
 
 
 def _add_distributed_flags(p: argparse.ArgumentParser) -> None:
@@ -198,6 +234,7 @@ def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, An
     from lmkit.config import PAIR_FILE_KEYS
     named.update({key: getattr(args, key) for keys in PAIR_FILE_KEYS for key in keys})
     overrides.update({k: v for k, v in named.items() if v is not None})
+    overrides.update(_plan_overrides(args))
     if args.train_file is not None:
         overrides["data"] = "text"
     if args.source_file is not None or args.target_file is not None:
@@ -341,8 +378,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
         log(describe_lora(model))
     trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
     set_doing(f"starting training (restoring the last checkpoint in {model_dir}, if any)")
-    result = trainer.fit(data.train, data.valid, data.test, max_steps=args.max_steps,
-                         num_epochs=args.num_epochs, words=data.words)
+    result = trainer.fit(data.train, data.valid, data.test, words=data.words)  # the config's plan
     if dist.is_chief() and result.epochs:  # DIST: rank 0 reports
         log(_summary(result, replicas, model_dir))
     return 0

@@ -52,12 +52,12 @@ from lmkit.config.sections import (
 )
 from lmkit.config.spelling import DEPRECATED, FLAT_KEYS, LEGACY_BACKEND_KEY, SECTIONS
 from lmkit.config.stored import stored_model_config
-from lmkit.config.train_config import ADAPTER_KEYS, MODEL_CONFIG_KEYS, REQUIRED_KEYS, TrainConfig
+from lmkit.config.train_config import ADAPTER_KEYS, MODEL_CONFIG_KEYS, PLAN_KEYS, REQUIRED_KEYS, TrainConfig
 from lmkit.config.validation import DATA_KINDS, PAIR_FILE_KEYS
 
 __all__ = [
     "ADAPTER_KEYS", "DATA_KINDS", "DEPRECATED", "FLAT_KEYS", "LEGACY_BACKEND_KEY", "MODEL_CONFIG_KEYS",
-    "PAIR_FILE_KEYS", "REQUIRED_KEYS", "SECTIONS",
+    "PAIR_FILE_KEYS", "PLAN_KEYS", "REQUIRED_KEYS", "SECTIONS",
     "AdapterConfig", "CheckpointConfig", "ComputeConfig", "ConfigError", "DataConfig", "DistributionConfig",
     "ModelConfig", "OptimizationConfig", "RunConfig", "Section", "TrainConfig",
     "available_configs", "format_config", "load_config", "stored_model_config",

@@ -72,13 +72,22 @@ class DataConfig(Section):
 
 @dataclass(frozen=True)
 class OptimizationConfig(Section):
-    """The optimizer, its learning-rate schedule, clipping and the number of epochs."""
+    """The optimizer, its learning-rate schedule, clipping and the run's length (its plan).
+
+    A run is planned in epochs (``num_epochs``), in optimizer steps
+    (``max_steps``) or in global tokens (``max_tokens``): exactly one of the
+    three. A decay (cosine, polynomial) ends at the plan's end, at ``min_lr``.
+    """
 
     SECTION = "optimization"
 
-    num_epochs: int
     learning_rate: float
     max_grad_norm: float  # global-norm clipping after averaging; 0 = off
+    num_epochs: int = 0  # the plan in epochs (passes over the training data)
+    max_steps: int = 0  # ...or in optimizer steps (nanoGPT's max_iters)
+    max_tokens: int = 0  # ...or in tokens of the global batch (steps = ceil(max_tokens / (batch_size * num_steps)))
+    warmup_steps: int = 0  # linear warmup in steps, from peak / (warmup_steps + 1), as nanoGPT's get_lr
+    min_lr: float = 0.0  # where a cosine or polynomial decay ends (at the plan's last step), then stays
     optimizer: str = "sgd"  # sgd | momentum | adam | adamw | novograd | lamb
     optimizer_params: Dict[str, Any] = field(default_factory=dict)
     # A language model's loss over a window's positions: sum (the Zaremba et al. loss) | mean (per
@@ -87,7 +96,7 @@ class OptimizationConfig(Section):
     lr_decay: float = 1.0  # multiplier per epoch once decay starts
     lr_decay_start_epoch: int = 0  # first epoch index (0-based) with decay applied
     lr_scaling: str = "none"  # none | linear | sqrt (by number of workers)
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = 0.0  # warmup in epochs (may be fractional); or warmup_steps, not both
     schedule: str = "exponential"  # exponential | piecewise | polynomial | cosine | constant
     schedule_params: Dict[str, Any] = field(default_factory=dict)
     larc_params: Optional[Dict[str, Any]] = None
@@ -163,7 +172,9 @@ class RunConfig(Section):
     SECTION = "run"
 
     seed: int = 1234
-    log_every_steps: int = 0  # 0 = about 10 lines per epoch
+    log_every_steps: int = 0  # 0 = about 10 lines per epoch (a plan in steps: about 50 step lines a run)
+    eval_every_steps: int = 0  # rank 0 evaluates the validation data every this many global steps (0 = at epoch ends)
+    eval_steps: int = 0  # batches of validation data those evaluations read: a fixed sample, its start (0 = all)
     divergence_factor: float = 3.0  # stop (exit 3) when the loss stays above this x ln(vocab_size)...
     divergence_steps: int = 10  # ...for this many steps in a row (a uniform guess scores ln(vocab_size))
     peak_tflops: float = 0.0  # one device's peak TFLOP/s for the logs' MFU; 0 = a known GPU's (lmkit.train.flops)

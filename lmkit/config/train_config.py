@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from lmkit.config.base import ConfigError
 from lmkit.config.model import SHAPE_DEFAULTS, ModelConfig, keep_prob_of
@@ -20,7 +20,7 @@ from lmkit.config.sections import (
 from lmkit.config.spelling import FLAT_KEYS, SECTIONS, Sections, merge, spell
 from lmkit.config.validation import validate
 
-__all__ = ["ADAPTER_KEYS", "MODEL_CONFIG_KEYS", "REQUIRED_KEYS", "TrainConfig"]
+__all__ = ["ADAPTER_KEYS", "MODEL_CONFIG_KEYS", "PLAN_KEYS", "REQUIRED_KEYS", "TrainConfig"]
 
 # The flat keys that define the model's shape (0.x's model_config(); stored with checkpoints).
 MODEL_CONFIG_KEYS = ("model", *("keep_prob" if k == "dropout" else k for k in SHAPE_DEFAULTS))
@@ -28,7 +28,9 @@ MODEL_CONFIG_KEYS = ("model", *("keep_prob" if k == "dropout" else k for k in SH
 ADAPTER_KEYS = ("lora_rank", "lora_alpha", "lora_targets")
 # The keys every config states, flat, with their sections' fields.
 REQUIRED_KEYS = ("model", "vocab_size", "hidden_size", "num_layers", "init_scale", "dropout",
-                 "batch_size", "num_steps", "num_epochs", "learning_rate", "max_grad_norm")
+                 "batch_size", "num_steps", "learning_rate", "max_grad_norm")
+# The keys that plan a run's length: a config states exactly one.
+PLAN_KEYS = ("num_epochs", "max_steps", "max_tokens")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,30 @@ class TrainConfig:
         if key == "model_params":
             return fields["model"].extras()
         raise AttributeError(f"'TrainConfig' object has no attribute {key!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens a global step trains on: ``batch_size * num_steps`` (a language model's windows)."""
+        return self.data.batch_size * self.data.num_steps
+
+    @property
+    def planned_steps(self) -> Optional[int]:
+        """The run's last global step when it is planned in steps or tokens; None for a plan in epochs.
+
+        ``max_tokens`` becomes ``ceil(max_tokens / tokens_per_step)`` steps: the
+        global batch's tokens, on any number of workers.
+        """
+        opt = self.optimization
+        if opt.max_steps:
+            return opt.max_steps
+        if opt.max_tokens:
+            return -(-opt.max_tokens // self.tokens_per_step)
+        return None
+
+    def epochs_to_run(self, steps_per_epoch: int) -> int:
+        """The epochs a run goes through: ``num_epochs``, or those the planned steps need (the last one cut short)."""
+        planned = self.planned_steps
+        return self.optimization.num_epochs if planned is None else -(-planned // max(steps_per_epoch, 1))
 
     @property
     def source_length_limit(self) -> int:

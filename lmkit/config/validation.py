@@ -56,9 +56,10 @@ def validate(cfg: Any, source: str = "config") -> None:
 
 def _validate_ranges(cfg: Any, bad: Bad, source: str) -> None:
     """The sizes, the optimizer's settings, precision and the step's compilation."""
-    for key in ("vocab_size", "hidden_size", "num_layers", "batch_size", "num_steps", "num_epochs"):
+    for key in ("vocab_size", "hidden_size", "num_layers", "batch_size", "num_steps"):
         if getattr(cfg, key) < 1:
             bad(key, "must be a positive integer")
+    _validate_plan(cfg, bad, source)
     if not 0.0 <= cfg.model.dropout < 1.0:
         bad("dropout", "must be in [0, 1) (dropout = 1 - keep_prob)")
     for key, why in (("init_scale", "must be > 0"), ("learning_rate", "must be > 0")):
@@ -91,6 +92,42 @@ def _validate_ranges(cfg: Any, bad: Bad, source: str) -> None:
         bad("grad_accum_steps", f"does not divide batch_size = {cfg.batch_size}; each micro-batch "
             f"has batch_size / (workers * grad_accum_steps) rows")
     _validate_guards(cfg, bad)
+
+
+def _validate_plan(cfg: Any, bad: Bad, source: str) -> None:
+    """The run's length in exactly one unit (epochs, steps or tokens), its warmup in one, the decay's end."""
+    plan = ("num_epochs", "max_steps", "max_tokens")
+    for key in (*plan, "warmup_steps", "eval_every_steps", "eval_steps"):
+        if getattr(cfg, key) < 0:
+            bad(key, "must be >= 0 (0 = not set)")
+    stated = [key for key in plan if getattr(cfg, key) > 0]
+    if not stated:
+        raise ConfigError(f"{source}: the run has no length: set num_epochs (passes over the data), max_steps "
+                          "(optimizer steps) or max_tokens (tokens of the global batch), e.g. --max_steps 2000")
+    if len(stated) > 1:
+        given = " and ".join(f"{key} = {getattr(cfg, key)!r}" for key in stated)
+        raise ConfigError(f"{source}: {given} both plan the run's length; keep one of them (set the others to 0). "
+                          "The --num_epochs, --max_steps and --max_tokens flags replace the config's plan")
+    if cfg.warmup_epochs > 0 and cfg.warmup_steps > 0:
+        bad("warmup_steps", f"and warmup_epochs = {cfg.warmup_epochs!r} both set the warmup; keep one (set the "
+            "other to 0)")
+    if cfg.min_lr < 0:
+        bad("min_lr", "must be >= 0 (where the decay ends)")
+    params = cfg.schedule_params or {}
+    if cfg.min_lr > 0 and "end_lr" in params:
+        bad("min_lr", f"and schedule_params end_lr = {params['end_lr']!r} both set the decay's end; keep min_lr")
+    if stated[0] == "num_epochs":
+        return
+    if "total_epochs" in params:
+        bad(stated[0], f"plans the run in {stated[0][4:]}, where the decay ends at the last step; drop "
+            f"schedule_params total_epochs = {params['total_epochs']!r} (an epoch plan's)")
+    if cfg.max_tokens and cfg.data == "pairs":
+        bad("max_tokens", "plans a language model's run (batch_size x num_steps tokens a step); pairs vary in "
+            "length: plan in max_steps or num_epochs")
+    planned = cfg.planned_steps
+    if cfg.schedule in ("cosine", "polynomial") and cfg.warmup_steps >= planned:
+        bad("warmup_steps", f"must be less than the run's {planned} steps: the decay runs from the warmup's end "
+            "to the last step")
 
 
 def _validate_guards(cfg: Any, bad: Bad) -> None:

@@ -294,6 +294,7 @@ _SCHEDULE_PARAMS: Dict[str, Dict[str, Any]] = {
     "piecewise": {"boundaries": None, "values": None},
     "polynomial": {"total_epochs": None, "power": 1.0, "end_lr": 0.0},
     "cosine": {"total_epochs": None, "end_lr": 0.0},
+    # (polynomial and cosine also take total_steps, the end in steps, in place of total_epochs)
     "constant": {},
 }
 
@@ -320,6 +321,9 @@ def make_schedule(name: str, *, steps_per_epoch: int, warmup_steps: int = 0,
     if name not in _SCHEDULE_PARAMS:
         raise UsageError(f"schedule = {name!r} is not one of {', '.join(SCHEDULES)}")
     known = _SCHEDULE_PARAMS[name]
+    total_steps = params.pop("total_steps", None) if name in ("polynomial", "cosine") else None
+    if total_steps is not None:  # a plan in steps: the end is a step, not a number of epochs
+        params["total_epochs"] = 1.0
     for key in params:
         if key not in known:
             raise UsageError(f"schedule_params: unknown key {key!r} for schedule {name!r}; "
@@ -336,7 +340,8 @@ def make_schedule(name: str, *, steps_per_epoch: int, warmup_steps: int = 0,
     if name == "constant":
         return ConstantSchedule()
     total_epochs = check_number("total_epochs", args.pop("total_epochs"), low=0.0, low_open=True)
-    total_steps = int(round(total_epochs * steps_per_epoch))
+    if total_steps is None:
+        total_steps = int(round(total_epochs * steps_per_epoch))
     if name == "polynomial":
         return PolynomialDecay(start_step=warmup_steps, total_steps=total_steps, **args)
     return CosineDecay(start_step=warmup_steps, total_steps=total_steps, **args)
@@ -360,7 +365,7 @@ class LearningRatePolicy:
     def __init__(self, base_lr: float, world_size: int, steps_per_epoch: int,
                  scaling: str = "none", warmup_epochs: float = 0.0,
                  schedule: str = "constant", warmup_start_factor: Optional[float] = None,
-                 **params: Any) -> None:
+                 warmup_steps: Optional[int] = None, **params: Any) -> None:
         """Creates the policy.
 
         Args:
@@ -373,7 +378,9 @@ class LearningRatePolicy:
           warmup_start_factor: fraction of the peak at step 0; default ``1/N``
             (Goyal et al. / Horovod). Use e.g. 0.0 to warm up from zero even
             on one worker (transformers).
-          **params: the schedule's keys (see :func:`make_schedule`).
+          warmup_steps: the warmup in steps, in place of ``warmup_epochs``.
+          **params: the schedule's keys (see :func:`make_schedule`; polynomial and
+            cosine take ``total_steps`` in place of ``total_epochs``).
 
         Raises:
           UsageError: (a ValueError) a bad name, key or value.
@@ -384,7 +391,8 @@ class LearningRatePolicy:
         self.scaling = scaling
         self.peak_lr = scale_learning_rate(self.base_lr, self.world_size, scaling)
         self.warmup_epochs = check_number("warmup_epochs", warmup_epochs, low=0.0)
-        self.warmup_steps = int(round(self.warmup_epochs * self.steps_per_epoch))
+        self.warmup_steps = (int(round(self.warmup_epochs * self.steps_per_epoch)) if warmup_steps is None
+                             else _check_int("warmup_steps", warmup_steps, 0))
         start = 1.0 / self.world_size if warmup_start_factor is None else warmup_start_factor
         self.warmup = LinearWarmup(warmup_steps=self.warmup_steps, start_factor=start)
         self.schedule_name = schedule
@@ -395,11 +403,15 @@ class LearningRatePolicy:
     def from_config(cls, config: Any, world_size: int, steps_per_epoch: int) -> "LearningRatePolicy":
         """The policy of a :class:`lmkit.config.TrainConfig`.
 
-        Uses ``learning_rate``, ``lr_scaling``, ``warmup_epochs``, ``schedule``
-        and ``schedule_params``; for ``exponential`` also ``lr_decay`` and
-        ``lr_decay_start_epoch``; ``total_epochs`` of polynomial/cosine
-        defaults to ``num_epochs``. ``schedule_params`` may also hold
-        ``warmup_start_factor``.
+        Uses ``learning_rate``, ``lr_scaling``, the warmup (``warmup_steps``, or
+        ``warmup_epochs`` in steps of this data), ``schedule``, ``min_lr`` and
+        ``schedule_params``; for ``exponential`` also ``lr_decay`` and
+        ``lr_decay_start_epoch``. A polynomial or cosine decay ends at the
+        plan's end: ``max_steps`` (or the steps of ``max_tokens``) in a run
+        planned in steps, as :meth:`in_steps`, else ``total_epochs``
+        (default ``num_epochs``). ``schedule_params`` may also hold
+        ``warmup_start_factor`` (default: ``1/N`` in epochs, nanoGPT's
+        ``1/(W+1)`` in steps).
 
         Raises:
           UsageError: (a ValueError) a bad key or value, or ``lr_decay`` set
@@ -416,11 +428,20 @@ class LearningRatePolicy:
         elif config.lr_decay != 1.0:
             raise UsageError(f"lr_decay = {config.lr_decay!r} only applies to schedule "
                              f"'exponential' (schedule is {config.schedule!r}); set lr_decay = 1.0")
+        warmup = (config.warmup_steps if config.warmup_steps else
+                  int(round(config.warmup_epochs * steps_per_epoch)))
+        planned = config.planned_steps
         if config.schedule in ("polynomial", "cosine"):
-            params.setdefault("total_epochs", config.num_epochs)
+            if config.min_lr:
+                params["end_lr"] = config.min_lr
+            if planned is None:
+                params.setdefault("total_epochs", config.num_epochs)
+            else:  # a warmup longer than a short run (warmup_epochs): the decay is never reached
+                params["total_steps"] = max(planned, warmup + 1)
+        if start_factor is None and planned is not None:
+            start_factor = 1.0 / (warmup + 1)
         return cls(config.learning_rate, world_size, steps_per_epoch, scaling=config.lr_scaling,
-                   warmup_epochs=config.warmup_epochs, schedule=config.schedule,
-                   warmup_start_factor=start_factor, **params)
+                   warmup_steps=warmup, schedule=config.schedule, warmup_start_factor=start_factor, **params)
 
     @classmethod
     def in_steps(cls, base_lr: float, *, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0,
@@ -431,7 +452,7 @@ class LearningRatePolicy:
         to ``peak`` (step ``W``), then ``schedule`` from ``peak`` down to
         ``min_lr`` at ``total_steps``, held after it: at every step the rate of
         nanoGPT's ``get_lr`` with ``warmup_iters = W`` and ``lr_decay_iters =
-        total_steps``.
+        total_steps``. A config with ``max_steps`` gets it from :meth:`from_config`.
 
         Args:
           base_lr: the single-worker peak rate.
@@ -452,9 +473,8 @@ class LearningRatePolicy:
         if schedule != "constant" and total_steps <= warmup_steps:
             raise UsageError(f"max_steps = {total_steps} must be more than warmup_steps = {warmup_steps}: the "
                              "decay runs from the warmup's end to max_steps")
-        params = {} if schedule == "constant" else {"total_epochs": total_steps, "end_lr": min_lr}
-        # One "epoch" of one step: the epoch-counted pieces count steps.
-        return cls(base_lr, world_size, 1, scaling=scaling, warmup_epochs=warmup_steps, schedule=schedule,
+        params = {} if schedule == "constant" else {"total_steps": total_steps, "end_lr": min_lr}
+        return cls(base_lr, world_size, 1, scaling=scaling, warmup_steps=warmup_steps, schedule=schedule,
                    warmup_start_factor=1.0 / (warmup_steps + 1), **params)
 
     def __call__(self, step: StepLike) -> tf.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Dict, Optional, TextIO
+from typing import Callable, Dict, Optional, TextIO
 
 
 def perplexity(mean_loss_per_word: float) -> float:
@@ -55,6 +55,61 @@ class ProgressBar:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s`` or ``42s``: a time left, short."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class StepLines:
+    """The log of a run planned in steps: ``step S/N | loss L | lr R | T tokens/s | MFU M% | eta E`` lines.
+
+    ``loss`` is the mean loss per token of the steps since the previous
+    line, averaged over the workers; MFU is the model's FLOPs over the
+    devices' peak (``-`` where the peak is not known, e.g. on CPUs).
+
+    Args:
+      total: the run's planned steps ``N``.
+      every: a line every this many global steps (0: about 50 lines a run); the last step always has one.
+      log: prints a line (rank 0's: the trainer's ``log``).
+      flops_per_token: the model's training FLOPs per token (None: no MFU).
+      peak_flops_tera: every device's peak together, in TFLOP/s (None: not known).
+    """
+
+    def __init__(self, total: int, every: int, log: Callable[[str], None], flops_per_token: Optional[float] = None,
+                 peak_flops_tera: Optional[float] = None) -> None:
+        self.total = total
+        self.every = every or max(1, total // 50)
+        self.log = log
+        self.flops_per_token = flops_per_token
+        self.peak = peak_flops_tera
+        self._loss, self._count = 0.0, 0
+
+    def due(self, step: int) -> bool:
+        """Whether global step ``step`` (1-based: the steps done) gets a line."""
+        return step % self.every == 0 or step >= self.total
+
+    def add(self, loss_sum: float, steps: int) -> None:
+        """Counts ``steps`` applied steps whose per-token losses sum to ``loss_sum``."""
+        self._loss += loss_sum
+        self._count += steps
+
+    def show(self, step: int, lr: float, tokens_per_sec: float, steps_per_sec: float) -> str:
+        """Logs (and returns) the line of ``step``; the loss restarts its average."""
+        loss = f"{self._loss / self._count:.4f}" if self._count else "-"
+        self._loss, self._count = 0.0, 0
+        mfu = "-"
+        if self.flops_per_token and self.peak:
+            mfu = f"{100 * tokens_per_sec * self.flops_per_token / (self.peak * 1e12):.1f}%"
+        eta = duration((self.total - step) / steps_per_sec) if steps_per_sec > 0 else "-"
+        line = (f"step {step}/{self.total} | loss {loss} | lr {lr:.3g} | {tokens_per_sec:,.0f} tokens/s | "
+                f"MFU {mfu} | eta {eta}")
+        self.log(line)
+        return line
 
 
 def scalar_summary(name: str, value: float) -> None:

@@ -48,6 +48,8 @@ class TrainResult:
     checkpoint: Optional[str] = None  # the last checkpoint this run wrote
     skipped_steps: int = 0  # mixed_float16: steps skipped for non-finite gradients (whole run)
     loss_scale: Optional[float] = None  # mixed_float16: the loss scale at the end
+    # eval_every_steps: {"step", "valid_loss", "valid_perplexity"} of each evaluation (rank 0)
+    validations: List[Dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         last = self.epochs[-1] if self.epochs else None
@@ -60,6 +62,7 @@ class TrainResult:
             "checkpoint": self.checkpoint,
             "skipped_steps": self.skipped_steps,
             "loss_scale": self.loss_scale,
+            "validations": list(self.validations),
             "final_train_perplexity": last.train_perplexity if last else None,
             "final_valid_perplexity": last.valid_perplexity if last else None,
             "final_train_word_perplexity": last.train_word_perplexity if last else None,

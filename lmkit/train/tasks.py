@@ -88,6 +88,10 @@ class LanguageModeling:
         return Evaluator(self.model, self.config.num_steps, batch_size, precision=precision,
                          jit_compile=jit_compile, attention_kernel=attention_kernel)
 
+    def eval_sample(self, ids: Any, batches: int, batch_size: int) -> Any:
+        """The first ``batches`` evaluation batches of ``ids`` (all when shorter): ``eval_steps``' sample."""
+        return ids[:batches * batch_size * self.config.num_steps + 1]
+
     def check_eval_data(self, batch_size: int, **streams: Optional[np.ndarray]) -> None:
         """Evaluation data too small for one batch fails before training, on every rank."""
         from lmkit.data.batching import num_bptt_batches
@@ -152,6 +156,12 @@ class Transduction:
         from lmkit.train.evaluation import PairEvaluator
         return PairEvaluator(self.model, batch_size, self.special, precision=precision, jit_compile=jit_compile,
                              attention_kernel=attention_kernel)
+
+    def eval_sample(self, pairs: Any, batches: int, batch_size: int) -> Any:
+        """The first ``batches * batch_size`` pairs (all when fewer): ``eval_steps``' fixed sample."""
+        from lmkit.data.paired import Pairs
+        count = min(len(pairs), batches * batch_size)
+        return Pairs([pairs.source[i] for i in range(count)], [pairs.target[i] for i in range(count)], pairs.report)
 
     def check_eval_data(self, batch_size: int, **pairs: Any) -> None:
         """The evaluation data are pairs (any number of them: the last batch is filled up)."""

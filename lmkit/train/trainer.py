@@ -61,7 +61,7 @@ from lmkit.train.evaluation import Evaluator
 from lmkit.train.feed import feed_device, flag_tensors, host_flags, window_feed
 from lmkit.train.flops import device_peak_tflops, flops_per_token
 from lmkit.train.loss_scale import DynamicLossScale
-from lmkit.train.metrics import ProgressBar, Summaries, perplexity
+from lmkit.train.metrics import ProgressBar, StepLines, Summaries, perplexity
 from lmkit.train.records import EpochRun, EpochStats, Progress, StepResult, TrainResult
 from lmkit.train.resume import Boundaries, Checkpointer, Position
 from lmkit.train.startup import check_agreement, prepare_model_dir
@@ -147,6 +147,8 @@ class Trainer:
         self.flops_per_token = flops_per_token(model, config.num_steps)
         self.peak_tflops: Optional[float] = None
         self.peak_source = ""
+        self._step_lines: Optional[StepLines] = None  # a run planned in steps prints these (fit)
+        self._valid_sample: Any = None  # what the evaluations every eval_every_steps read (fit)
 
     @property
     def _saved_model(self) -> tf.Module:
@@ -342,7 +344,7 @@ class Trainer:
             test_ids: Optional[Any] = None, max_steps: Optional[int] = None,
             num_epochs: Optional[int] = None,
             words: Optional[Mapping[str, int]] = None) -> TrainResult:
-        """Trains for the config's epochs (or until ``max_steps``), evaluating on rank 0.
+        """Trains for the config's plan (epochs, steps or tokens; or until ``max_steps``), evaluating on rank 0.
 
         A stateful model (an RNN) reads the stream as BPTT rows, in order, its
         state carried from window to window; a stateless one (a transformer)
@@ -356,9 +358,9 @@ class Trainer:
             stream; each takes its rows), or an encoder-decoder's pairs.
           valid_ids: evaluated by rank 0 after every epoch.
           test_ids: evaluated by rank 0 at the end.
-          max_steps: stop after this many global steps; the state at the stop
-            is saved as a checkpoint.
-          num_epochs: overrides ``config.num_epochs``.
+          max_steps: stop after this many global steps (before the plan's end; the
+            schedule stays the plan's); the state at the stop is saved as a checkpoint.
+          num_epochs: overrides the epochs the plan goes through.
           words: whitespace-separated words of the ``"train"``, ``"valid"``
             and ``"test"`` texts, for perplexity per word (subword, char and
             byte data); None reports perplexity per token only.
@@ -405,11 +407,14 @@ class Trainer:
              test_ids: Optional[Any], max_steps: Optional[int],
              num_epochs: Optional[int], words: Dict[str, int]) -> TrainResult:
         cfg = self.config
-        epochs = num_epochs or cfg.num_epochs
         self.task.reset()
         self._diverging = 0  # steps in a row with a loss above the divergence bound
         self._check_eval_data(valid=valid_ids, test=test_ids)
         steps_per_epoch = len(self.epoch_batches(train_ids, 0))
+        # A plan in steps (or tokens) runs the epochs its steps need and stops at its last step.
+        epochs = num_epochs or cfg.epochs_to_run(steps_per_epoch)
+        planned = cfg.planned_steps
+        max_steps = planned if max_steps is None else min(max_steps, planned or max_steps)
         check_agreement(cfg, self.vocab, {"train_ids": int(len(train_ids)),
                                           "steps_per_epoch": steps_per_epoch})
         prepare_model_dir(self.model_dir, cfg, self.vocab)
@@ -427,13 +432,9 @@ class Trainer:
                         else "") + f") on {self.world} worker(s)")
         summaries = Summaries(os.path.join(self.model_dir, TENSORBOARD_DIR)
                               if self.chief and self.model_dir is not None else None)
+        self._valid_sample, self._summaries, self._result = self._eval_sample(valid_ids), summaries, result
         start_epoch = int(self.progress.epoch.numpy())
-        accum = (f" = {cfg.grad_accum_steps} micro-batches of {self.micro_batch}"
-                 if cfg.grad_accum_steps > 1 else "")
-        self.log(f"training {type(self.model).__name__} on {self.world} worker(s): global batch "
-                 f"{cfg.batch_size} ({self.local_batch} per worker{accum}) {self.task.batch_unit}, "
-                 f"{steps_per_epoch} steps/epoch, epochs {start_epoch + 1}..{epochs}"
-                 + ("" if cfg.precision == "float32" else f", precision {cfg.precision}"))
+        self._announce(steps_per_epoch, start_epoch, epochs)
         streams = {"train": train_ids, "valid": valid_ids, "test": test_ids}
         self._tokens_per_word = {k: len(streams[k]) / n for k, n in words.items()
                                  if streams.get(k) is not None and n}
@@ -476,6 +477,21 @@ class Trainer:
         self._write_results(result)
         self._leave_together()
         return result
+
+    def _announce(self, steps_per_epoch: int, start_epoch: int, epochs: int) -> None:
+        """Says what the run trains (rank 0) and sets up the step lines of a plan in steps."""
+        cfg, planned = self.config, self.config.planned_steps
+        self._step_lines = None if planned is None else StepLines(
+            planned, cfg.log_every_steps, self.log, self.flops_per_token,
+            self.peak_tflops * self.world if self.peak_tflops else None)
+        accum = (f" = {cfg.grad_accum_steps} micro-batches of {self.micro_batch}"
+                 if cfg.grad_accum_steps > 1 else "")
+        self.log(f"training {type(self.model).__name__} on {self.world} worker(s): global batch "
+                 f"{cfg.batch_size} ({self.local_batch} per worker{accum}) {self.task.batch_unit}, "
+                 f"{steps_per_epoch} steps/epoch, "
+                 + (f"epochs {start_epoch + 1}..{epochs}" if planned is None else
+                    f"{planned} steps ({planned * cfg.tokens_per_step:,} tokens; {epochs} epoch(s))")
+                 + ("" if cfg.precision == "float32" else f", precision {cfg.precision}"))
 
     def _leave_together(self) -> None:
         """Every rank returns from :meth:`fit` after rank 0's last evaluation and results.
@@ -548,7 +564,8 @@ class Trainer:
         tokens_per_step = self.task.tokens_per_step(batches)
         start = position.steps_in_epoch if position is not None else 0
         state = position.state if position is not None and position.state is not None else self.initial_state()
-        bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief,
+        lines = self._step_lines  # a plan in steps prints step lines instead of the epoch's bar
+        bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief and lines is None,
                           every=cfg.log_every_steps)
         run = EpochRun(tokens_per_step=tokens_per_step)
         pending: List[Any] = []  # (loss, finite) tensors not yet read back
@@ -585,12 +602,10 @@ class Trainer:
                     t0 = time.perf_counter()
                     run.timed_from = run.steps
                 # Reading values back costs a host sync: only every few steps.
-                if len(pending) >= bar.every or i == steps_per_epoch - 1 or self.record_step_losses:
+                due = lines.due(step_count) if lines else len(pending) >= bar.every or i == steps_per_epoch - 1
+                if due or self.record_step_losses:
                     drain(i)
-                    elapsed = time.perf_counter() - t0
-                    bar.update(i + 1, f"ppl {perplexity(run.token_loss(self.task.loss_tokens)):.2f} "
-                               f"{tokens_per_step * (run.steps - run.timed_from) / max(elapsed, 1e-9):.0f} "
-                               "tokens/s")
+                    self._show_progress(bar, run, i + 1, step_count, time.perf_counter() - t0, due)
                 # One process agrees with itself: its own flags, read without waiting for the device. (Reading
                 # out.agreed waits for every step queued, this one included: the GPU would idle each step while
                 # the host starts the next.) Several processes read the flags they averaged in the step (with
@@ -603,6 +618,8 @@ class Trainer:
                     if run.preempted:
                         run.stopped = True
                         break
+                if cfg.eval_every_steps and step_count % cfg.eval_every_steps == 0:
+                    self._evaluate_at(step_count, lambda: drain(i) if pending else None)
             else:
                 # The last step's flags: no step follows.
                 self._act(self._boundaries.flush(), steps_per_epoch, steps_per_epoch, state, run, result)
@@ -620,8 +637,47 @@ class Trainer:
         if self.record_step_losses:  # NaN marks a skipped step
             result.step_losses.extend(math.nan if v is None else v for v in values)
         applied = [v for v in values if v is not None]
+        if self._step_lines is not None:
+            self._step_lines.add(sum(applied) / self.task.loss_tokens, len(applied))
         run.skipped += len(values) - len(applied)
         run.loss_sum += sum(applied)
+
+    def _show_progress(self, bar: ProgressBar, run: EpochRun, done_in_epoch: int, step: int, seconds: float,
+                       due: bool) -> None:
+        """The epoch's progress bar, or in a plan in steps the step line when ``due`` (rank 0 prints)."""
+        timed = run.steps - run.timed_from
+        tokens_per_sec = run.tokens_per_step * timed / max(seconds, 1e-9)
+        if self._step_lines is None:
+            bar.update(done_in_epoch, f"ppl {perplexity(run.token_loss(self.task.loss_tokens)):.2f} "
+                       f"{tokens_per_sec:.0f} tokens/s")
+        elif due:
+            self._step_lines.show(step, float(self.optimizer.learning_rate.numpy()), tokens_per_sec,
+                                  timed / max(seconds, 1e-9))
+
+    def _eval_sample(self, ids: Any) -> Any:
+        """What the evaluations every ``eval_every_steps`` read: the first ``eval_steps`` batches (0: all)."""
+        batches = self.config.eval_steps
+        if ids is None or not batches:
+            return ids
+        return self.task.eval_sample(ids, batches, self.config.eval_batch_size or self.config.batch_size)
+
+    def _evaluate_at(self, step: int, drain: Callable[[], None]) -> None:
+        """Rank 0 evaluates the validation sample after global step ``step`` and logs it; the other ranks go on
+        to the next step's collective, where they wait for it (their watchdog paused: rank 0's beats).
+
+        ``drain`` reads the steps not yet read back first, so their lines come before this one."""
+        if self._valid_sample is None:
+            return
+        drain()
+        if not self.chief:
+            self._watchdog.pause()
+            return
+        loss = self.evaluate_loss(self._valid_sample)
+        self._result.validations.append({"step": step, "valid_loss": loss, "valid_perplexity": perplexity(loss)})
+        total = self.config.planned_steps
+        self.log(f"step {step}{'' if total is None else f'/{total}'} | val loss {loss:.4f} | "
+                 f"val ppl {perplexity(loss):.2f}")
+        self._summaries.write(step, {"valid/loss": loss, "valid/perplexity": perplexity(loss)})
 
     def _compiled_in(self, seconds: float) -> None:
         """Notes that the first step traced and compiled in ``seconds`` (not training speed) and says so."""

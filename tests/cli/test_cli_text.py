@@ -85,9 +85,10 @@ def run_pair(cmds: Sequence[Sequence[str]], env=None, timeout: float = 300) -> l
 
 def train_cmd(files: dict, model_dir: str, *flags: str, launcher: Sequence[str] = ()) -> List[str]:
     launcher = list(launcher) or mpirun_cmd(2, ["-m", "lmkit"])
+    plan = [] if {"--max_steps", "--max_tokens"} & set(flags) else ["--num_epochs", "1"]  # one plan flag
     return [*launcher, "train", "--config", "config_transformer", "--train_file", files["train"],
             "--valid_file", files["valid"], "--test_file", files["test"], "--model_dir", model_dir,
-            "--num_epochs", "1", *SMALL, *flags]
+            *plan, *SMALL, *flags]
 
 
 def generate_cmd(model_dir: str, *flags: str) -> List[str]:
@@ -284,3 +285,20 @@ def test_prepare_encodes_ahead_and_train_then_only_reads_the_cache(tmp_path, cor
     assert len(os.listdir(cache)) == 3
     bad = run([*lmkit, "prepare", "--config", "config_transformer", "--data_cache", cache], timeout=120)
     assert bad.returncode == 2 and "lmkit prepare encodes your own text; pass --train_file" in bad.stderr
+
+
+def test_a_run_in_tokens_stops_at_the_same_step_on_one_and_two_workers(tmp_path, corpus):
+    # 8 rows x 16 steps = 128 tokens a global step: 1000 tokens are ceil(1000 / 128) = 8 steps, on any number of
+    # workers (the global batch is split among them).
+    dirs = [str(tmp_path / "one"), str(tmp_path / "two")]
+    flags = ("--tokenizer", "char", "--max_tokens", "1000", "--eval_every_steps", "4", "--eval_steps", "1")
+    runs = run_pair([train_cmd(corpus, dirs[0], *flags, launcher=[sys.executable, "-m", "lmkit"]),
+                     train_cmd(corpus, dirs[1], *flags)], timeout=400)
+    for res, model_dir, workers in zip(runs, dirs, (1, 2)):
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+        with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
+            results = json.load(f)
+        assert (results["world_size"], results["global_step"]) == (workers, 8)
+        assert [v["step"] for v in results["validations"]] == [4, 8]
+        assert "8 steps (1,024 tokens;" in res.stdout and "step 8/8 | loss " in res.stdout, res.stdout[-3000:]
+        assert "step 4/8 | val loss " in res.stdout

@@ -1,9 +1,8 @@
 """End to end: train a tiny model with the PTB examples, then generate through examples/generate.py.
 
 Each script runs as a subprocess with a timeout. The generated corpus is kept
-small enough that one epoch (9 steps) ends before ``--max_steps 30``:
-the trainer writes checkpoints at the end of an epoch only, and generation
-needs one.
+small that ``--max_steps 30`` (the run's plan) goes through epochs of 9 steps
+and ends with a checkpoint, which generation needs.
 """
 import concurrent.futures
 import json

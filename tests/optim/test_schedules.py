@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from lmkit import optim
-from lmkit.config import load_config
+from lmkit.config import TrainConfig, load_config
 from lmkit.core.errors import UsageError
 from lmkit.optim.schedules import LearningRatePolicy
 from tests.optim import reference as ref
@@ -201,3 +201,19 @@ def test_a_plan_in_steps_names_what_does_not_fit():
         LearningRatePolicy.in_steps(1e-3, total_steps=0)
     with pytest.raises(UsageError, match="max_steps = 10 must be more than warmup_steps = 10"):
         LearningRatePolicy.in_steps(1e-3, total_steps=10, warmup_steps=10)
+
+
+def test_a_config_planned_in_steps_has_nanogpts_rate_at_every_step():
+    # nanoGPT's Shakespeare-char recipe: 100 warmup steps, a cosine to 1e-4 at step 2000, the floor after.
+    cfg = TrainConfig.from_dict(dict(model="transformer", vocab_size=65, hidden_size=16, num_layers=1, num_heads=2,
+                                     init_scale=0.02, dropout=0.0, batch_size=12, num_steps=8, max_positions=8,
+                                     learning_rate=1e-3, max_grad_norm=1.0, schedule="cosine", max_steps=2000,
+                                     warmup_steps=100, min_lr=1e-4))
+    policy = LearningRatePolicy.from_config(cfg, world_size=1, steps_per_epoch=77)  # the data's epochs play no part
+    got = policy(tf.range(2100)).numpy()
+    np.testing.assert_allclose(got, [_nanogpt_get_lr(s, 1e-3, 100, 2000, 1e-4) for s in range(2100)], rtol=1e-6)
+    # A plan in epochs: the cosine ends with num_epochs (changing it moves the end).
+    epochs = cfg.replace(max_steps=0, warmup_steps=0, num_epochs=4)
+    for num_epochs in (4, 8):
+        p = LearningRatePolicy.from_config(epochs.replace(num_epochs=num_epochs), world_size=1, steps_per_epoch=10)
+        assert float(p(10 * num_epochs)) == pytest.approx(1e-4) and float(p(10 * num_epochs - 20)) > 1.5e-4
