@@ -230,3 +230,24 @@ def test_gpt2_initialization_draws_normal_kernels_and_scales_the_residual_projec
     assert max(float(np.abs(v.numpy()).max()) for v in uniform.variables if v.shape.rank == 2) <= 0.02
     with pytest.raises(ValueError, match="initialization 'normal' is not one of uniform, gpt2"):
         TransformerLanguageModel(initialization="normal", **options)
+
+
+def test_without_biases_the_model_has_nanogpts_parameters_and_computes_as_with_zero_biases():
+    """use_bias=False (with output_bias=False): nanoGPT's bias=False model, its 27 tensors and 804,096
+    weights for the CPU recipe's shape; the outputs equal those of a model with biases at zero and the same
+    other weights."""
+    options = dict(vocab_size=65, hidden_size=128, num_layers=4, num_heads=4, max_positions=64, init_scale=0.02,
+                   tie_weights=True, output_bias=False)
+    bare = TransformerLanguageModel(use_bias=False, **options)
+    names = [v.name for v in bare.trainable_variables]
+    assert not [n for n in names if n.endswith(("bias:0", "offset:0"))]
+    assert len(names) == 27 and sum(v.shape.num_elements() for v in bare.trainable_variables) == 804_096
+    assert bare.get_config()["use_bias"] is False and not bare.is_gpt2
+    assert not build_model(bare.get_config()).decoder.layers[3].ffn_outer.use_bias
+    full = TransformerLanguageModel(**options)
+    kept = {v.name: v for v in bare.variables}
+    for variable in full.variables:
+        variable.assign(kept[variable.name] if variable.name in kept else tf.zeros_like(variable))
+    ids = _ids(2, 7)
+    np.testing.assert_allclose(bare(ids)[0], full(ids)[0], rtol=1e-5, atol=1e-6)
+    assert "use_bias" not in full.get_config()

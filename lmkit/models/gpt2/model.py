@@ -49,7 +49,7 @@ class TransformerLanguageModel(LanguageModel):
                  tie_weights: bool = False, init_scale: float = 0.1, embedding_dim: int = 0,
                  position_embedding: str = "learned", layer_norm_epsilon: float = 1e-5, output_bias: bool = True,
                  attention_blocks: Union[int, str] = "auto", attention_dropout: Optional[float] = None,
-                 initialization: str = "uniform", name: Optional[str] = None) -> None:
+                 initialization: str = "uniform", use_bias: bool = True, name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 
         Args:
@@ -83,6 +83,10 @@ class TransformerLanguageModel(LanguageModel):
             ``ffn_outer``) from normal(0, init_scale / sqrt(2 * num_layers)),
             as GPT-2 and nanoGPT start (with ``init_scale = 0.02``). Biases and
             layer-norm offsets start at 0, layer-norm scales at 1, either way.
+          use_bias: biases in the attention and feed-forward projections and
+            offsets in the layer norms; False: neither, as nanoGPT's
+            ``bias=False`` (fewer variables and ops; the softmax layer's bias
+            is ``output_bias``'s).
           name: module name.
 
         Raises:
@@ -124,7 +128,7 @@ class TransformerLanguageModel(LanguageModel):
                                               pre_layer_norm=pre_layer_norm,
                                               max_positions=max_positions, init_scale=init_scale,
                                               layer_norm_epsilon=layer_norm_epsilon,
-                                              attention_blocks=attention_blocks, name="decoder")
+                                              attention_blocks=attention_blocks, use_bias=use_bias, name="decoder")
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.embedder if self.tie_weights else None,
                                                use_bias=output_bias, initializer=initializer, name="projection")
@@ -154,7 +158,8 @@ class TransformerLanguageModel(LanguageModel):
     def is_gpt2(self) -> bool:
         """Whether this is GPT-2's architecture (what a Hugging Face GPT-2 checkpoint holds)."""
         return (self.tie_weights and self.decoder.pre_layer_norm and self.position_embedding == "learned"
-                and self.projection.bias is None and self.decoder.layers[0].activation == "gelu")
+                and self.projection.bias is None and self.decoder.layers[0].activation == "gelu"
+                and self.decoder.layers[0].use_bias)
 
     def initial_state(self, batch_size: Union[int, tf.Tensor],
                       max_length: Optional[int] = None) -> TransformerState:
@@ -202,7 +207,7 @@ class TransformerLanguageModel(LanguageModel):
     def get_config(self) -> Dict[str, Any]:
         """``TrainConfig.model_config()`` keys (model ``gpt2`` for GPT-2's architecture), plus
         ``position_embedding``, ``layer_norm_epsilon``, ``output_bias``, ``attention_blocks``,
-        ``attention_dropout`` and ``initialization`` when not the defaults."""
+        ``attention_dropout``, ``initialization`` and ``use_bias`` when not the defaults."""
         config = {"model": "gpt2" if self.is_gpt2 else "transformer", "vocab_size": self.vocab_size,
                   "hidden_size": self.hidden_size,
                   "num_layers": self.decoder.num_layers, "init_scale": self.init_scale,
@@ -224,4 +229,6 @@ class TransformerLanguageModel(LanguageModel):
             config["attention_dropout"] = self.attention_dropout
         if self.initialization != "uniform":
             config["initialization"] = self.initialization
+        if not self.decoder.layers[0].use_bias:
+            config["use_bias"] = False
         return config
