@@ -8,7 +8,8 @@
   self-attention (:class:`~lmkit.layers.attention.Attention`) and the MLP
   (GPT-2's layer), stacked, with a final layer norm for pre-layer-norm.
 * :func:`run_layers`, :func:`layer_stack`, :func:`empty_state`: the pieces of
-  every stack, the Llama family's too.
+  every stack, the Llama family's too; :func:`initialize_like_gpt2`: GPT-2's
+  initial values for a stack's model.
 
 For incremental decoding a stack takes a :class:`TransformerState`: per-row
 positions [batch] int32 and, per layer, the key/value cache of
@@ -20,6 +21,7 @@ first step to the last, and every state tensor has the batch first
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
@@ -38,6 +40,7 @@ __all__ = [
     "TransformerState",
     "default_ffn_dim",
     "empty_state",
+    "initialize_like_gpt2",
     "layer_stack",
     "run_layers",
 ]
@@ -238,6 +241,24 @@ def layer_stack(layer_class: Any, num_layers: int, **options: Any) -> Tuple[List
                             use_offset=options.get("use_bias", True), name="final_norm")
                   if options["pre_layer_norm"] else None)
     return layers, final_norm
+
+
+def initialize_like_gpt2(module: tf.Module, layers: Sequence[Any], init_scale: float) -> None:
+    """Redraws every matrix of ``module`` (its variables of rank 2: kernels, embedding tables) as GPT-2 starts.
+
+    From normal(0, init_scale), and the two projections of each of ``layers``
+    that write into the residual stream (attention's ``output`` and
+    ``ffn_outer``) from normal(0, init_scale / sqrt(2 * len(layers))), which
+    keeps the stream's variance from growing with depth (GPT-2 paper, section
+    2.3; nanoGPT's ``_init_weights`` with 0.02). Biases and norms keep their
+    values. Draws from TensorFlow's global seed, in ``module.variables`` order.
+    """
+    residual_scale = init_scale / math.sqrt(2 * len(layers))
+    residual = {kernel.ref() for layer in layers for kernel in (layer.attention.output.kernel, layer.ffn_outer.kernel)}
+    for variable in module.variables:  # a LoRA base's frozen() variables too, not only the trainable ones
+        if variable.shape.rank == 2:
+            stddev = residual_scale if variable.ref() in residual else init_scale
+            variable.assign(tf.random.normal(variable.shape, stddev=stddev, dtype=variable.dtype))
 
 
 def empty_state(attentions: Sequence[Any], batch_size: Union[int, tf.Tensor], max_length: Optional[int],

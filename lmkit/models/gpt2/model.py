@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Optional, Tuple, Union
 
 import tensorflow as tf
@@ -12,7 +11,7 @@ from lmkit.core.errors import UsageError
 from lmkit.layers.base import Training, dropout, uniform_initializer
 from lmkit.layers.embeddings import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.layers.projection import OutputProjection
-from lmkit.layers.transformer import TransformerDecoder, TransformerState
+from lmkit.layers.transformer import TransformerDecoder, TransformerState, initialize_like_gpt2
 from lmkit.models.protocols import LanguageModel, check_window, embedding_dim_of, keep_prob_of
 
 __all__ = ["INITIALIZATIONS", "TransformerLanguageModel"]
@@ -133,22 +132,7 @@ class TransformerLanguageModel(LanguageModel):
                                                tied_embedder=self.embedder if self.tie_weights else None,
                                                use_bias=output_bias, initializer=initializer, name="projection")
         if initialization == "gpt2":
-            self._initialize_like_gpt2()
-
-    def _initialize_like_gpt2(self) -> None:
-        """Redraws every kernel and table (the variables of rank 2) from GPT-2's normal distributions.
-
-        The residual projections' smaller spread keeps the residual stream's
-        variance from growing with depth (GPT-2 paper, section 2.3). The
-        variables keep their names and order; only their values change.
-        """
-        num_layers = len(self.decoder.layers)
-        residual = {kernel.ref() for layer in self.decoder.layers
-                    for kernel in (layer.attention.output.kernel, layer.ffn_outer.kernel)}
-        for variable in self.variables:  # LoRA's frozen() base too: not only the trainable ones
-            if variable.shape.rank == 2:
-                stddev = self.init_scale / math.sqrt(2 * num_layers) if variable.ref() in residual else self.init_scale
-                variable.assign(tf.random.normal(variable.shape, stddev=stddev, dtype=variable.dtype))
+            initialize_like_gpt2(self, self.decoder.layers, self.init_scale)
 
     @property
     def max_positions(self) -> int:
