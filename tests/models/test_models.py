@@ -251,3 +251,17 @@ def test_without_biases_the_model_has_nanogpts_parameters_and_computes_as_with_z
     ids = _ids(2, 7)
     np.testing.assert_allclose(bare(ids)[0], full(ids)[0], rtol=1e-5, atol=1e-6)
     assert "use_bias" not in full.get_config()
+
+
+def test_config_tiny_transformer_builds_nanogpts_model():
+    """Every model key of nanoGPT's CPU recipe reaches the model (an ignored activation would train tanh GELU)."""
+    from lmkit.config import load_config
+    model = build_model(load_config("config_tiny_transformer").model_config())
+    layer = model.decoder.layers[0]
+    assert (layer.activation, layer.use_bias, model.initialization, model.projection.bias) == (
+        "gelu_exact", False, "gpt2", None)
+    config = model.get_config()
+    assert (config["activation"], config["use_bias"], config["initialization"]) == ("gelu_exact", False, "gpt2")
+    assert build_model(config).decoder.layers[3].activation == "gelu_exact"
+    with pytest.raises(ValueError, match="activation 'swish' is not one of gelu, gelu_exact, relu"):
+        TransformerLanguageModel(vocab_size=VOCAB, hidden_size=8, num_heads=2, activation="swish")

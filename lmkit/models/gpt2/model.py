@@ -21,6 +21,21 @@ _POSITION_EMBEDDINGS = ("learned", "sinusoid")
 INITIALIZATIONS = ("uniform", "gpt2")
 
 
+def _check_choices(embedding_dim: int, hidden_size: int, num_heads: int, position_embedding: str,
+                   initialization: str) -> None:
+    """The arguments of :class:`TransformerLanguageModel` that must fit each other or name a choice."""
+    if embedding_dim_of(embedding_dim, hidden_size) != hidden_size:
+        raise UsageError(f"embedding_dim {embedding_dim} must be 0 or hidden_size {hidden_size} for the "
+                         f"transformer; use embedding_dim=0")
+    check_heads("hidden_size", hidden_size, num_heads)
+    if position_embedding not in _POSITION_EMBEDDINGS:
+        raise UsageError(f"position_embedding {position_embedding!r} is not one of "
+                         f"{', '.join(_POSITION_EMBEDDINGS)}")
+    if initialization not in INITIALIZATIONS:
+        raise UsageError(f"initialization {initialization!r} is not one of {', '.join(INITIALIZATIONS)} "
+                         "(uniform: uniform(-init_scale, init_scale); gpt2: GPT-2's normal(0, init_scale))")
+
+
 class TransformerLanguageModel(LanguageModel):
     """Token + position embeddings -> causal transformer -> softmax (GPT-2 style).
 
@@ -48,7 +63,8 @@ class TransformerLanguageModel(LanguageModel):
                  tie_weights: bool = False, init_scale: float = 0.1, embedding_dim: int = 0,
                  position_embedding: str = "learned", layer_norm_epsilon: float = 1e-5, output_bias: bool = True,
                  attention_blocks: Union[int, str] = "auto", attention_dropout: Optional[float] = None,
-                 initialization: str = "uniform", use_bias: bool = True, name: Optional[str] = None) -> None:
+                 initialization: str = "uniform", use_bias: bool = True, activation: str = "gelu",
+                 name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 
         Args:
@@ -76,16 +92,13 @@ class TransformerLanguageModel(LanguageModel):
             (``model_params = {"attention_dropout": 0.0}`` in a config;
             :mod:`lmkit.layers.kernels`).
           initialization: ``"uniform"`` (default): every kernel and embedding
-            table from uniform(-init_scale, init_scale); ``"gpt2"``: from
-            normal(0, init_scale), and the two projections of each layer that
-            write into the residual stream (attention's ``output`` and
-            ``ffn_outer``) from normal(0, init_scale / sqrt(2 * num_layers)),
-            as GPT-2 and nanoGPT start (with ``init_scale = 0.02``). Biases and
-            layer-norm offsets start at 0, layer-norm scales at 1, either way.
+            table from uniform(-init_scale, init_scale); ``"gpt2"``: GPT-2's and
+            nanoGPT's normal(0, init_scale), the residual projections smaller
+            (:func:`~lmkit.layers.initialize_like_gpt2`).
           use_bias: biases in the attention and feed-forward projections and
-            offsets in the layer norms; False: neither, as nanoGPT's
-            ``bias=False`` (fewer variables and ops; the softmax layer's bias
-            is ``output_bias``'s).
+            offsets in the layer norms; False: neither (nanoGPT's ``bias=False``).
+          activation: the feed-forward's, ``"gelu"`` (GPT-2's tanh approximation),
+            ``"gelu_exact"`` (nanoGPT's) or ``"relu"``.
           name: module name.
 
         Raises:
@@ -96,18 +109,8 @@ class TransformerLanguageModel(LanguageModel):
         super().__init__(name=name)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.hidden_size = check_positive_int("hidden_size", hidden_size)
-        if embedding_dim_of(embedding_dim, hidden_size) != hidden_size:
-            raise UsageError(f"embedding_dim {embedding_dim} must be 0 or hidden_size {hidden_size} for the "
-                             f"transformer; use embedding_dim=0")
-        check_heads("hidden_size", hidden_size, num_heads)
-        if position_embedding not in _POSITION_EMBEDDINGS:
-            raise UsageError(f"position_embedding {position_embedding!r} is not one of "
-                             f"{', '.join(_POSITION_EMBEDDINGS)}")
-        self.position_embedding = position_embedding
-        if initialization not in INITIALIZATIONS:
-            raise UsageError(f"initialization {initialization!r} is not one of {', '.join(INITIALIZATIONS)} "
-                             "(uniform: uniform(-init_scale, init_scale); gpt2: GPT-2's normal(0, init_scale))")
-        self.initialization = initialization
+        _check_choices(embedding_dim, hidden_size, num_heads, position_embedding, initialization)
+        self.position_embedding, self.initialization = position_embedding, initialization
         self.dropout = check_rate("dropout", dropout)
         self.attention_dropout = None if attention_dropout is None else check_rate("attention_dropout",
                                                                                     attention_dropout)
@@ -127,7 +130,8 @@ class TransformerLanguageModel(LanguageModel):
                                               pre_layer_norm=pre_layer_norm,
                                               max_positions=max_positions, init_scale=init_scale,
                                               layer_norm_epsilon=layer_norm_epsilon,
-                                              attention_blocks=attention_blocks, use_bias=use_bias, name="decoder")
+                                              attention_blocks=attention_blocks, use_bias=use_bias,
+                                              activation=activation, name="decoder")
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.embedder if self.tie_weights else None,
                                                use_bias=output_bias, initializer=initializer, name="projection")
@@ -191,7 +195,7 @@ class TransformerLanguageModel(LanguageModel):
     def get_config(self) -> Dict[str, Any]:
         """``TrainConfig.model_config()`` keys (model ``gpt2`` for GPT-2's architecture), plus
         ``position_embedding``, ``layer_norm_epsilon``, ``output_bias``, ``attention_blocks``,
-        ``attention_dropout``, ``initialization`` and ``use_bias`` when not the defaults."""
+        ``attention_dropout``, ``initialization``, ``use_bias`` and ``activation`` when not the defaults."""
         config = {"model": "gpt2" if self.is_gpt2 else "transformer", "vocab_size": self.vocab_size,
                   "hidden_size": self.hidden_size,
                   "num_layers": self.decoder.num_layers, "init_scale": self.init_scale,
@@ -215,4 +219,6 @@ class TransformerLanguageModel(LanguageModel):
             config["initialization"] = self.initialization
         if not self.decoder.layers[0].use_bias:
             config["use_bias"] = False
+        if self.decoder.layers[0].activation != "gelu":
+            config["activation"] = self.decoder.layers[0].activation
         return config
