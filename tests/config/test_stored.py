@@ -21,7 +21,8 @@ def test_a_0_2_config_json_loads_with_every_value():
     assert {k: v for k, v in written.items() if k in stored} == stored  # written back, key for key
     # Keys newer than 0.2 (the run's plan in steps, its evaluations) have their defaults: still a plan in epochs.
     assert {k: written[k] for k in set(written) - set(stored)} == {
-        "max_steps": 0, "max_tokens": 0, "warmup_steps": 0, "min_lr": 0.0, "eval_every_steps": 0, "eval_steps": 0}
+        "max_steps": 0, "max_tokens": 0, "warmup_steps": 0, "min_lr": 0.0, "eval_every_steps": 0, "eval_steps": 0,
+        "loss_reduction": "sum"}  # and the loss summed over a window, as 0.2 trained
     assert (cfg.model, cfg.model.name, cfg.data.kind, cfg.tokenizer, cfg.train_file) == (
         "transformer", "transformer", "text", "char", "train.txt")
     assert cfg.model.dropout == pytest.approx(0.1) and cfg.keep_prob == 0.9
