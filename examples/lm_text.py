@@ -33,12 +33,17 @@ from lmkit.layers import (
     TransformerDecoder,
     WordEmbedder,
     dropout,
+    initialize_like_gpt2,
     uniform_initializer,
 )
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train import dropout_generator
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.losses import window_loss
+
+# The model keys beyond the shape that this example builds as lmkit's transformer does (nanoGPT's recipe,
+# config_tiny_transformer, sets them all), with their defaults.
+MODEL_OPTIONS = {"activation": "gelu", "use_bias": True, "output_bias": True, "initialization": "uniform"}
 
 
 class TinyGPT(tf.Module):
@@ -56,12 +61,17 @@ class TinyGPT(tf.Module):
             self.embedder = WordEmbedder(vocab_size=m.vocab_size, dim=dim, initializer=init, name="embedder")
             self.position_embedder = PositionEmbedder(max_positions=m.max_positions, dim=dim,
                                                       init_scale=m.init_scale, name="position_embedder")
+            options = {k: m.get(k, default) for k, default in MODEL_OPTIONS.items()}
             self.decoder = TransformerDecoder(num_layers=m.num_layers, dim=dim, num_heads=m.num_heads,
                                               ffn_dim=m.ffn_dim, dropout=m.dropout, pre_layer_norm=m.pre_layer_norm,
-                                              max_positions=m.max_positions, init_scale=m.init_scale, name="decoder")
+                                              max_positions=m.max_positions, init_scale=m.init_scale,
+                                              activation=options["activation"], use_bias=options["use_bias"],
+                                              name="decoder")
             self.projection = OutputProjection(dim=dim, vocab_size=m.vocab_size,
                                                tied_embedder=self.embedder if m.tie_weights else None,
-                                               initializer=init, name="projection")
+                                               use_bias=options["output_bias"], initializer=init, name="projection")
+        if options["initialization"] == "gpt2":  # normal draws, the residual projections smaller
+            initialize_like_gpt2(self, self.decoder.layers, m.init_scale)
 
     def __call__(self, ids, training=False):
         positions = tf.range(tf.shape(ids)[1])[tf.newaxis, :]  # [1, time]
@@ -75,8 +85,8 @@ def make_train_step(model, optimizer, policy, config):
     variables = list(model.trainable_variables)
 
     def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = window_loss(y, model(x, training=True))  # summed over the window, mean over the rows
+        with tf.GradientTape() as tape:  # summed over the window (or its mean: loss_reduction), mean over the rows
+            loss = window_loss(y, model(x, training=True), config.optimization.loss_reduction)
         grads = tape.gradient(loss, variables)
         grads = dist.average_gradients(grads, config.distribution.sparse_as_dense,  # DIST: the global mean
                                        config.distribution.compression)
@@ -128,6 +138,7 @@ def train(config, data, model_dir: str) -> dict:
     checkpoints = CheckpointManager(os.path.join(model_dir, "checkpoints"),
                                     tf.train.Checkpoint(model=model, optimizer=optimizer))
     results = {"world_size": size, "epochs": []}
+    per_token = 1 if config.optimization.loss_reduction == "mean" else num_steps  # a step's loss over this
     planned = config.planned_steps  # a plan in steps (max_steps, max_tokens) ends inside an epoch; None: epochs
     epochs = config.epochs_to_run(steps)
     for epoch in range(epochs):
@@ -137,7 +148,7 @@ def train(config, data, model_dir: str) -> dict:
         lr = float(optimizer.learning_rate.numpy())
         if rank == 0:  # DIST: rank 0 alone evaluates, logs and saves; no collective on this path
             stats = {"epoch": epoch + 1, "learning_rate": lr,
-                     "train_perplexity": math.exp(total / (count * num_steps)),
+                     "train_perplexity": math.exp(total / (count * per_token)),
                      "valid_perplexity": None if data.valid is None else math.exp(evaluate(data.valid))}
             results["epochs"].append(stats)
             valid = "-" if stats["valid_perplexity"] is None else f"{stats['valid_perplexity']:.2f}"
@@ -163,9 +174,9 @@ def main(argv=None) -> int:
     if args.num_epochs:  # the flag's plan replaces the config's (in epochs, steps or tokens)
         overrides.update(num_epochs=args.num_epochs, max_steps=0, max_tokens=0)
     config = load_config(args.config, overrides)
-    if config.model.name != "transformer" or config.model.extras():
-        raise UsageError(f"this example trains lmkit's plain transformer; {args.config} has model "
-                         f"{config.model.to_dict()!r} (lmkit train takes any)")
+    if config.model.name != "transformer" or set(config.model.extras()) - set(MODEL_OPTIONS):
+        raise UsageError(f"this example trains lmkit's plain transformer (with {', '.join(MODEL_OPTIONS)}); "
+                         f"{args.config} has model {config.model.to_dict()!r} (lmkit train takes any)")
 
     # DIST: Horovod under mpirun (one rank a process), else one process (or the native backend's replicas)
     dist.init(backend=config.distribution.backend, num_gpus=config.distribution.num_gpus)  # DIST

@@ -93,6 +93,9 @@ class OptimizationConfig(Section):
     min_lr: float = 0.0  # where a cosine or polynomial decay ends (at the plan's last step), then stays
     optimizer: str = "sgd"  # sgd | momentum | adam | adamw | novograd | lamb
     optimizer_params: Dict[str, Any] = field(default_factory=dict)
+    # A language model's loss over a window's positions: sum (the Zaremba et al. loss) | mean (per
+    # token, as nanoGPT and Hugging Face train: max_grad_norm then clips num_steps times less)
+    loss_reduction: str = "sum"
     lr_decay: float = 1.0  # multiplier per epoch once decay starts
     lr_decay_start_epoch: int = 0  # first epoch index (0-based) with decay applied
     lr_scaling: str = "none"  # none | linear | sqrt (by number of workers)

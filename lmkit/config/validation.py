@@ -15,9 +15,12 @@ from lmkit.core.checks import check_heads
 from lmkit.core.errors import UsageError
 from lmkit.core.xla import use_xla
 
-__all__ = ["DATA_KINDS", "PAIR_FILE_KEYS", "validate"]
+__all__ = ["DATA_KINDS", "LOSS_REDUCTIONS", "PAIR_FILE_KEYS", "validate"]
 
 DATA_KINDS = ("ptb", "text", "pairs")
+#: How a language model's window loss reduces its positions (``loss_reduction``): ``sum`` (the Zaremba et al.
+#: loss) or ``mean`` (per token, as nanoGPT and Hugging Face train); :func:`lmkit.train.losses.window_loss`.
+LOSS_REDUCTIONS = ("sum", "mean")
 # data = "pairs": the line-aligned files of each split (training, validation, test).
 PAIR_FILE_KEYS = (("source_file", "target_file"), ("valid_source_file", "valid_target_file"),
                   ("test_source_file", "test_target_file"))
@@ -64,6 +67,8 @@ def _validate_ranges(cfg: Any, bad: Bad, source: str) -> None:
             bad(key, why)
     if cfg.max_grad_norm < 0:
         bad("max_grad_norm", "must be >= 0 (0 turns clipping off)")
+    if cfg.loss_reduction not in LOSS_REDUCTIONS:
+        bad("loss_reduction", "is not one of sum, mean (a window's loss summed over its positions, or per token)")
     if cfg.lr_scaling not in ("none", "linear", "sqrt"):
         bad("lr_scaling", "is not one of none, linear, sqrt")
     if cfg.compression not in ("none", "fp16"):

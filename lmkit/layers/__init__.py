@@ -53,6 +53,7 @@ _EXPORTS = {
     "add_lora": "lmkit.layers.lora",
     "dropout": "lmkit.layers.base",
     "frozen": "lmkit.layers.lora",
+    "initialize_like_gpt2": "lmkit.layers.transformer",
     "merge_lora": "lmkit.layers.lora",
     "ones_initializer": "lmkit.layers.base",
     "uniform_initializer": "lmkit.layers.base",

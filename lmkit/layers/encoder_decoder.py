@@ -46,7 +46,8 @@ __all__ = ["CrossAttentionLayer", "Memory", "TransformerCrossDecoder", "Transfor
 def _memory_attention(layer: ResidualLayer, name: str) -> Attention:
     """A layer's attention to a memory or to its padded input: not causal, ``query`` and ``key_value``."""
     return Attention(dim=layer.dim, num_heads=layer.num_heads, causal=False, fused="kv",
-                     dropout=layer.attention_dropout, init_scale=layer.init_scale, name=name)
+                     dropout=layer.attention_dropout, qkv_bias=layer.use_bias, output_bias=layer.use_bias,
+                     init_scale=layer.init_scale, name=name)
 
 
 class TransformerEncoderLayer(ResidualLayer):
@@ -79,7 +80,8 @@ class TransformerEncoder(Module):
 
     def __init__(self, *, num_layers: int, dim: int, num_heads: int, ffn_dim: int = 0, dropout: float = 0.0,
                  attention_dropout: Optional[float] = None, pre_layer_norm: bool = True, activation: str = "gelu",
-                 init_scale: float = 0.1, layer_norm_epsilon: float = 1e-5, name: Optional[str] = None) -> None:
+                 init_scale: float = 0.1, layer_norm_epsilon: float = 1e-5, use_bias: bool = True,
+                 name: Optional[str] = None) -> None:
         """Creates the layers (``ffn_dim`` 0 means ``4 * dim``; the rest as :class:`TransformerEncoderLayer`)."""
         super().__init__(name=name)
         self.num_layers = check_positive_int("num_layers", num_layers)
@@ -89,7 +91,7 @@ class TransformerEncoder(Module):
             self.layers, self.final_norm = layer_stack(
                 TransformerEncoderLayer, num_layers, dim=dim, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout,
                 attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm, activation=activation,
-                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon)
+                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon, use_bias=use_bias)
 
     def __call__(self, inputs: tf.Tensor, mask: Optional[tf.Tensor] = None,
                  training: Training = False) -> tf.Tensor:
@@ -127,7 +129,8 @@ class CrossAttentionLayer(TransformerLayer):
 
     def _middle(self) -> None:
         self.cross_attention = _memory_attention(self, "cross_attention")
-        self.cross_norm = LayerNorm(dim=self.dim, epsilon=self.attention_norm.epsilon, name="cross_norm")
+        self.cross_norm = LayerNorm(dim=self.dim, epsilon=self.attention_norm.epsilon, use_offset=self.use_bias,
+                                    name="cross_norm")
 
     def __call__(self, inputs: tf.Tensor, training: Training = False, cache: Optional[AttentionCache] = None,
                  positions: Optional[tf.Tensor] = None, *, memory: AttentionCache,
@@ -159,7 +162,7 @@ class TransformerCrossDecoder(Module):
     def __init__(self, *, num_layers: int, dim: int, num_heads: int, ffn_dim: int = 0, dropout: float = 0.0,
                  attention_dropout: Optional[float] = None, pre_layer_norm: bool = True, max_positions: int = 512,
                  activation: str = "gelu", init_scale: float = 0.1, layer_norm_epsilon: float = 1e-5,
-                 attention_blocks: Union[int, str] = "auto", name: Optional[str] = None) -> None:
+                 attention_blocks: Union[int, str] = "auto", use_bias: bool = True, name: Optional[str] = None) -> None:
         """Creates the layers (``ffn_dim`` 0 means ``4 * dim``; ``max_positions`` bounds the target cache;
         ``attention_blocks`` as :class:`~lmkit.layers.TransformerDecoder`'s)."""
         super().__init__(name=name)
@@ -171,7 +174,8 @@ class TransformerCrossDecoder(Module):
             self.layers, self.final_norm = layer_stack(
                 CrossAttentionLayer, num_layers, dim=dim, num_heads=num_heads, ffn_dim=ffn_dim, dropout=dropout,
                 attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm, activation=activation,
-                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon, attention_blocks=attention_blocks)
+                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon, attention_blocks=attention_blocks,
+                use_bias=use_bias)
 
     def memory(self, encoder_outputs: tf.Tensor, mask: Optional[tf.Tensor] = None) -> Memory:
         """The keys and values of ``encoder_outputs`` [batch, source_time, dim] for every layer (once per source)."""

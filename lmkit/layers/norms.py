@@ -19,15 +19,17 @@ __all__ = ["LayerNorm", "RMSNorm"]
 class LayerNorm(Module):
     """Layer normalization over the last axis (Ba et al., 2016).
 
-    Variables: ``scale`` [dim] (ones) and ``offset`` [dim] (zeros).
+    Variables: ``scale`` [dim] (ones) and, with ``use_offset``, ``offset`` [dim] (zeros).
     """
 
-    def __init__(self, *, dim: int, epsilon: float = 1e-5, name: Optional[str] = None) -> None:
+    def __init__(self, *, dim: int, epsilon: float = 1e-5, use_offset: bool = True,
+                 name: Optional[str] = None) -> None:
         """Creates the variables.
 
         Args:
           dim: size of the last axis.
           epsilon: added to the variance.
+          use_offset: add a learned offset after scaling (False: nanoGPT's ``bias=False`` norms).
           name: module name.
 
         Raises:
@@ -38,7 +40,7 @@ class LayerNorm(Module):
         self.epsilon = check_positive_float("epsilon", epsilon)
         with self.name_scope:
             self.scale = tf.Variable(ones_initializer()([dim], tf.float32), name="scale")
-            self.offset = tf.Variable(zeros_initializer()([dim], tf.float32), name="offset")
+            self.offset = tf.Variable(zeros_initializer()([dim], tf.float32), name="offset") if use_offset else None
 
     def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
         """Normalizes ``inputs`` [..., dim]; returns the same shape and dtype.
@@ -48,11 +50,11 @@ class LayerNorm(Module):
         """
         x = tf.cast(inputs, tf.float32) if inputs.dtype != tf.float32 else inputs
         mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)  # [..., 1]
-        normalized = (x - mean) * tf.math.rsqrt(variance + self.epsilon)
-        return cast_like(normalized * self.scale + self.offset, inputs)
+        normalized = (x - mean) * tf.math.rsqrt(variance + self.epsilon) * self.scale
+        return cast_like(normalized if self.offset is None else normalized + self.offset, inputs)
 
     def get_config(self) -> Dict[str, Any]:
-        return {"dim": self.dim, "epsilon": self.epsilon, "name": self.name}
+        return {"dim": self.dim, "epsilon": self.epsilon, "use_offset": self.offset is not None, "name": self.name}
 
 
 class RMSNorm(Module):

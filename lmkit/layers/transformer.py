@@ -8,7 +8,8 @@
   self-attention (:class:`~lmkit.layers.attention.Attention`) and the MLP
   (GPT-2's layer), stacked, with a final layer norm for pre-layer-norm.
 * :func:`run_layers`, :func:`layer_stack`, :func:`empty_state`: the pieces of
-  every stack, the Llama family's too.
+  every stack, the Llama family's too; :func:`initialize_like_gpt2`: GPT-2's
+  initial values for a stack's model.
 
 For incremental decoding a stack takes a :class:`TransformerState`: per-row
 positions [batch] int32 and, per layer, the key/value cache of
@@ -20,6 +21,7 @@ first step to the last, and every state tensor has the batch first
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
@@ -38,6 +40,7 @@ __all__ = [
     "TransformerState",
     "default_ffn_dim",
     "empty_state",
+    "initialize_like_gpt2",
     "layer_stack",
     "run_layers",
 ]
@@ -87,7 +90,8 @@ class ResidualLayer(Module):
     attention (:meth:`_attention`) and any modules between the two blocks
     (:meth:`_middle`); the variables are created in the order attention,
     ``attention_norm``, the middle's, ``ffn_inner`` (Linear dim -> ffn_dim),
-    ``ffn_outer`` (Linear ffn_dim -> dim), ``ffn_norm``.
+    ``ffn_outer`` (Linear ffn_dim -> dim), ``ffn_norm``. Without ``use_bias`` the
+    projections have no ``bias`` and the norms no ``offset``.
     """
 
     def __init__(self,
@@ -101,6 +105,7 @@ class ResidualLayer(Module):
                  activation: str = "gelu",
                  init_scale: float = 0.1,
                  layer_norm_epsilon: float = 1e-5,
+                 use_bias: bool = True,
                  name: Optional[str] = None) -> None:
         """Creates the sub-modules.
 
@@ -114,6 +119,8 @@ class ResidualLayer(Module):
           activation: ``"gelu"`` (tanh approximation), ``"gelu_exact"`` or ``"relu"``.
           init_scale: kernels from uniform(-init_scale, init_scale).
           layer_norm_epsilon: added to the variance in every layer norm.
+          use_bias: biases in the projections and offsets in the layer norms
+            (False: neither, as nanoGPT's ``bias=False``).
           name: module name.
 
         Raises:
@@ -130,13 +137,17 @@ class ResidualLayer(Module):
         self.activation = check_activation(activation)
         self.pre_layer_norm = bool(pre_layer_norm)
         self.init_scale = check_positive_float("init_scale", init_scale)
+        self.use_bias = bool(use_bias)
         with self.name_scope:
             self.attention = self._attention()
-            self.attention_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="attention_norm")
+            self.attention_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, use_offset=self.use_bias,
+                                            name="attention_norm")
             self._middle()
-            self.ffn_inner = Linear(input_size=dim, output_size=ffn_dim, init_scale=init_scale, name="ffn_inner")
-            self.ffn_outer = Linear(input_size=ffn_dim, output_size=dim, init_scale=init_scale, name="ffn_outer")
-            self.ffn_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, name="ffn_norm")
+            self.ffn_inner = Linear(input_size=dim, output_size=ffn_dim, use_bias=self.use_bias, init_scale=init_scale,
+                                    name="ffn_inner")
+            self.ffn_outer = Linear(input_size=ffn_dim, output_size=dim, use_bias=self.use_bias, init_scale=init_scale,
+                                    name="ffn_outer")
+            self.ffn_norm = LayerNorm(dim=dim, epsilon=layer_norm_epsilon, use_offset=self.use_bias, name="ffn_norm")
 
     def _attention(self) -> Module:
         """The first block's attention module (named ``attention``)."""
@@ -160,7 +171,7 @@ class ResidualLayer(Module):
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
                 "pre_layer_norm": self.pre_layer_norm, "activation": self.activation,
                 "init_scale": self.init_scale, "layer_norm_epsilon": self.attention_norm.epsilon,
-                "name": self.name}
+                "use_bias": self.use_bias, "name": self.name}
 
 
 class TransformerLayer(ResidualLayer):
@@ -184,7 +195,8 @@ class TransformerLayer(ResidualLayer):
 
     def _attention(self) -> Module:
         return Attention(dim=self.dim, num_heads=self.num_heads, fused="qkv", dropout=self.attention_dropout,
-                         init_scale=self.init_scale, attention_blocks=self.attention_blocks, name="attention")
+                         qkv_bias=self.use_bias, output_bias=self.use_bias, init_scale=self.init_scale,
+                         attention_blocks=self.attention_blocks, name="attention")
 
     def get_config(self) -> Dict[str, Any]:
         return {**super().get_config(), "attention_blocks": self.attention_blocks}
@@ -225,9 +237,28 @@ def layer_stack(layer_class: Any, num_layers: int, **options: Any) -> Tuple[List
     """``num_layers`` layers ``layer_<i>`` of ``layer_class`` and, with ``pre_layer_norm``, the final layer
     norm ``final_norm`` (None otherwise): the body of every transformer stack. Call it in the stack's name scope."""
     layers = [layer_class(name=f"layer_{i}", **options) for i in range(num_layers)]
-    final_norm = (LayerNorm(dim=options["dim"], epsilon=options["layer_norm_epsilon"], name="final_norm")
+    final_norm = (LayerNorm(dim=options["dim"], epsilon=options["layer_norm_epsilon"],
+                            use_offset=options.get("use_bias", True), name="final_norm")
                   if options["pre_layer_norm"] else None)
     return layers, final_norm
+
+
+def initialize_like_gpt2(module: tf.Module, layers: Sequence[Any], init_scale: float) -> None:
+    """Redraws every matrix of ``module`` (its variables of rank 2: kernels, embedding tables) as GPT-2 starts.
+
+    From normal(0, init_scale), and the two projections of each of ``layers``
+    that write into the residual stream (attention's ``output`` and
+    ``ffn_outer``) from normal(0, init_scale / sqrt(2 * len(layers))), which
+    keeps the stream's variance from growing with depth (GPT-2 paper, section
+    2.3; nanoGPT's ``_init_weights`` with 0.02). Biases and norms keep their
+    values. Draws from TensorFlow's global seed, in ``module.variables`` order.
+    """
+    residual_scale = init_scale / math.sqrt(2 * len(layers))
+    residual = {kernel.ref() for layer in layers for kernel in (layer.attention.output.kernel, layer.ffn_outer.kernel)}
+    for variable in module.variables:  # a LoRA base's frozen() variables too, not only the trainable ones
+        if variable.shape.rank == 2:
+            stddev = residual_scale if variable.ref() in residual else init_scale
+            variable.assign(tf.random.normal(variable.shape, stddev=stddev, dtype=variable.dtype))
 
 
 def empty_state(attentions: Sequence[Any], batch_size: Union[int, tf.Tensor], max_length: Optional[int],
@@ -256,7 +287,7 @@ class TransformerDecoder(Module):
     follows the last layer, as in GPT-2.
 
     Variables: ``layer_<i>/...`` per layer and, with ``pre_layer_norm``,
-    ``final_norm/scale`` and ``final_norm/offset``.
+    ``final_norm/scale`` and (with ``use_bias``) ``final_norm/offset``.
     """
 
     def __init__(self,
@@ -273,6 +304,7 @@ class TransformerDecoder(Module):
                  init_scale: float = 0.1,
                  layer_norm_epsilon: float = 1e-5,
                  attention_blocks: Union[int, str] = "auto",
+                 use_bias: bool = True,
                  name: Optional[str] = None) -> None:
         """Creates the layers.
 
@@ -293,6 +325,8 @@ class TransformerDecoder(Module):
             cache (:func:`~lmkit.layers.attention.causal_attend`: the masked keys after each block are
             skipped); 1 = one block; ``"auto"`` (default): 4 blocks for windows of
             at least 1024 positions, else 1. Speed only: the results are the same.
+          use_bias: biases in the projections and offsets in the layer norms
+            (False: neither, as nanoGPT's ``bias=False``).
           name: module name.
 
         Raises:
@@ -311,7 +345,8 @@ class TransformerDecoder(Module):
             self.layers, self.final_norm = layer_stack(
                 TransformerLayer, num_layers, dim=dim, num_heads=num_heads, ffn_dim=self.ffn_dim, dropout=dropout,
                 attention_dropout=attention_dropout, pre_layer_norm=pre_layer_norm, activation=activation,
-                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon, attention_blocks=attention_blocks)
+                init_scale=init_scale, layer_norm_epsilon=layer_norm_epsilon, attention_blocks=attention_blocks,
+                use_bias=use_bias)
 
     def initial_state(self, batch_size: Union[int, tf.Tensor],
                       max_length: Optional[int] = None) -> TransformerState:
@@ -377,4 +412,5 @@ class TransformerDecoder(Module):
                 "attention_dropout": layer.attention_dropout, "pre_layer_norm": self.pre_layer_norm,
                 "layer_norm_epsilon": layer.attention_norm.epsilon,
                 "max_positions": self.max_positions, "activation": layer.activation,
-                "init_scale": layer.init_scale, "attention_blocks": layer.attention_blocks, "name": self.name}
+                "init_scale": layer.init_scale, "attention_blocks": layer.attention_blocks, "use_bias": layer.use_bias,
+                "name": self.name}

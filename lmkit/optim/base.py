@@ -32,6 +32,7 @@ from lmkit.core.errors import UsageError
 __all__ = [
     "Optimizer",
     "StepContext",
+    "VECTORS",
     "WeightDecayFilter",
     "GradientOrNone",
     "check_number",
@@ -39,8 +40,12 @@ __all__ = [
 
 GradientOrNone = Union[tf.Tensor, tf.IndexedSlices, None]
 # Which variables weight decay skips: a callable ``var -> True to exclude`` or
-# regular expressions searched in the variable name (e.g. ["bias", "layer_norm"]).
+# regular expressions searched in the variable name (e.g. ["bias", "layer_norm"]),
+# among which VECTORS stands for every variable of rank < 2.
 WeightDecayFilter = Union[None, Callable[[tf.Variable], bool], Sequence[str]]
+#: In ``exclude_from_weight_decay``: every variable of rank 0 or 1 (biases, layer-norm scales and offsets), so
+#: that only matrices and embedding tables decay, as in nanoGPT's and GPT-2's recipes.
+VECTORS = "vectors"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +121,8 @@ class Optimizer(tf.Module):
 
     Weight decay: subclasses that support it take ``weight_decay`` and
     ``exclude_from_weight_decay`` (a predicate ``var -> bool`` or regular
-    expressions searched in the variable name, e.g. ``["bias", "layer_norm"]``);
+    expressions searched in the variable name, e.g. ``["bias", "layer_norm"]``,
+    where ``"vectors"`` (:data:`VECTORS`) names every variable of rank < 2);
     excluded variables get no decay. The decision is made in Python when the
     step is traced, so it costs nothing at run time.
 
@@ -137,7 +143,8 @@ class Optimizer(tf.Module):
             subclass (see each class).
           exclude_from_weight_decay: variables that get no weight decay: a
             predicate or a list of regular expressions matched (``re.search``)
-            against the variable name.
+            against the variable name; the item ``"vectors"`` excludes every
+            variable of rank < 2 (biases, layer-norm scales and offsets).
           name: module name; defaults to the snake-cased class name.
 
         Raises:
@@ -175,12 +182,14 @@ class Optimizer(tf.Module):
         if isinstance(spec, str):
             spec = [spec]
         try:
-            patterns = [re.compile(p) for p in spec]
+            items = list(spec)
+            patterns = [re.compile(p) for p in items if p != VECTORS]
         except (TypeError, re.error) as exc:
             raise UsageError(f"exclude_from_weight_decay = {spec!r} is not a list of regular "
-                             f"expressions ({exc}); use e.g. ['bias', 'layer_norm'] or a "
-                             f"function var -> bool") from None
-        return lambda var: any(p.search(var.name) for p in patterns)
+                             f"expressions ({exc}); use e.g. ['bias', 'layer_norm'], 'vectors' (every "
+                             f"variable of rank < 2) or a function var -> bool") from None
+        vectors = VECTORS in items
+        return lambda var: (vectors and len(var.shape) < 2) or any(p.search(var.name) for p in patterns)
 
     def decays(self, var: tf.Variable) -> bool:
         """True when weight decay applies to ``var`` (decay > 0 and not excluded)."""

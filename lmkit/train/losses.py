@@ -27,9 +27,10 @@ from typing import Optional
 
 import tensorflow as tf
 
+from lmkit.config.validation import LOSS_REDUCTIONS
 from lmkit.core.errors import UsageError
 
-__all__ = ["sequence_softmax_cross_entropy", "sparse_softmax_cross_entropy", "window_loss"]
+__all__ = ["LOSS_REDUCTIONS", "sequence_softmax_cross_entropy", "sparse_softmax_cross_entropy", "window_loss"]
 
 def sparse_softmax_cross_entropy(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     """``-log softmax(logits)[label]`` for every row, with its gradient.
@@ -175,12 +176,25 @@ def sequence_softmax_cross_entropy(labels: tf.Tensor,
         return losses
 
 
-def window_loss(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+def window_loss(labels: tf.Tensor, logits: tf.Tensor, reduction: str = "sum") -> tf.Tensor:
     """The training and evaluation loss of one window of ``labels`` [batch, time].
 
-    Cross-entropy summed over the window's time steps and averaged over its
-    rows: what every step of the trainer reports (divide by the window
-    length for the per-token loss whose exponential is the perplexity).
+    Cross-entropy averaged over the window's rows and, over its time steps,
+    summed (``reduction="sum"``: what every step of the trainer reports by
+    default; divide by the window length for the per-token loss whose
+    exponential is the perplexity) or averaged (``"mean"``: the loss per
+    token, as nanoGPT and Hugging Face train).
+
+    The two differ by the factor ``time`` and so do their gradients: the same
+    ``max_grad_norm`` clips a summed loss's gradients ``time`` times harder,
+    and Adam's ``epsilon`` weighs ``time`` times less against them.
+
+    Raises:
+      UsageError: an unknown ``reduction``.
     """
+    if reduction not in LOSS_REDUCTIONS:
+        raise UsageError(f"loss_reduction = {reduction!r} is not one of {', '.join(LOSS_REDUCTIONS)} (sum: over "
+                         "the window's positions; mean: per token)")
+    mean = reduction == "mean"
     return sequence_softmax_cross_entropy(labels, logits, average_across_batch=True,
-                                          average_across_timesteps=False, sum_over_timesteps=True)
+                                          average_across_timesteps=mean, sum_over_timesteps=not mean)

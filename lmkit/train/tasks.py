@@ -6,7 +6,8 @@ depends on the kind of data lives here, behind one small interface:
 * :class:`LanguageModeling`: an id stream; a model that carries a state
   reads it as BPTT rows (:class:`~lmkit.data.batching.BpttBatches`), a
   stateless one as shuffled windows (:class:`~lmkit.data.windows.WindowBatches`);
-  the loss of a step sums its ``num_steps`` positions (averaged over rows).
+  the loss of a step sums its ``num_steps`` positions (averaged over rows), or with
+  ``loss_reduction = "mean"`` averages them (the loss per token).
 * :class:`Transduction`: line-aligned source/target pairs
   (:class:`~lmkit.data.paired.Pairs`) for an encoder-decoder (a model with
   ``conditional = True``): length-bucketed batches
@@ -42,7 +43,8 @@ class LanguageModeling:
     def __init__(self, model: Any, config: Any, rank: int, size: int) -> None:
         self.model, self.config, self.rank, self.size = model, config, rank, size
         self.stateful = bool(getattr(model, "stateful", False))
-        self.loss_tokens = config.num_steps
+        self.reduction = config.loss_reduction
+        self.loss_tokens = 1 if self.reduction == "mean" else config.num_steps
         self.batch_unit = f"x {config.num_steps} steps"  # for the start-up line
         self._bptt: Any = None  # a model with a state reads the same rows every epoch
 
@@ -79,7 +81,7 @@ class LanguageModeling:
 
     def loss(self, inputs: tf.Tensor, targets: tf.Tensor, state: Any, training: bool) -> Tuple[tf.Tensor, Any]:
         logits, new_state = self.model(inputs, state, training=training)  # [b, t, vocab], float32 logits
-        return window_loss(targets, logits), new_state  # float32 under every precision
+        return window_loss(targets, logits, self.reduction), new_state  # float32 under every precision
 
     def evaluator(self, batch_size: int, precision: str, jit_compile: bool, attention_kernel: str = "matmul") -> Any:
         from lmkit.train.evaluation import Evaluator

@@ -63,6 +63,7 @@ def test_missing_key_is_named(tmp_path):
     ({"lora_rank": -1}, "lora_rank = -1 must be >= 0"),
     ({"lora_alpha": 0.0}, "lora_alpha = 0.0 must be > 0"),
     ({"lora_dropout": 1.0}, r"lora_dropout = 1.0 must be in \[0, 1\)"),
+    ({"loss_reduction": "average"}, "loss_reduction = 'average' is not one of sum, mean"),
 ])
 def test_bad_values_are_rejected_not_coerced(override, message):
     with pytest.raises(ConfigError, match=message):

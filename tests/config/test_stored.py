@@ -19,11 +19,12 @@ def test_a_0_2_config_json_loads_with_every_value():
     cfg = TrainConfig.from_dict(stored, source="config.json")
     written = cfg.to_dict()
     assert {key: written[key] for key in stored} == stored  # written back, key for key
-    # Keys newer than 0.2 (the run's plan in steps, its evaluations, the records' text field) have their
-    # defaults: still a plan in epochs, on plain text.
+    # Keys newer than 0.2 (the run's plan in steps, its evaluations, the records' text field, the loss's
+    # reduction) have their defaults: still a plan in epochs, on plain text, the loss summed.
     assert {k: written[k] for k in set(written) - set(stored)} == {
         "max_steps": 0, "max_tokens": 0, "warmup_steps": 0, "min_lr": 0.0, "eval_every_steps": 0, "eval_steps": 0,
-        "text_field": "text", "text_column": "text"}
+        "text_field": "text", "text_column": "text",
+        "loss_reduction": "sum"}  # and the loss summed over a window, as 0.2 trained
     assert (cfg.model, cfg.model.name, cfg.data.kind, cfg.tokenizer, cfg.train_file) == (
         "transformer", "transformer", "text", "char", "train.txt")
     assert cfg.model.dropout == pytest.approx(0.1) and cfg.keep_prob == 0.9

@@ -201,3 +201,67 @@ def test_training_accepts_python_bools_in_separate_functions():
     evaluate = tf.function(lambda ids: model(ids, training=False)[0])
     np.testing.assert_allclose(evaluate(ids), model(ids)[0], rtol=1e-6)
     assert not np.allclose(train(ids), evaluate(ids))
+
+
+def test_gpt2_initialization_draws_normal_kernels_and_scales_the_residual_projections():
+    """initialization = "gpt2": normal(0, init_scale) kernels and tables, normal(0, init_scale / sqrt(2 * layers))
+    for the projections into the residual stream (GPT-2's and nanoGPT's init), biases 0 and norm scales 1."""
+    tf.random.set_seed(0)
+    options = dict(vocab_size=65, hidden_size=128, num_layers=4, num_heads=4, max_positions=64, init_scale=0.02)
+    model = TransformerLanguageModel(initialization="gpt2", **options)
+    residual_kernels = ("attention/output/kernel", "ffn_outer/kernel")
+    drawn = 0
+    for variable in model.variables:
+        values = variable.numpy().astype(np.float64)
+        if variable.shape.rank < 2:  # biases, layer-norm offsets and scales
+            np.testing.assert_array_equal(values, 1.0 if variable.name.endswith("scale:0") else 0.0)
+            continue
+        want = 0.02 / np.sqrt(2 * 4) if any(name in variable.name for name in residual_kernels) else 0.02
+        assert values.std() == pytest.approx(want, rel=0.05), variable.name
+        assert abs(values.mean()) < 5 * want / np.sqrt(values.size), variable.name
+        beyond = np.mean(np.abs(values) > 2 * want)  # a normal's 4.55%; a uniform of this spread has none
+        assert 0.036 < beyond < 0.056, (variable.name, beyond)
+        drawn += 1
+    assert drawn == 2 + 4 * 4 + 1  # the two tables, four kernels a layer, the untied softmax kernel
+    assert model.get_config()["initialization"] == "gpt2"
+    assert build_model(model.get_config()).initialization == "gpt2"
+    uniform = TransformerLanguageModel(**options)  # the default: uniform(-init_scale, init_scale)
+    assert "initialization" not in uniform.get_config()
+    assert max(float(np.abs(v.numpy()).max()) for v in uniform.variables if v.shape.rank == 2) <= 0.02
+    with pytest.raises(ValueError, match="initialization 'normal' is not one of uniform, gpt2"):
+        TransformerLanguageModel(initialization="normal", **options)
+
+
+def test_without_biases_the_model_has_nanogpts_parameters_and_computes_as_with_zero_biases():
+    """use_bias=False (with output_bias=False): nanoGPT's bias=False model, its 27 tensors and 804,096
+    weights for the CPU recipe's shape; the outputs equal those of a model with biases at zero and the same
+    other weights."""
+    options = dict(vocab_size=65, hidden_size=128, num_layers=4, num_heads=4, max_positions=64, init_scale=0.02,
+                   tie_weights=True, output_bias=False)
+    bare = TransformerLanguageModel(use_bias=False, **options)
+    names = [v.name for v in bare.trainable_variables]
+    assert not [n for n in names if n.endswith(("bias:0", "offset:0"))]
+    assert len(names) == 27 and sum(v.shape.num_elements() for v in bare.trainable_variables) == 804_096
+    assert bare.get_config()["use_bias"] is False and not bare.is_gpt2
+    assert not build_model(bare.get_config()).decoder.layers[3].ffn_outer.use_bias
+    full = TransformerLanguageModel(**options)
+    kept = {v.name: v for v in bare.variables}
+    for variable in full.variables:
+        variable.assign(kept[variable.name] if variable.name in kept else tf.zeros_like(variable))
+    ids = _ids(2, 7)
+    np.testing.assert_allclose(bare(ids)[0], full(ids)[0], rtol=1e-5, atol=1e-6)
+    assert "use_bias" not in full.get_config()
+
+
+def test_config_tiny_transformer_builds_nanogpts_model():
+    """Every model key of nanoGPT's CPU recipe reaches the model (an ignored activation would train tanh GELU)."""
+    from lmkit.config import load_config
+    model = build_model(load_config("config_tiny_transformer").model_config())
+    layer = model.decoder.layers[0]
+    assert (layer.activation, layer.use_bias, model.initialization, model.projection.bias) == (
+        "gelu_exact", False, "gpt2", None)
+    config = model.get_config()
+    assert (config["activation"], config["use_bias"], config["initialization"]) == ("gelu_exact", False, "gpt2")
+    assert build_model(config).decoder.layers[3].activation == "gelu_exact"
+    with pytest.raises(ValueError, match="activation 'swish' is not one of gelu, gelu_exact, relu"):
+        TransformerLanguageModel(vocab_size=VOCAB, hidden_size=8, num_heads=2, activation="swish")

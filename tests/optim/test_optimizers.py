@@ -209,7 +209,7 @@ def test_sparse_sgd_leaves_untouched_rows_bit_identical():
 
 
 # ------------------------------------------------------------- weight decay etc.
-@pytest.mark.parametrize("exclude", [["bias"], lambda v: v.shape.rank == 1])
+@pytest.mark.parametrize("exclude", [["bias"], lambda v: v.shape.rank == 1, "vectors", ["vectors"]])
 def test_weight_decay_exclusion(exclude):
     rng = np.random.default_rng(2)
     kernel0 = rng.standard_normal((3, 2)).astype(np.float32)
@@ -228,6 +228,21 @@ def test_weight_decay_exclusion(exclude):
         wb = ref.adam(wb, gb, sb, 0.1, t, wd=0.0, **RB)
         assert_close(kernel.numpy(), wk, f"kernel step {t}")
         assert_close(bias.numpy(), wb, f"bias step {t}")
+
+
+def test_vectors_decay_what_nanogpt_decays():
+    """exclude_from_weight_decay = "vectors" on nanoGPT's CPU model (config_tiny_transformer's shape): the
+    18 tensors, 802,944 weights that nanoGPT's configure_optimizers decays (every parameter of 2 or more
+    dimensions: matrices and embedding tables); with a pattern beside it, that one too."""
+    from lmkit.models import TransformerLanguageModel
+    model = TransformerLanguageModel(vocab_size=65, hidden_size=128, num_layers=4, num_heads=4, max_positions=64,
+                                     tie_weights=True, init_scale=0.02)
+    decayed = [v for v in model.trainable_variables if optim.AdamW(exclude_from_weight_decay="vectors").decays(v)]
+    assert len(decayed) == 18 and sum(v.shape.num_elements() for v in decayed) == 802_944
+    assert all(len(v.shape) == 2 for v in decayed)
+    opt = optim.AdamW(exclude_from_weight_decay=["vectors", "position_embedder"])
+    assert [v.name for v in model.trainable_variables if opt.decays(v)] == [
+        v.name for v in decayed if "position_embedder" not in v.name]
 
 
 def test_none_gradient_skips_the_variable():

@@ -120,7 +120,9 @@ def test_the_configured_peak_wins_and_a_known_gpu_needs_no_config(monkeypatch):
 @pytest.mark.parametrize("peak", [0.0, 0.25])
 def test_training_reports_model_tflops_and_mfu(tmp_path, peak):
     from lmkit.train import Trainer
-    cfg = load_config("config_tiny_transformer", {"peak_tflops": peak, "num_epochs": 1})
+    # A plan of one epoch (its line), in place of the config's 2000 steps and their 100 warmup steps.
+    cfg = load_config("config_tiny_transformer", {"peak_tflops": peak, "num_epochs": 1, "max_steps": 0,
+                                                  "warmup_steps": 0})
     lines = []
     trainer = Trainer(build_model(cfg.model_config()), cfg, model_dir=str(tmp_path), log=lines.append)
     ids = np.random.RandomState(0).randint(0, cfg.vocab_size, size=cfg.batch_size * cfg.num_steps * 4 + 1)

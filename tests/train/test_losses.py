@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.train.losses import sequence_softmax_cross_entropy, sparse_softmax_cross_entropy
+from lmkit.core.errors import UsageError
+from lmkit.train.losses import sequence_softmax_cross_entropy, sparse_softmax_cross_entropy, window_loss
 from tests.layers.conftest import _seeded, run  # noqa: F401 (pytest fixtures: seeds; eager and compiled runs)
 
 BATCH, TIME, VOCAB = 3, 4, 6
@@ -127,6 +128,32 @@ def test_incompatible_options():
         sequence_softmax_cross_entropy(LABELS, LOGITS[:, 0])
     with pytest.raises(ValueError, match=r"integer labels have shape \(3,\)"):
         sequence_softmax_cross_entropy(LABELS[:, 0], LOGITS)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_window_loss_and_its_gradient_against_torchs_cross_entropy(run, reduction):
+    """"mean" is PyTorch's (and nanoGPT's) F.cross_entropy over every position; "sum" is TIME times it, and
+    so is its gradient: the factor that max_grad_norm sees."""
+    torch = pytest.importorskip("torch")
+    logits = tf.Variable(LOGITS)
+    loss, grad = run(lambda: _value_and_gradient(lambda: window_loss(LABELS, logits, reduction), logits))
+    t_logits = torch.tensor(LOGITS.astype(np.float64), requires_grad=True)
+    t_loss = torch.nn.functional.cross_entropy(t_logits.reshape(-1, VOCAB), torch.tensor(LABELS.reshape(-1)).long())
+    t_loss.backward()
+    factor = TIME if reduction == "sum" else 1
+    np.testing.assert_allclose(loss, factor * t_loss.item(), rtol=1e-5)
+    np.testing.assert_allclose(grad, factor * t_logits.grad.numpy(), rtol=1e-4, atol=1e-7)
+
+
+def _value_and_gradient(loss_fn, variable):
+    with tf.GradientTape() as tape:
+        loss = loss_fn()
+    return loss, tape.gradient(loss, variable)
+
+
+def test_window_loss_names_an_unknown_reduction():
+    with pytest.raises(UsageError, match="loss_reduction = 'average' is not one of sum, mean"):
+        window_loss(LABELS, LOGITS, "average")
 
 
 def np_sparse_xent(labels, logits):

@@ -323,3 +323,24 @@ def test_random_offset_sampling_trains_a_transformer_and_is_refused_for_an_rnn()
     trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
     with pytest.raises(UsageError, match="sampling = 'random' needs a model without a recurrent state"):
         trainer.fit(ids, num_epochs=1)
+
+
+def test_a_mean_loss_steps_a_window_length_less_far_and_reports_the_same_perplexity():
+    """loss_reduction = "mean": the step's loss and SGD's update are 1/num_steps of the summed loss's (no
+    clipping), and the perplexity reported is per token either way."""
+    ids = _ids()
+    deltas, losses, perplexities = {}, {}, {}
+    for reduction in ("sum", "mean"):
+        cfg = _config(model="transformer", num_heads=2, keep_prob=1.0, learning_rate=0.1, max_grad_norm=0.0,
+                      loss_reduction=reduction)
+        tf.random.set_seed(5)
+        model = build_model(cfg.model_config())
+        before = [v.numpy() for v in model.trainable_variables]
+        result = Trainer(model, cfg, log=lambda s: None, record_step_losses=True).fit(ids, max_steps=1)
+        deltas[reduction] = [v.numpy() - b for v, b in zip(model.trainable_variables, before)]
+        losses[reduction], perplexities[reduction] = result.step_losses[0], result.epochs[-1].train_perplexity
+    np.testing.assert_allclose(losses["sum"], 5 * losses["mean"], rtol=1e-5)  # num_steps = 5
+    np.testing.assert_allclose(perplexities["sum"], perplexities["mean"], rtol=1e-5)
+    assert any(np.abs(d).max() > 1e-4 for d in deltas["mean"])
+    for summed, mean in zip(deltas["sum"], deltas["mean"]):
+        np.testing.assert_allclose(summed, 5 * mean, rtol=1e-3, atol=1e-6)  # float32 rounding of w + dw - w

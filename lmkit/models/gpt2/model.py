@@ -11,12 +11,29 @@ from lmkit.core.errors import UsageError
 from lmkit.layers.base import Training, dropout, uniform_initializer
 from lmkit.layers.embeddings import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.layers.projection import OutputProjection
-from lmkit.layers.transformer import TransformerDecoder, TransformerState
+from lmkit.layers.transformer import TransformerDecoder, TransformerState, initialize_like_gpt2
 from lmkit.models.protocols import LanguageModel, check_window, embedding_dim_of, keep_prob_of
 
-__all__ = ["TransformerLanguageModel"]
+__all__ = ["INITIALIZATIONS", "TransformerLanguageModel"]
 
 _POSITION_EMBEDDINGS = ("learned", "sinusoid")
+#: How the kernels and embedding tables start (``initialization``): see :class:`TransformerLanguageModel`.
+INITIALIZATIONS = ("uniform", "gpt2")
+
+
+def _check_choices(embedding_dim: int, hidden_size: int, num_heads: int, position_embedding: str,
+                   initialization: str) -> None:
+    """The arguments of :class:`TransformerLanguageModel` that must fit each other or name a choice."""
+    if embedding_dim_of(embedding_dim, hidden_size) != hidden_size:
+        raise UsageError(f"embedding_dim {embedding_dim} must be 0 or hidden_size {hidden_size} for the "
+                         f"transformer; use embedding_dim=0")
+    check_heads("hidden_size", hidden_size, num_heads)
+    if position_embedding not in _POSITION_EMBEDDINGS:
+        raise UsageError(f"position_embedding {position_embedding!r} is not one of "
+                         f"{', '.join(_POSITION_EMBEDDINGS)}")
+    if initialization not in INITIALIZATIONS:
+        raise UsageError(f"initialization {initialization!r} is not one of {', '.join(INITIALIZATIONS)} "
+                         "(uniform: uniform(-init_scale, init_scale); gpt2: GPT-2's normal(0, init_scale))")
 
 
 class TransformerLanguageModel(LanguageModel):
@@ -46,6 +63,7 @@ class TransformerLanguageModel(LanguageModel):
                  tie_weights: bool = False, init_scale: float = 0.1, embedding_dim: int = 0,
                  position_embedding: str = "learned", layer_norm_epsilon: float = 1e-5, output_bias: bool = True,
                  attention_blocks: Union[int, str] = "auto", attention_dropout: Optional[float] = None,
+                 initialization: str = "uniform", use_bias: bool = True, activation: str = "gelu",
                  name: Optional[str] = None) -> None:
         """Creates the embedders, the decoder and the softmax layer.
 
@@ -59,7 +77,7 @@ class TransformerLanguageModel(LanguageModel):
           dropout: dropout rate while training.
           pre_layer_norm: GPT-2 style (True) or post-layer-norm.
           tie_weights: share the embedding table with the softmax kernel.
-          init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
+          init_scale: the spread of the kernels and embeddings at the start (see ``initialization``).
           embedding_dim: must be 0 or ``hidden_size`` (kept for config parity).
           position_embedding: ``"learned"`` (GPT-2) or ``"sinusoid"``.
           layer_norm_epsilon: added to the variance in every layer norm.
@@ -73,24 +91,26 @@ class TransformerLanguageModel(LanguageModel):
             dropout and lets a fused attention kernel take training windows
             (``model_params = {"attention_dropout": 0.0}`` in a config;
             :mod:`lmkit.layers.kernels`).
+          initialization: ``"uniform"`` (default): every kernel and embedding
+            table from uniform(-init_scale, init_scale); ``"gpt2"``: GPT-2's and
+            nanoGPT's normal(0, init_scale), the residual projections smaller
+            (:func:`~lmkit.layers.initialize_like_gpt2`).
+          use_bias: biases in the attention and feed-forward projections and
+            offsets in the layer norms; False: neither (nanoGPT's ``bias=False``).
+          activation: the feed-forward's, ``"gelu"`` (GPT-2's tanh approximation),
+            ``"gelu_exact"`` (nanoGPT's) or ``"relu"``.
           name: module name.
 
         Raises:
           ValueError: ``hidden_size`` not divisible by ``num_heads``, an
             ``embedding_dim`` other than 0 or ``hidden_size``, an unknown
-            position embedding, or a bad size or rate.
+            position embedding or initialization, or a bad size or rate.
         """
         super().__init__(name=name)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.hidden_size = check_positive_int("hidden_size", hidden_size)
-        if embedding_dim_of(embedding_dim, hidden_size) != hidden_size:
-            raise UsageError(f"embedding_dim {embedding_dim} must be 0 or hidden_size {hidden_size} for the "
-                             f"transformer; use embedding_dim=0")
-        check_heads("hidden_size", hidden_size, num_heads)
-        if position_embedding not in _POSITION_EMBEDDINGS:
-            raise UsageError(f"position_embedding {position_embedding!r} is not one of "
-                             f"{', '.join(_POSITION_EMBEDDINGS)}")
-        self.position_embedding = position_embedding
+        _check_choices(embedding_dim, hidden_size, num_heads, position_embedding, initialization)
+        self.position_embedding, self.initialization = position_embedding, initialization
         self.dropout = check_rate("dropout", dropout)
         self.attention_dropout = None if attention_dropout is None else check_rate("attention_dropout",
                                                                                     attention_dropout)
@@ -110,10 +130,13 @@ class TransformerLanguageModel(LanguageModel):
                                               pre_layer_norm=pre_layer_norm,
                                               max_positions=max_positions, init_scale=init_scale,
                                               layer_norm_epsilon=layer_norm_epsilon,
-                                              attention_blocks=attention_blocks, name="decoder")
+                                              attention_blocks=attention_blocks, use_bias=use_bias,
+                                              activation=activation, name="decoder")
             self.projection = OutputProjection(dim=hidden_size, vocab_size=vocab_size,
                                                tied_embedder=self.embedder if self.tie_weights else None,
                                                use_bias=output_bias, initializer=initializer, name="projection")
+        if initialization == "gpt2":
+            initialize_like_gpt2(self, self.decoder.layers, self.init_scale)
 
     @property
     def max_positions(self) -> int:
@@ -123,7 +146,8 @@ class TransformerLanguageModel(LanguageModel):
     def is_gpt2(self) -> bool:
         """Whether this is GPT-2's architecture (what a Hugging Face GPT-2 checkpoint holds)."""
         return (self.tie_weights and self.decoder.pre_layer_norm and self.position_embedding == "learned"
-                and self.projection.bias is None and self.decoder.layers[0].activation == "gelu")
+                and self.projection.bias is None and self.decoder.layers[0].activation == "gelu"
+                and self.decoder.layers[0].use_bias)
 
     def initial_state(self, batch_size: Union[int, tf.Tensor],
                       max_length: Optional[int] = None) -> TransformerState:
@@ -170,8 +194,8 @@ class TransformerLanguageModel(LanguageModel):
 
     def get_config(self) -> Dict[str, Any]:
         """``TrainConfig.model_config()`` keys (model ``gpt2`` for GPT-2's architecture), plus
-        ``position_embedding``, ``layer_norm_epsilon``, ``output_bias``, ``attention_blocks`` and
-        ``attention_dropout`` when not the defaults."""
+        ``position_embedding``, ``layer_norm_epsilon``, ``output_bias``, ``attention_blocks``,
+        ``attention_dropout``, ``initialization``, ``use_bias`` and ``activation`` when not the defaults."""
         config = {"model": "gpt2" if self.is_gpt2 else "transformer", "vocab_size": self.vocab_size,
                   "hidden_size": self.hidden_size,
                   "num_layers": self.decoder.num_layers, "init_scale": self.init_scale,
@@ -191,4 +215,10 @@ class TransformerLanguageModel(LanguageModel):
             config["attention_blocks"] = blocks
         if self.attention_dropout is not None:
             config["attention_dropout"] = self.attention_dropout
+        if self.initialization != "uniform":
+            config["initialization"] = self.initialization
+        if not self.decoder.layers[0].use_bias:
+            config["use_bias"] = False
+        if self.decoder.layers[0].activation != "gelu":
+            config["activation"] = self.decoder.layers[0].activation
         return config
