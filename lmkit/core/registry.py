@@ -10,12 +10,12 @@ same way, by import path.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping, Tuple
+from typing import Any, Callable, Mapping, Sequence, Tuple
 
 from lmkit.core.checks import did_you_mean
 from lmkit.core.errors import UsageError
 
-__all__ = ["import_object", "lookup", "names"]
+__all__ = ["import_object", "lookup", "names", "lazy_attributes"]
 
 
 def import_object(path: str, what: str) -> Any:
@@ -69,3 +69,23 @@ def names(path: str, what: str) -> Tuple[str, ...]:
       UsageError: ``path`` does not resolve (see :func:`import_object`).
     """
     return tuple(import_object(path, what))
+
+
+def lazy_attributes(package: str, modules: Sequence[str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` (PEP 562) that finds a name in its ``modules``, imported on first use.
+
+    A model family's ``__init__.py`` keeps its registry entries cheap to read (no TensorFlow import) while
+    ``lmkit.models.gpt2.TransformerLanguageModel`` still works::
+
+        __getattr__ = lazy_attributes(__name__, ("model",))
+
+    The function raises AttributeError for a name none of the modules has.
+    """
+    def __getattr__(name: str) -> Any:
+        for module in modules:
+            found = importlib.import_module(f"{package}.{module}")
+            if hasattr(found, name):
+                return getattr(found, name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

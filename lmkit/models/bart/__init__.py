@@ -3,8 +3,9 @@
 Its classes load on first use (no TensorFlow import here).
 """
 
-import importlib
 from typing import Any, Dict, Optional, Tuple
+
+from lmkit.core.registry import lazy_attributes
 
 #: config ``model`` names of its encoder-decoders (conditional = True: they train on data = "pairs") ->
 #: ("module:Class", the constructor arguments the name fixes)
@@ -15,12 +16,4 @@ SEQ2SEQ_MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 HF_MODEL_TYPES: Dict[str, str] = {"bart": "transformer_seq2seq"}
 CONVERTER: Optional[str] = "lmkit.models.bart.convert:BartConverter"
 
-_MODULES = ('model',)
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: lmkit.models.bart.X, as before this folder
-    for module in _MODULES:
-        found = importlib.import_module(f"{__name__}.{module}")
-        if hasattr(found, name):
-            return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, ('model',))  # PEP 562: the classes load on first use

@@ -7,8 +7,9 @@ the converter stores ``1 + weight`` as lmkit's ``scale``, so the model is
 lmkit's Llama. Its classes load on first use (no TensorFlow import here).
 """
 
-import importlib
 from typing import Any, Dict, Optional, Tuple
+
+from lmkit.core.registry import lazy_attributes
 
 #: config ``model`` names -> ("module:Class", the constructor arguments the name fixes)
 MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
@@ -18,12 +19,4 @@ MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 HF_MODEL_TYPES: Dict[str, str] = {"gemma": "gemma"}
 CONVERTER: Optional[str] = "lmkit.models.gemma.convert:GemmaConverter"
 
-_MODULES = ('model',)
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: lmkit.models.gemma.GemmaLanguageModel, loaded on first use
-    for module in _MODULES:
-        found = importlib.import_module(f"{__name__}.{module}")
-        if hasattr(found, name):
-            return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, ('model',))  # PEP 562: the classes load on first use

@@ -3,8 +3,9 @@
 Its classes load on first use (no TensorFlow import here).
 """
 
-import importlib
 from typing import Any, Dict, Optional, Tuple
+
+from lmkit.core.registry import lazy_attributes
 
 #: config ``model`` names -> ("module:Class", the constructor arguments the name fixes)
 MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
@@ -18,12 +19,4 @@ MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 HF_MODEL_TYPES: Dict[str, str] = {"gpt2": "gpt2"}
 CONVERTER: Optional[str] = "lmkit.models.gpt2.convert:GPT2Converter"
 
-_MODULES = ('model',)
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: lmkit.models.gpt2.X, as before this folder
-    for module in _MODULES:
-        found = importlib.import_module(f"{__name__}.{module}")
-        if hasattr(found, name):
-            return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, ('model',))  # PEP 562: the classes load on first use

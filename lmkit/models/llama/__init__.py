@@ -4,8 +4,9 @@ RMSNorm, rotary positions, SwiGLU and grouped-query attention; the three differ 
 load on first use (no TensorFlow import here).
 """
 
-import importlib
 from typing import Any, Dict, Optional, Tuple
+
+from lmkit.core.registry import lazy_attributes
 
 #: config ``model`` names -> ("module:Class", the constructor arguments the name fixes)
 MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
@@ -15,12 +16,4 @@ MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 HF_MODEL_TYPES: Dict[str, str] = {"llama": "llama", "qwen2": "llama", "mistral": "llama"}
 CONVERTER: Optional[str] = "lmkit.models.llama.convert:LlamaConverter"
 
-_MODULES = ('model', 'blocks')
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: lmkit.models.llama.X, as before this folder
-    for module in _MODULES:
-        found = importlib.import_module(f"{__name__}.{module}")
-        if hasattr(found, name):
-            return getattr(found, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, ('model', 'blocks'))  # PEP 562: the classes load on first use
