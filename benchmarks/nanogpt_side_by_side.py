@@ -46,6 +46,13 @@ Reported, per run and as medians over the seeds (with min and max):
   step (start-up, data, compilation and nanoGPT's first evaluation of
   ``eval_iters`` batches included).
 
+First (``--equivalence_steps``, 100 by default), one process takes both
+steps from nanoGPT's initial weights on the same batches at the same
+learning rates (``equivalence``: the largest loss and weight differences);
+``--equivalence_only --equivalence_steps 2000`` runs the whole recipe so and
+adds both models' validation losses at the end: what is left between them
+is arithmetic, not the recipe.
+
 Ratios lmkit / nanoGPT are per round and of the medians. The load average is
 recorded before every run. ``--steps 200 --seeds 1`` is a quick check
 (a few minutes); the default (2000 steps, seeds 1-3) takes about 20 minutes
@@ -217,15 +224,23 @@ def nanogpt_eval_worker(args: argparse.Namespace) -> Dict[str, Any]:
     model = GPT(GPTConfig(**checkpoint["model_args"]))
     prefix = "_orig_mod."  # what torch.compile adds to the names
     model.load_state_dict({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in checkpoint["model"].items()})
+    return {"val_loss": _nanogpt_val_loss(model, args.data), "iter_num": int(checkpoint["iter_num"])}
+
+
+def _nanogpt_val_loss(model: Any, data: str) -> float:
+    """nanoGPT's model's mean loss on :func:`eval_windows` of the validation ids."""
+    import torch
+
     model.eval()
-    windows = torch.from_numpy(eval_windows(read_ids(args.data, "val.bin")).astype("int64"))
+    windows = torch.from_numpy(eval_windows(read_ids(data, "val.bin")).astype("int64"))
     total = 0.0
     with torch.no_grad():
         for start in range(0, len(windows), 128):
             batch = windows[start:start + 128]
             _, loss = model(batch[:, :-1].contiguous(), batch[:, 1:].contiguous())  # mean over the batch's tokens
             total += float(loss) * len(batch)
-    return {"val_loss": total / len(windows), "iter_num": int(checkpoint["iter_num"])}
+    model.train()
+    return total / len(windows)
 
 
 def _copy_nanogpt_weights(state: Dict[str, Any], model: Any) -> None:
@@ -295,8 +310,12 @@ def equivalence_worker(args: argparse.Namespace) -> Dict[str, Any]:
     copy = build_model(config.model_config())
     _copy_nanogpt_weights(state, copy)
     weight_gap = max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(copy.variables, model.variables))
+    from lmkit.train.evaluation import Evaluator
+    val = read_ids(args.data, "val.bin")
     return {"steps": args.equivalence_steps, "last_losses": losses[-1],
-            "max_loss_difference": max(abs(a - b) for a, b in losses), "max_weight_difference": weight_gap}
+            "max_loss_difference": max(abs(a - b) for a, b in losses), "max_weight_difference": weight_gap,
+            "val_loss": {"nanogpt": _nanogpt_val_loss(gpt, args.data),
+                         "lmkit": Evaluator(model, BLOCK, 1).mean_loss(val)}}
 
 
 # ------------------------------------------------------------------------------------------------ the runs
@@ -526,6 +545,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--output", default=os.path.join(RESULTS_DIR, "nanogpt_side_by_side.json"))
     p.add_argument("--equivalence_steps", type=int, default=100,
                    help="first, both steps from nanoGPT's initial weights on the same batches (0: skip)")
+    p.add_argument("--equivalence_only", action="store_true",
+                   help="only the equivalence (e.g. --equivalence_steps 2000: both validation losses at the end)")
     p.add_argument("--ablate", action="store_true",
                    help="lmkit alone: the config and each setting of nanoGPT's recipe put back as lmkit had it")
     p.add_argument("--no_plot", action="store_true")
@@ -585,7 +606,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         """Writes the result so far (after every run: a stopped benchmark keeps its finished runs)."""
         result = {**header, "complete": complete, "seconds": round(time.time() - started, 1),
                   "load_average_at_end": load_average(), "runs": runs,
-                  "summary": ablation_summary(runs) if args.ablate else summary(runs, frameworks)}
+                  "summary": {} if not runs else ablation_summary(runs) if args.ablate else summary(runs, frameworks)}
         write_json(args.output, result)
         return result
 
@@ -598,9 +619,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                                                   "--equivalence_steps", str(args.equivalence_steps)],
                                             REPO, "equivalence")
             print(f"equivalence: {header['equivalence']}", flush=True)
-        runs = ablate(args, seeds, save) if args.ablate else side_by_side(args, seeds, frameworks, save)
+        if args.equivalence_only:
+            runs = []
+        else:
+            runs = ablate(args, seeds, save) if args.ablate else side_by_side(args, seeds, frameworks, save)
     result = save(runs, complete=True)
-    if not args.no_plot and not args.ablate:
+    if not args.no_plot and not args.ablate and runs:
         plot(runs, os.path.splitext(args.output)[0] + ".png", args.steps)
     print(json.dumps(result["summary"], indent=2))
     print(f"wrote {args.output}")
