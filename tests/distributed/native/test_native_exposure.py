@@ -48,7 +48,8 @@ from lmkit import distributed as dist
 dist.init(backend="native")
 from tests.distributed.native.test_native_exposure import listening_addresses
 me = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][dist.rank()]
-print("LISTENING", dist.rank(), json.dumps(sorted(listening_addresses(int(me.rpartition(":")[2])))), flush=True)
+line = "LISTENING %d %s\\n" % (dist.rank(), json.dumps(sorted(listening_addresses(int(me.rpartition(":")[2])))))
+os.write(1, line.encode())  # one write: the two workers' lines never interleave (print writes in pieces)
 dist.barrier()
 """
 
