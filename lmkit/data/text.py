@@ -220,9 +220,8 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
             check_text_file(path, what)
         lines = [line for path in files for line in text_lines(path, what) if line.strip()]
         streams[name] = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
-        end = getattr(tokenizer, "document_end", None)  # each one a word, as an eos is (the cache's count)
-        words[name] = count_words([line.replace(end, f" {end} ") for line in lines] if end else lines,
-                                  line_ends=corpus.add_eos)
+        words[name] = count_words(lines, line_ends=corpus.add_eos,
+                                  document_end=getattr(tokenizer, "document_end", None))
     return TextData(tokenizer=tokenizer, train=streams["train"], valid=streams["valid"],
                     test=streams["test"], train_words=words["train"],
                     valid_words=words["valid"], test_words=words["test"])

@@ -327,7 +327,14 @@ def check_text_file(path: PathLike, what: str = "text file", *, plain: bool = Fa
     return path
 
 
-def count_words(source: Union[PathLike, Iterable[str]], *, line_ends: bool = False) -> int:
+def line_words(text: str, document_end: Optional[str] = None) -> int:
+    """The whitespace-separated words of ``text``, each ``document_end`` in it one word of its own (it is
+    one id, counted as an end-of-line id is: :attr:`lmkit.data.tokenizers.Tokenizer.document_end`)."""
+    return len((text.replace(document_end, f" {document_end} ") if document_end else text).split())
+
+
+def count_words(source: Union[PathLike, Iterable[str]], *, line_ends: bool = False,
+                document_end: Optional[str] = None) -> int:
     """The number of whitespace-separated words of a text.
 
     Args:
@@ -335,6 +342,7 @@ def count_words(source: Union[PathLike, Iterable[str]], *, line_ends: bool = Fal
         pieces) or an iterable of lines.
       line_ends: also count one word per non-blank line, for streams that end
         every line with an end-of-sentence id (as PTB counts ``<eos>``).
+      document_end: a text that counts as a word wherever it stands (:func:`line_words`).
 
     Returns:
       The count.
@@ -348,7 +356,7 @@ def count_words(source: Union[PathLike, Iterable[str]], *, line_ends: bool = Fal
         pieces = ((line, bool(line.strip()), True) for line in source)
     words = 0
     for text, has_text, ends in pieces:
-        words += len(text.split()) + (1 if line_ends and ends and has_text else 0)
+        words += line_words(text, document_end) + (1 if line_ends and ends and has_text else 0)
     return words
 
 

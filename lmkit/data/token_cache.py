@@ -337,9 +337,9 @@ def _encode_block(text: str, continues: bool = False, ends_line: bool = True) ->
         goes_on = False
     ended = len(lines) - goes_on
     words = ended if add_eos else 0
-    end = getattr(tokenizer, "document_end", None)  # a word each, as an eos (formats.documents_for)
+    end = getattr(tokenizer, "document_end", None)  # records' document separator (formats.documents_for)
     for line in lines:
-        words += len((line.replace(end, f" {end} ") if end else line).split())
+        words += textfile.line_words(line, end)
     fast = tokenizer.encode_lines_flat(lines, add_eos)
     if fast is not None:
         return _fit(fast[:-1] if add_eos and goes_on else fast, tokenizer), ended, words
