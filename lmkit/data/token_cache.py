@@ -40,35 +40,29 @@ Encoding (:func:`encode_to_cache`) reads each file in blocks
 nor with its lines; a bare CR ends a line; a source of another format,
 :mod:`lmkit.data.formats`, gives its records' texts as lines, and the
 progress counts its bytes on disk) and encodes the blocks in worker
-processes, one per core, in order; the ids are those of
-:meth:`lmkit.data.text.TextCorpus.encode_text_lines` (blank lines skipped,
-eos after each line) whatever the number of workers. A line longer than
-:data:`BLOCK_BYTES` is encoded in pieces cut before a space (no eos between
-them): the ids are those of the whole line for the word, char and byte
-tokenizers, GPT-2-style byte-level BPE and SentencePiece (which starts a
-word at a space either way); a piece without a space in :data:`BLOCK_BYTES`
-is cut between two characters, and white space that starts a line for more
-than :data:`BLOCK_BYTES` is dropped. The line layout
-keeps each line whole (an example) and splits at "\n" only: a line longer than
-:data:`MAX_LINE_BYTES` is a DataError there.
+processes (:mod:`lmkit.data.encoding_pool`), one per core, in order; the ids
+are those of :meth:`lmkit.data.text.TextCorpus.encode_text_lines` (blank
+lines skipped, eos after each line) whatever the number of workers. A line
+longer than ``BLOCK_BYTES`` is encoded in pieces cut before a space (no eos
+between them): the ids are those of the whole line for the word, char and
+byte tokenizers, GPT-2-style byte-level BPE and SentencePiece (which starts
+a word at a space either way); a piece without a space in ``BLOCK_BYTES`` is
+cut between two characters, and white space that starts a line for more
+than ``BLOCK_BYTES`` is dropped. The line layout keeps each line whole (an
+example) and splits at "\n" only: a line longer than ``MAX_LINE_BYTES`` is a
+DataError there.
 """
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import concurrent.futures.process
-import contextlib
 import dataclasses
 import errno
 import functools
 import hashlib
 import json
-import multiprocessing
 import os
-import sys
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,6 +70,15 @@ from lmkit.core.fileio import TempFolder, atomic_write_text, fsync_dir
 from lmkit.core.progress import rate_progress
 from lmkit.data import formats, textfile
 from lmkit.data.cache_folders import TEMP_PREFIX, sweep_temp_folders
+from lmkit.data.encoding_pool import (
+    SourceBlocks,
+    encode_block,
+    encode_block_lines,
+    encoders,
+    encoding_workers,
+    id_dtype,
+    map_blocks,
+)
 from lmkit.data.errors import DataError
 
 __all__ = ["CACHE_ENV", "LineIds", "TokenStream", "cache_root", "cache_key", "open_cached", "encode_to_cache",
@@ -83,22 +86,15 @@ __all__ = ["CACHE_ENV", "LineIds", "TokenStream", "cache_root", "cache_key", "op
            "sweep_temp_folders"]
 
 CACHE_ENV = "LMKIT_DATA_CACHE"
-WORKERS_ENV = "LMKIT_ENCODING_WORKERS"
 FORMAT = 1
 IDS_FILE = "ids.bin"
 MANIFEST_FILE = "manifest.json"
 LINES_FILE = "lines.bin"
 BLANK_FILE = "blank.bin"
 TOKENIZER_DIR = "tokenizer"
-#: Raw bytes read at a time; a block handed to a worker holds at most twice as many (a longer line is
-#: cut into pieces, see the module's docstring).
-BLOCK_BYTES = textfile.BLOCK_BYTES
-#: The longest line the line layout keeps whole (an example); a longer one is a DataError.
-MAX_LINE_BYTES = 16 << 20
 #: Below this many bytes of text one process encodes (starting workers costs more).
 PARALLEL_MIN_BYTES = 16 << 20
 _OFF = ("none", "off")
-#: The names of temporary folders in the cache (``.tmp-<key>-<random>``) and their lock file.
 
 
 @dataclasses.dataclass
@@ -175,26 +171,6 @@ def cache_root(setting: str = "") -> Optional[str]:
     return os.path.join(os.path.abspath(base), "lmkit", "tokens")
 
 
-def encoding_workers() -> int:
-    """Processes for encoding: ``$LMKIT_ENCODING_WORKERS``, else the cores this process may use."""
-    setting = os.environ.get(WORKERS_ENV, "").strip()
-    if setting:
-        if not setting.isdigit() or int(setting) < 1:
-            raise DataError(f"{WORKERS_ENV} = {setting!r} must be a positive integer (processes "
-                            "that encode text)")
-        return int(setting)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def _identity(path: str) -> Dict[str, object]:
-    """What the cache key holds of a source: path, size, modification time, a sample of its content, and
-    for JSON Lines, Parquet and datasets folders where the text is (:func:`lmkit.data.textfile.source_identity`)."""
-    return textfile.source_identity(path)
-
-
 def _tokenizer_record(tokenizer) -> Dict[str, object]:
     return {"name": tokenizer.name, "options": tokenizer.options, "vocab_size": int(tokenizer.vocab_size),
             "fingerprint": tokenizer.fingerprint()}
@@ -209,7 +185,7 @@ def cache_key(tokenizer, files: Sequence[str], add_eos: bool, layout: str = "str
       DataError: a file does not exist or cannot be read.
     """
     try:
-        sources = [_identity(f) for f in files]
+        sources = [textfile.source_identity(f) for f in files]
     except FileNotFoundError as exc:
         raise DataError(f"text file {exc.filename!r} does not exist; check the path") from None
     except OSError as exc:
@@ -221,10 +197,6 @@ def cache_key(tokenizer, files: Sequence[str], add_eos: bool, layout: str = "str
         record["layout"] = layout
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
     return f"{tokenizer.name}-{digest[:24]}"
-
-
-def _dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= (1 << 16) else np.uint32)
 
 
 def _open_folder(folder: str, tokenizer) -> Optional[Tuple[Dict[str, object], np.ndarray]]:
@@ -294,136 +266,6 @@ def open_cached_lines(root: str, tokenizer, path: str) -> Optional[LineIds]:
                         "and run again") from None
     offsets = _map(folder, LINES_FILE, np.dtype(np.uint64), lines + 1)
     return LineIds(ids, offsets, _map(folder, BLANK_FILE, np.dtype(np.uint8), lines), folder, True)
-
-
-# -- encoding --------------------------------------------------------------------------------------
-def _can_spawn() -> bool:
-    """Whether new processes can start: they import the main script again, which must be a file.
-
-    (``python - < script`` has none; such a caller encodes in one process.)
-    """
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    return path is None or os.path.isfile(path)
-
-
-_WORKER: Dict[str, object] = {}
-
-
-def _init_worker(tokenizer_dir: str, add_eos: bool) -> None:
-    from lmkit.data.tokenizers import load_tokenizer
-    parent = multiprocessing.parent_process()
-    if parent is not None and sys._getframe(1).f_code is concurrent.futures.process._process_worker.__code__:
-        # The pool's initializer (not the call in the parent): a signal to the whole process group (Ctrl-C,
-        # mpirun's SIGUSR1) is the parent's to act on; it shuts the pool down (lmkit.core.preemption).
-        from lmkit.core.preemption import detach_worker
-        detach_worker(parent.pid)
-    _WORKER["tokenizer"] = load_tokenizer(tokenizer_dir)
-    _WORKER["add_eos"] = add_eos
-
-
-def _encode_block(text: str, continues: bool = False, ends_line: bool = True) -> Tuple[np.ndarray, int, int]:
-    """``(ids, non-blank lines ended, words)`` of a block (:class:`lmkit.data.textfile.TextBlock`), as
-    TextCorpus encodes whole lines: a piece of a long line that goes on in the next block gets no eos."""
-    tokenizer = _WORKER["tokenizer"]
-    add_eos = bool(_WORKER["add_eos"])
-    if continues or not ends_line:  # a piece of a cut line is in it
-        kept = [(piece, ends) for piece, has_text, ends in textfile.line_segments(text, continues, ends_line)
-                if has_text]
-        lines = [piece for piece, _ in kept]
-        goes_on = bool(kept) and not kept[-1][1]  # only the last segment can go on
-    else:  # whole lines, the usual block
-        lines = [line for line in textfile.LINE_BREAK.split(text) if line.strip()]
-        goes_on = False
-    ended = len(lines) - goes_on
-    words = ended if add_eos else 0
-    end = getattr(tokenizer, "document_end", None)  # records' document separator (formats.documents_for)
-    for line in lines:
-        words += textfile.line_words(line, end)
-    fast = tokenizer.encode_lines_flat(lines, add_eos)
-    if fast is not None:
-        return _fit(fast[:-1] if add_eos and goes_on else fast, tokenizer), ended, words
-    eos = [tokenizer.eos_id] if add_eos else []
-    flat: List[int] = []
-    for ids in tokenizer.encode_batch(lines):
-        flat.extend(ids)
-        flat.extend(eos)
-    if add_eos and goes_on:  # the line ends in a later block
-        flat.pop()
-    return _fit(np.asarray(flat, np.int64), tokenizer), ended, words
-
-
-def _fit(ids: np.ndarray, tokenizer) -> np.ndarray:
-    """``ids`` in the cache's dtype, once each is checked to be below the tokenizer's ``vocab_size`` (a
-    uint16 file would turn an id above 65,535 into another token, silently)."""
-    size = int(tokenizer.vocab_size)
-    if ids.size:
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= size:
-            raise DataError(f"the {tokenizer.name} tokenizer gave the id {high if high >= size else low}, "
-                            f"outside its vocab_size {size} (ids 0..{size - 1}): its files disagree, and "
-                            "the data cache stores no id it cannot keep exactly; repair or replace the "
-                            "tokenizer")
-    return ids.astype(_dtype(size), copy=False)
-
-
-def _encode_block_lines(text: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(ids, ids per line, blank flags)`` of whole lines of text, each line as ``tokenizer.encode``
-    reads it: split at "\n" only, a final "\r" dropped (as :func:`lmkit.data.paired.read_lines`)."""
-    tokenizer = _WORKER["tokenizer"]
-    lines = text.split("\n")
-    if text.endswith("\n"):
-        lines.pop()
-    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-    blank = np.array([not line.strip() for line in lines], np.uint8)
-    encoded = iter(tokenizer.encode_batch([line for line, b in zip(lines, blank) if not b]))
-    lengths = np.zeros(len(lines), np.int64)
-    flat: List[int] = []
-    for k, b in enumerate(blank):
-        if not b:
-            ids = next(encoded)
-            lengths[k] = len(ids)
-            flat.extend(ids)
-    return _fit(np.asarray(flat, np.int64), tokenizer), lengths, blank
-
-
-class _Blocks:
-    """A file's blocks (:class:`lmkit.data.textfile.TextBlocks`) as the arguments of the encoder of
-    ``layout`` (``"stream"``: ``(text, continues, ends_line)``; ``"lines"``: ``(text,)``), hashed as
-    read, and checked for changes at the end."""
-
-    def __init__(self, path: str, what: str, layout: str = "stream") -> None:
-        self.path, self.what, self.layout = path, what, layout
-        self.identity = _identity(path)
-        self.sha256 = hashlib.sha256()
-        stream = layout == "stream"
-        self._blocks = textfile.TextBlocks(
-            path, what, block_bytes=BLOCK_BYTES, cr_breaks=stream, plain=not stream,
-            max_line_bytes=None if stream else MAX_LINE_BYTES,
-            long_line_fix="each line of an encoder-decoder's file is one example, split at \\n only; "
-                          "break the line into shorter examples or remove it")
-
-    @property
-    def read(self) -> int:
-        """Bytes of the source read so far (a compressed file's compressed bytes)."""
-        return self._blocks.consumed
-
-    def __iter__(self):
-        for block in self._blocks:
-            self.sha256.update(block.raw)
-            if self.layout == "stream":
-                yield block.text, block.continues, block.ends_line
-            else:
-                yield (block.text,)
-        self.check_unchanged()
-
-    def check_unchanged(self) -> None:
-        now = _identity(self.path)
-        if now != self.identity or self.read != self.identity["size"]:
-            change = f"size {self.identity['size']} -> {now['size']} bytes" \
-                if now["size"] != self.identity["size"] else "its content or modification time"
-            raise DataError(f"{self.what} {self.path!r} changed while it was being encoded ({change}); run "
-                            "again once nothing writes to it")
 
 
 def _progress(log: Callable[[str], None], what: str, total: int, every: float = 2.0):
@@ -511,93 +353,10 @@ def _build_folder(root: str, key: str, tokenizer, what: str, total: int, workers
     return found
 
 
-# -- temporary folders ---------------------------------------------------------------------------
-@contextlib.contextmanager
-def _encoders(workers: int, tokenizer_dir: str, add_eos: bool):
-    """A pool of ``workers`` encoding processes (None: encode in this process), each with the tokenizer."""
-    from lmkit.core.preemption import signals_held
-    pool = None
-    try:
-        if workers > 1 and _can_spawn():
-            # Started with the preemption signals held: a signal to the whole process group
-            # (mpirun's SIGUSR1, Ctrl-C) then cannot end a worker, or multiprocessing's resource
-            # tracker, before they are set up; submitting starts every worker at once.
-            with signals_held():
-                pool = concurrent.futures.ProcessPoolExecutor(
-                    workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-                    initargs=(tokenizer_dir, add_eos))
-                pool.submit(int)
-        else:
-            _init_worker(tokenizer_dir, add_eos)
-        yield pool
-    except BaseException:
-        if pool is not None:  # stopping (a signal, an error): end the workers, do not wait on their queues
-            _end_pool(pool)
-            pool = None
-        raise
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _end_pool(pool: concurrent.futures.ProcessPoolExecutor, grace: float = 10.0) -> None:
-    """Ends a pool whose work is abandoned (a signal, an error): its queued blocks cancelled, the
-    blocks in flight given ``grace`` seconds, then its workers terminated.
-
-    ``shutdown(wait=True)`` would wait for good on Python 3.10 once a worker
-    died of a signal (the pool's queue feeder stays blocked on a pipe nobody
-    reads); a stop must not.
-    """
-    processes = list(getattr(pool, "_processes", None) or {})
-    processes = [pool._processes[k] for k in processes] if processes else []
-    manager = getattr(pool, "_executor_manager_thread", None)
-    pool.shutdown(wait=False, cancel_futures=True)
-    if manager is not None:
-        manager.join(grace)
-        if not manager.is_alive():
-            return
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    for process in processes:
-        process.join(2.0)
-        if process.is_alive():
-            process.kill()
-            process.join(1.0)
-    # The pool's stuck threads keep its queues, whose semaphores multiprocessing unlinks only in
-    # finalizers that a stopping process (os._exit) never runs: the resource tracker would then
-    # warn of leaked semaphores. Run those finalizers now.
-    import multiprocessing.util
-    with contextlib.suppress(Exception):
-        multiprocessing.util._run_finalizers(0)
-
-
-def _map_blocks(blocks: "_Blocks", encode: Callable[..., object], pool, workers: int, what: str,
-                take: Callable[[object], None]) -> None:
-    """``take(encode(*block))`` for every block in order, ``2 x workers`` blocks in flight in ``pool``."""
-    pending: Deque = collections.deque()
-
-    def next_result() -> None:
-        try:
-            result = pending.popleft().result() if pool else pending.popleft()
-        except concurrent.futures.process.BrokenProcessPool:
-            raise DataError(f"an encoding process died while encoding {what} (out of "
-                            "memory?); run again, with fewer processes "
-                            "(LMKIT_ENCODING_WORKERS=1) if it happens again") from None
-        take(result)
-
-    for args in blocks:
-        pending.append(pool.submit(encode, *args) if pool else encode(*args))
-        while len(pending) > (2 * workers if pool else 0):
-            next_result()
-    while pending:
-        next_result()
-
-
 def _encode_files(folder: str, tokenizer, files: Sequence[str], add_eos: bool, what: str,
                   workers: int, total: int, log: Callable[[str], None]) -> Dict[str, object]:
     """Writes ``folder/ids.bin``; returns the manifest's counts and sources."""
-    dtype = _dtype(tokenizer.vocab_size)
+    dtype = id_dtype(tokenizer.vocab_size)
     names = files[0] if len(files) == 1 else f"{len(files)} files"
     log(f"encoding {what} ({names}, {total / 1e6:.1f} MB) with the {tokenizer.name} tokenizer in "
         f"{workers} process(es) into the data cache {os.path.dirname(folder)}")
@@ -605,10 +364,10 @@ def _encode_files(folder: str, tokenizer, files: Sequence[str], add_eos: bool, w
     sources: List[Dict[str, object]] = []
     counts = {"num_tokens": 0, "lines": 0, "words": 0}
     done_before = 0
-    with _encoders(workers, os.path.join(folder, TOKENIZER_DIR), add_eos) as pool, \
+    with encoders(workers, os.path.join(folder, TOKENIZER_DIR), add_eos, what) as pool, \
             open(os.path.join(folder, IDS_FILE), "wb") as out:
         for path in files:
-            blocks = _Blocks(path, what)
+            blocks = SourceBlocks(path, what)
             file_counts = {"num_tokens": 0, "lines": 0, "words": 0}
 
             def take(result) -> None:
@@ -618,7 +377,7 @@ def _encode_files(folder: str, tokenizer, files: Sequence[str], add_eos: bool, w
                     file_counts[k] += int(v)
                 update(done_before + blocks.read)
 
-            _map_blocks(blocks, _encode_block, pool, workers, what, take)
+            map_blocks(blocks, encode_block, pool, workers, take)
             done_before += blocks.read
             sources.append(dict(blocks.identity, sha256=blocks.sha256.hexdigest(),
                                 token_offset=counts["num_tokens"], **file_counts))
@@ -662,13 +421,13 @@ def encode_lines_to_cache(root: str, tokenizer, path: str, *, what: str = "sourc
     total = os.path.getsize(path)
 
     def fill(temp: str, workers: int) -> Dict[str, object]:
-        dtype = _dtype(tokenizer.vocab_size)
+        dtype = id_dtype(tokenizer.vocab_size)
         log(f"encoding {what} ({path}, {total / 1e6:.1f} MB) line by line with the {tokenizer.name} "
             f"tokenizer in {workers} process(es) into the data cache {root}")
         update = _progress(log, what, total)
-        blocks = _Blocks(path, what, layout="lines")
+        blocks = SourceBlocks(path, what, layout="lines")
         counts = {"num_tokens": 0, "lines": 0}
-        with _encoders(workers, os.path.join(temp, TOKENIZER_DIR), False) as pool, \
+        with encoders(workers, os.path.join(temp, TOKENIZER_DIR), False, what) as pool, \
                 open(os.path.join(temp, IDS_FILE), "wb") as ids_out, \
                 open(os.path.join(temp, LINES_FILE), "wb") as lines_out, \
                 open(os.path.join(temp, BLANK_FILE), "wb") as blank_out:
@@ -684,7 +443,7 @@ def encode_lines_to_cache(root: str, tokenizer, path: str, *, what: str = "sourc
                 counts["lines"] += int(blank.size)
                 update(blocks.read)
 
-            _map_blocks(blocks, _encode_block_lines, pool, workers, what, take)
+            map_blocks(blocks, encode_block_lines, pool, workers, take)
             for out in (ids_out, lines_out, blank_out):
                 out.flush()
                 os.fsync(out.fileno())

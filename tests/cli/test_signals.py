@@ -274,8 +274,18 @@ def test_a_signal_to_every_process_while_a_pool_encodes(corpus, tmp_path, sig):
 
 def test_an_encoding_process_killed_by_the_oom_killer_fails_the_run_without_a_hang(corpus, tmp_path):
     # The pool ends its other workers with SIGTERM: were it ignored, the parent's shutdown would wait forever.
+    # Both workers are held stopped (SIGSTOP) around the kill, so no block can finish before it on a loaded
+    # machine; the parent then learns of the death at a submit or at a result, whichever comes first (the
+    # submit once ended the run with exit 1 and a raw BrokenProcessPool traceback).
     cache = str(tmp_path / "cache")
-    out = run_with_pool(corpus, cache, lambda pid, workers: os.kill(workers[0], signal.SIGKILL))
+
+    def oom_kill(pid: int, workers: List[int]) -> None:
+        for w in workers:
+            os.kill(w, signal.SIGSTOP)
+        os.kill(workers[0], signal.SIGKILL)
+        os.kill(workers[1], signal.SIGCONT)  # SIGTERM from the pool ends it, stopped or not
+
+    out = run_with_pool(corpus, cache, oom_kill)
     assert out.returncode == 2, out.output[-4000:]
     assert "error: an encoding process died while encoding train_file" in out.output, out.output[-4000:]
     assert leftovers(cache) == []

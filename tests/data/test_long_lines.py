@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from lmkit.data import textfile, token_cache
+from lmkit.data import encoding_pool, textfile, token_cache
 from lmkit.data.errors import DataError
 from lmkit.data.text import load_text_data
 from lmkit.data.textfile import TextBlocks, check_text_file
@@ -57,19 +57,19 @@ def long_file(tmp_path_factory):
 def spy(monkeypatch):
     """Records ``(bytes, ends_line)`` of every block the encoder gets (one process: workers=1)."""
     seen = []
-    real = token_cache._encode_block
+    real = token_cache.encode_block
 
     def encode(text, continues=False, ends_line=True):
         seen.append((len(text.encode("utf-8")), ends_line))
         return real(text, continues, ends_line)
 
-    monkeypatch.setattr(token_cache, "_encode_block", encode)
+    monkeypatch.setattr(token_cache, "encode_block", encode)
     _small_blocks(monkeypatch)
     return seen
 
 
 def _small_blocks(monkeypatch):
-    monkeypatch.setattr(token_cache, "BLOCK_BYTES", BLOCK)  # the cache's reads
+    monkeypatch.setattr(encoding_pool, "BLOCK_BYTES", BLOCK)  # the cache's reads
     monkeypatch.setattr(textfile, "BLOCK_BYTES", BLOCK)  # the checks' and the tokenizers' reads
 
 
@@ -166,8 +166,8 @@ def test_reading_a_long_line_holds_a_bounded_piece(monkeypatch, long_file, tmp_p
 
 
 def test_the_line_layout_refuses_a_line_too_long_to_be_an_example(monkeypatch, tmp_path):
-    monkeypatch.setattr(token_cache, "BLOCK_BYTES", 256)
-    monkeypatch.setattr(token_cache, "MAX_LINE_BYTES", 2000)
+    monkeypatch.setattr(encoding_pool, "BLOCK_BYTES", 256)
+    monkeypatch.setattr(encoding_pool, "MAX_LINE_BYTES", 2000)
     tokenizer = train_tokenizer("byte", [], tmp_path / "tok")
     path = tmp_path / "src.txt"
     path.write_text("a short one\n" + "word " * 500 + "\nthe end\n")

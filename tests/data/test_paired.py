@@ -187,12 +187,12 @@ def _pair_files(tmp_path):
 @pytest.mark.parametrize("kind", ["word", "char", "byte"])
 @pytest.mark.parametrize("workers", [1, 2])
 def test_pairs_from_the_line_cache_equal_the_pairs_encoded_in_memory(tmp_path, monkeypatch, kind, workers):
-    from lmkit.data import token_cache
+    from lmkit.data import encoding_pool, token_cache
     from lmkit.data.paired import LineRows, pairs_from_lines
     from lmkit.data.tokenizers import train_tokenizer
     source_path, target_path = _pair_files(tmp_path)
     tokenizer = train_tokenizer(kind, [source_path, target_path], tmp_path / "tok")
-    monkeypatch.setattr(token_cache, "BLOCK_BYTES", 8)  # a block or two per line: the lines cross blocks
+    monkeypatch.setattr(encoding_pool, "BLOCK_BYTES", 8)  # a block or two per line: the lines cross blocks
     want = encode_pairs(*read_pairs(source_path, target_path), tokenizer.encode, tokenizer.encode,
                         max_source_length=6, max_target_length=6)
     log = []

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from lmkit.data import token_cache
+from lmkit.data import encoding_pool, textfile, token_cache
 from lmkit.data.errors import DataError
 from lmkit.data.sources import resolve_sources
 from lmkit.data.text import load_text_data
@@ -70,7 +70,7 @@ def test_cached_ids_equal_the_in_memory_ids_and_a_second_load_reuses_them(texts,
 def test_parallel_encoding_in_blocks_gives_the_same_ids_as_one_process(texts, tmp_path, monkeypatch):
     _, files = texts
     tokenizer = train_tokenizer("sentencepiece", files["a"], tmp_path / "spm", vocab_size=40)
-    monkeypatch.setattr(token_cache, "BLOCK_BYTES", 512)  # many blocks, several per worker
+    monkeypatch.setattr(encoding_pool, "BLOCK_BYTES", 512)  # many blocks, several per worker
     sources = [files["a"], files["b"], files["c"]]
     one = token_cache.encode_to_cache(str(tmp_path / "one"), tokenizer, sources, True, workers=1)
     lines = []
@@ -128,7 +128,7 @@ def _no_temporary_folders(root):
 def test_a_source_that_changes_while_encoded_leaves_nothing(texts, tmp_path, monkeypatch):
     _, files = texts
     tok = train_tokenizer("word", files["a"], tmp_path / "w")
-    real = token_cache._identity
+    real = textfile.source_identity
     calls = []
 
     def growing(path):
@@ -138,7 +138,7 @@ def test_a_source_that_changes_while_encoded_leaves_nothing(texts, tmp_path, mon
             found = dict(found, size=found["size"] + 5)
         return found
 
-    monkeypatch.setattr(token_cache, "_identity", growing)
+    monkeypatch.setattr(textfile, "source_identity", growing)
     root = tmp_path / "c"
     with pytest.raises(DataError, match="changed while it was being encoded.*run again once nothing writes"):
         token_cache.encode_to_cache(str(root), tok, [files["a"]], True)
@@ -225,9 +225,6 @@ def test_cache_root_settings(monkeypatch, tmp_path):
     assert token_cache.cache_root("") == str(tmp_path / "env")
     assert token_cache.cache_root(str(tmp_path / "flag")) == str(tmp_path / "flag")
     assert token_cache.cache_root("none") is None and token_cache.cache_root("off") is None
-    monkeypatch.setenv(token_cache.WORKERS_ENV, "zero")
-    with pytest.raises(DataError, match="LMKIT_ENCODING_WORKERS = 'zero' must be a positive integer"):
-        token_cache.encoding_workers()
 
 
 def test_sentencepiece_trains_on_a_seeded_sample_of_a_large_text(texts, tmp_path, monkeypatch):
