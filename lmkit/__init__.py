@@ -15,8 +15,9 @@ The package reads like the data flow::
 
 Importing ``lmkit`` imports neither TensorFlow nor Horovod: the names below
 load their module on first use, so command-line tools answer a bad flag at
-once. Old module names (``lmkit.modules``, ``lmkit.hf``, ...) still import,
-with a warning naming their new home (:mod:`lmkit.core.moved`).
+once. Nor does it touch the import system: the 0.2 module names
+(``lmkit.modules``, ``lmkit.hf``, ...) are gone, and CHANGELOG.md lists where
+each one lives now.
 """
 
 
@@ -59,15 +60,9 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-from lmkit.core import moved as _moved  # noqa: E402 (after the names above: it imports nothing else)
-
-_moved.install()
-
 
 def __getattr__(name: str) -> Any:  # PEP 562
     module = _EXPORTS.get(name)
-    if module is None and f"lmkit.{name}" in _moved.MODULES:  # an old name: lmkit.modules, lmkit.hf, ...
-        return importlib.import_module(f"lmkit.{name}")
     if module is None:
         raise AttributeError(f"module 'lmkit' has no attribute {name!r}")
     if module == f"lmkit.{name}":

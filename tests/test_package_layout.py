@@ -1,82 +1,70 @@
-"""The package's layout: old module names still import (with their new home named), setup.py a shim."""
+"""The package's layout: no import hook and no 0.2 module names, no folder named like a build output, setup.py a
+shim."""
 import os
 import subprocess
 import sys
 
 from tests.helpers import ROOT, subprocess_env
 
-PROBE = """
-import importlib, json, warnings
-from lmkit.core.moved import MODULES
-out = {}
-for old, new in sorted(MODULES.items()):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    target = importlib.import_module(new)
-    public = [n for n in getattr(target, "__all__", dir(target)) if not n.startswith("_")][:3]
-    out[old] = [[str(w.message) for w in caught if w.category is DeprecationWarning],
-                all(getattr(module, n) is getattr(target, n) for n in public)]
-try:
-    import lmkit.dist
-    out["lmkit.dist"] = "imported"
-except ImportError as exc:
-    out["lmkit.dist"] = str(exc)
-print(json.dumps(out))
+FINDERS_PROBE = """
+import importlib, sys
+before = list(sys.meta_path)
+for name in MODULES:
+    importlib.import_module(name)
+print(sys.meta_path == before)
+print(sorted({(f if isinstance(f, type) else type(f)).__module__ for f in sys.meta_path}))
 """
 
 
-def test_old_module_names_still_import_and_name_their_new_home():
-    """Code written for lmkit 0.2 (lmkit.modules.llama, lmkit.hf, ...) runs, warned once per old name."""
-    import json
-
-    from lmkit.core.moved import MODULES
-
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=subprocess_env(),
+def _finders(modules, *python_flags, path_first=""):
+    """``import`` of ``modules`` in a fresh Python: [whether sys.meta_path is unchanged, the finders' modules]."""
+    code = f"import sys\nsys.path.insert(0, {path_first!r})\n" if path_first else ""
+    code += f"MODULES = {list(modules)!r}\n" + FINDERS_PROBE
+    out = subprocess.run([sys.executable, *python_flags, "-c", code], cwd=ROOT, env=subprocess_env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    found = json.loads(out.stdout.strip().splitlines()[-1])
-    for old, new in MODULES.items():
-        warned, same = found[old]
-        assert any(f"{old} is now {new}" in w for w in warned), (old, warned)
-        assert same, old  # the very objects of the new module
-    assert found["lmkit.dist"] == ("lmkit.dist was removed in lmkit 0.3; use lmkit.distributed "
-                                   "(`from lmkit import distributed as dist`)")
+    return out.stdout.splitlines()
 
 
-NAMES_PROBE = """
-import importlib, json, warnings
-warnings.simplefilter("ignore", DeprecationWarning)
-from lmkit.core.moved import GONE_NAMES, NAMES
-out = {"names": [], "gone": {}}
-for old, new in sorted(NAMES.items()):
-    module, _, name = old.rpartition(".")
-    target, _, attr = new.partition(":")
-    if getattr(importlib.import_module(module), name) is not getattr(importlib.import_module(target), attr):
-        out["names"].append(old)
-for old, how in sorted(GONE_NAMES.items()):
-    module, _, name = old.rpartition(".")
+def test_importing_lmkit_puts_no_finder_on_the_import_system():
+    """No import hook: ``import lmkit`` leaves ``sys.meta_path`` as it found it (issue 55, item 2)."""
+    assert _finders(["lmkit", "lmkit.core.fileio", "lmkit.config", "lmkit.data", "lmkit.distributed"])[0] == "True"
+    # Without site (no .pth files: an editable install's finder, setuptools' distutils hack), only Python's
+    # own finders are there (lmkit and lmkit.core import nothing outside the standard library).
+    assert _finders(["lmkit", "lmkit.core.fileio", "lmkit.core.registry"], "-I", "-S", path_first=ROOT) == \
+        ["True", "['_frozen_importlib', '_frozen_importlib_external']"]
+
+
+OLD_NAMES_PROBE = """
+import importlib
+for old in ("lmkit.modules", "lmkit.modules.llama", "lmkit.hf", "lmkit.generation", "lmkit.dist"):
     try:
-        exec(f"from {module} import {name}")
-        out["gone"][old] = "imported"
-    except ImportError as exc:
-        out["gone"][old] = str(exc)
-print(json.dumps(out))
+        importlib.import_module(old)
+        print(old, "imported")
+    except ModuleNotFoundError as exc:
+        print(old, type(exc).__name__, exc.name)
+try:
+    from lmkit import modules
+    print("lmkit.modules attribute")
+except ImportError as exc:
+    print("from lmkit import modules:", type(exc).__name__)
 """
 
 
-def test_names_that_left_their_module_resolve_and_removed_ones_say_what_to_write():
-    import json
-
-    from lmkit.core.moved import GONE_NAMES
-
-    out = subprocess.run([sys.executable, "-c", NAMES_PROBE], cwd=ROOT, env=subprocess_env(),
+def test_0_2_module_names_are_gone_with_a_plain_module_not_found_error():
+    """0.3 dropped the 0.2 names (CHANGELOG.md has the table of new homes): importing one is Python's own
+    ModuleNotFoundError, no warning and no forwarding module."""
+    out = subprocess.run([sys.executable, "-W", "error", "-c", OLD_NAMES_PROBE], cwd=ROOT, env=subprocess_env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    found = json.loads(out.stdout.strip().splitlines()[-1])
-    assert found["names"] == []  # every old name is the very object of its new home
-    for old, how in GONE_NAMES.items():
-        assert found["gone"][old] == f"{old} was removed in lmkit 0.3; write {how}"
+    assert out.stdout.splitlines() == [
+        "lmkit.modules ModuleNotFoundError lmkit.modules",
+        "lmkit.modules.llama ModuleNotFoundError lmkit.modules",
+        "lmkit.hf ModuleNotFoundError lmkit.hf",
+        "lmkit.generation ModuleNotFoundError lmkit.generation",
+        "lmkit.dist ModuleNotFoundError lmkit.dist",
+        "from lmkit import modules: ImportError",
+    ]
 
 
 def test_no_folder_is_named_like_a_build_output():
