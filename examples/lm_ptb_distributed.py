@@ -26,12 +26,12 @@ from lmkit.cli.common import parse_overrides, run_main  # run_main: a crashed ra
 from lmkit.config import load_config
 from lmkit.core.errors import UsageError
 from lmkit.data import BpttBatches
-from lmkit.data.pipeline import load_ptb_everywhere
 from lmkit.layers import OutputProjection, RNNDecoder, WordEmbedder, uniform_initializer
 from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train import dropout_generator
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.losses import window_loss
+from lmkit.train.run_data import load_ptb_everywhere
 
 
 class LSTMLanguageModel(tf.Module):

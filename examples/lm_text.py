@@ -5,7 +5,7 @@
     mpirun -np 2 python examples/lm_text.py --train_file input.txt --config config_tiny_transformer
 
 What ``lmkit train`` builds for ``model = "transformer"``: lmkit's tokenizer and
-token cache (:func:`lmkit.data.pipeline.load_run_data`), word and position
+token cache (:func:`lmkit.train.run_data.load_run_data`), word and position
 embeddings, a causal transformer decoder, the softmax, the loss, the optimizer
 and its warmup and schedule, with each epoch's windows in a new order. Every
 line that is there only because several workers train is marked ``# DIST``.
@@ -26,7 +26,6 @@ from lmkit.cli.common import parse_overrides, run_main  # run_main: a crashed ra
 from lmkit.config import load_config
 from lmkit.core.errors import UsageError
 from lmkit.data import BpttBatches, WindowBatches
-from lmkit.data.pipeline import load_run_data
 from lmkit.layers import (
     OutputProjection,
     PositionEmbedder,
@@ -40,6 +39,7 @@ from lmkit.optim import LearningRatePolicy, build_optimizer, clip_gradients
 from lmkit.train import dropout_generator
 from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.losses import window_loss
+from lmkit.train.run_data import load_run_data
 
 # The model keys beyond the shape that this example builds as lmkit's transformer does (nanoGPT's recipe,
 # config_tiny_transformer, sets them all), with their defaults.

@@ -7,7 +7,7 @@
   exits 75 (:mod:`lmkit.core.preemption`), and a crash on any rank prints the rank and the cause
   and ends that process at once (``mpirun`` then stops the others) instead of
   leaving ranks waiting in a collective (a usage error on one rank becomes the same error on every
-  rank through :func:`lmkit.distributed.same_outcome_everywhere`).
+  rank through :func:`lmkit.distributed.agree`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
 
     from lmkit import distributed as dist
     from lmkit.core.preemption import set_doing
-    from lmkit.data.pipeline import load_run_data
+    from lmkit.train.run_data import load_run_data
 
     dist.init(backend="local")  # one process: the encoding uses every core itself
     start = time.perf_counter()

@@ -364,12 +364,12 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     from lmkit import distributed as dist
     from lmkit.core.checks import check_divisible
     from lmkit.core.xla import use_xla
-    from lmkit.data.pipeline import load_run_data
     from lmkit.layers import kernels as attention_kernels
     from lmkit.models import model_class
     from lmkit.models.build import build_run_model, describe_lora
     from lmkit.train import Trainer
     from lmkit.train.accumulation import micro_batch_rows
+    from lmkit.train.run_data import load_run_data
 
     check_model_data(model_class(config.model.name)[0], config)  # before anything is written
 

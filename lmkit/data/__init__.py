@@ -1,9 +1,11 @@
-"""Data for language models: tokenizers, PTB, any text corpus, BPTT batches and windows, and
-the pipeline that gives every rank a run's data (:func:`load_run_data`, usable from Python).
+"""Data for language models: tokenizers, PTB, any text corpus, the token cache, BPTT batches and windows,
+and the pieces of a run's data (:mod:`lmkit.data.pipeline`).
 
-Nothing here imports Horovod: sharding takes ``rank`` and ``size`` as plain
-arguments, and the trainer runs downloads and tokenizer training on the
-chief (``lmkit.distributed.run_on_chief``). ``docs/data.md`` describes the layer.
+Nothing here talks to other ranks (``lmkit.data`` imports nothing of
+``lmkit.distributed``): sharding takes ``rank`` and ``size`` as plain
+arguments, and :func:`lmkit.train.run_data.load_run_data` runs downloads,
+tokenizer training and encoding on rank 0 while the others wait
+(``lmkit.distributed.rank0_first``). ``docs/data.md`` describes the layer.
 Importing the package loads no TensorFlow; each name loads its module on use.
 """
 
@@ -57,10 +59,6 @@ __all__ = [
     "load_text_data",
     "sentence_dataset",
     "RunData",
-    "load_run_data",
-    "load_ptb_everywhere",
-    "tokenizer_everywhere",
-    "cached_text_everywhere",
 ]
 
 _HOMES = {
@@ -102,10 +100,6 @@ _HOMES = {
     "cache_root": "token_cache",
     "TokenStream": "token_cache",
     "RunData": "pipeline",
-    "load_run_data": "pipeline",
-    "load_ptb_everywhere": "pipeline",
-    "tokenizer_everywhere": "pipeline",
-    "cached_text_everywhere": "pipeline",
 }
 
 

@@ -21,10 +21,11 @@ use, swept by the next job when its writer was killed) and renamed into
 ``data_path/simple-examples/data`` only after all three pass, so a failure
 leaves nothing half-written and two jobs never write into each other's files.
 
-In a distributed job only the chief downloads, and the trainer (not this
-module, which never imports Horovod) arranges it::
+In a distributed job only the chief downloads, and the run's data loader
+(:func:`lmkit.train.run_data.load_ptb_everywhere`; ``lmkit.data`` imports
+nothing of ``lmkit.distributed``) arranges it::
 
-    path = lmkit.distributed.run_on_chief(lambda: ensure_ptb(data_path))
+    path = lmkit.distributed.rank0_first(lambda: ensure_ptb(data_path))
     data = load_ptb(path)
 """
 

@@ -48,6 +48,11 @@ Typical use::
     state = dist.per_replica(lambda: model.initial_state(local_batch))
     if dist.is_chief(): evaluate()     # never a collective on this path
 
+Work done once for every rank (a download, a tokenizer trained, files
+encoded) goes through :func:`rank0_first`, :func:`agree` and
+:func:`read_or_receive`, which keep the ranks together when one of them
+fails or is signalled (``lmkit.train.run_data`` builds a run's data on them).
+
 Importing this package imports neither TensorFlow nor Horovod; :func:`init`
 loads the chosen backend.
 """
@@ -81,7 +86,7 @@ __all__ = [
     "rank", "size", "local_rank", "local_size", "num_replicas", "local_replicas", "is_chief", "device_type",
     "scope", "run", "per_replica", "first", "local_rows",
     "barrier", "allreduce", "allgather", "broadcast", "allreduce_scalar", "broadcast_scalar",
-    "broadcast_object", "allgather_object", "same_outcome_everywhere", "broadcast_variables",
+    "broadcast_object", "allgather_object", "agree", "rank0_first", "read_or_receive", "broadcast_variables",
     "DistributedGradientTape", "average_gradients", "run_on_chief", "is_peer_failure",
 ]
 
@@ -326,7 +331,7 @@ def allgather_object(obj: Any) -> List[Any]:
     return _backend().allgather_object(obj)
 
 
-def same_outcome_everywhere(fn: Callable[[], T]) -> T:
+def agree(fn: Callable[[], T]) -> T:
     """Runs ``fn`` on every rank; a :class:`~lmkit.core.errors.UsageError` on any rank is raised on all, and
     so is a preemption signal during ``fn`` (as a :class:`~lmkit.core.errors.PreemptedError`, before any
     usage error).
@@ -352,6 +357,28 @@ def same_outcome_everywhere(fn: Callable[[], T]) -> T:
         r, (_, message) = failed[0]
         raise UsageError(message if r == 0 else f"on rank {r}: {message}")
     return result
+
+
+def rank0_first(fn: Callable[[], T]) -> T:
+    """``fn()`` on rank 0 while the other ranks wait; every rank gets its result (a download, a tokenizer
+    trained, files encoded: work done once, that the others then read).
+
+    :func:`run_on_chief`, and a preemption signal on rank 0 during ``fn`` is a
+    :class:`~lmkit.core.errors.PreemptedError` on every rank, so all stop at
+    the same point. Every rank must call this, in the same order.
+    """
+    from lmkit.core.preemption import as_error
+    return run_on_chief(as_error(fn))
+
+
+def read_or_receive(readable: bool, read: Callable[[], T]) -> T:
+    """``read()`` on every rank when every rank can (``readable`` on all: :func:`agree`), else rank 0's
+    result, sent to the others (:func:`rank0_first`): a host that does not see rank 0's files still gets
+    their content. Every rank must call this, in the same order.
+    """
+    if all(allgather_object(readable)):
+        return agree(read)
+    return rank0_first(read)
 
 
 def broadcast_variables(variables: Iterable["tf.Variable"], root: int = 0) -> None:

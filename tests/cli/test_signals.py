@@ -109,20 +109,19 @@ def test_after_the_command_a_signal_is_only_noted():
 
 
 def test_every_rank_stops_together_when_one_is_signalled_in_shared_work(monkeypatch):
-    # same_outcome_everywhere and as_error (dist.run_on_chief) send a signal's stop to every rank as a
+    # dist.agree and as_error (dist.rank0_first) send a signal's stop to every rank as a
     # PreemptedError, ahead of any usage error, so no rank waits in a collective for one that left.
     from lmkit import distributed as dist
     from lmkit.core.preemption import PreemptionSignal, as_error
-    from lmkit.distributed import same_outcome_everywhere
 
     def signalled():
         raise PreemptionSignal("stopped by SIGTERM while training the word tokenizer")
 
     monkeypatch.setattr(dist, "allgather_object", lambda obj: [obj, ("usage", "bad file on rank 1")])
     with pytest.raises(PreemptedError, match="^stopped by SIGTERM while training the word tokenizer$"):
-        same_outcome_everywhere(signalled)
+        dist.agree(signalled)
     with pytest.raises(UsageError, match="on rank 1: bad file on rank 1"):
-        same_outcome_everywhere(lambda: 1)
+        dist.agree(lambda: 1)
     with pytest.raises(PreemptedError, match="while training the word tokenizer"):
         as_error(signalled)()
     assert as_error(lambda: 7)() == 7

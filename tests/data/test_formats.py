@@ -325,7 +325,7 @@ def test_sources_keep_their_options_across_ranks_and_folders(tmp_path):
 def test_load_run_data_reads_each_split_in_its_format_as_lmkit_train_does(tmp_path, cache):
     from lmkit import distributed as dist
     from lmkit.config import load_config
-    from lmkit.data.pipeline import load_run_data
+    from lmkit.train.run_data import load_run_data
 
     dist.init(backend="local")
     splits = {"train": DOCUMENTS, "valid": DOCUMENTS[::-1], "test": DOCUMENTS[1:5]}

@@ -58,7 +58,7 @@ def run_data(corpus, tokenizer, model_dir, cache, vocab_size=None):
     """``load_run_data`` of a tiny config with ``tokenizer``; the log lines too."""
     from lmkit import distributed as dist
     from lmkit.config import load_config
-    from lmkit.data.pipeline import load_run_data
+    from lmkit.train.run_data import load_run_data
     dist.init(backend="local")
     overrides = {"data": "text", "train_file": corpus, "tokenizer": tokenizer, "data_cache": cache}
     if vocab_size is not None:

@@ -146,9 +146,9 @@ def test_cached_text_reaches_every_rank_once_encoded(tmp_path_factory, case):
     """Rank 0 encodes into the cache; a rank without it encodes its own; one without the text receives it."""
     import os
 
-    from lmkit.data.pipeline import cached_text_everywhere
     from lmkit.data.text import load_text_data
     from lmkit.data.tokenizers import ByteTokenizer
+    from lmkit.train.run_data import cached_text_everywhere
 
     shared = dist.run_on_chief(lambda: str(tmp_path_factory.mktemp("shared")))  # one host: a shared folder
     text = os.path.join(shared, "train.txt")
@@ -178,8 +178,8 @@ def test_cached_pairs_reach_every_rank_once_encoded(tmp_path_factory, case):
     import os
 
     from lmkit.data.paired import encode_pairs, read_pairs
-    from lmkit.data.pipeline import cached_pairs_everywhere
     from lmkit.data.tokenizers import ByteTokenizer
+    from lmkit.train.run_data import cached_pairs_everywhere
 
     shared = dist.run_on_chief(lambda: str(tmp_path_factory.mktemp("shared")))
     files = {side: os.path.join(shared, f"train.{side}") for side in ("src", "tgt")}
