@@ -58,6 +58,7 @@ __all__ = [
     "TextData",
     "load_text_data",
     "sentence_dataset",
+    "LineBatching",
     "RunData",
 ]
 
@@ -77,6 +78,7 @@ _HOMES = {
     "TextData": "text",
     "load_text_data": "text",
     "sentence_dataset": "text",
+    "LineBatching": "text",
     "check_text_file": "textfile",
     "count_words": "textfile",
     "SentencePieceTokenizer": "sentencepiece",

@@ -29,7 +29,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO, Tuple
 
 from lmkit.core.fileio import claimed, make_temp_file, sweep_unclaimed
 from lmkit.data.errors import DataError
@@ -181,19 +181,38 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress, max_bytes: 
       _Incomplete, OSError, http.client.HTTPException: a broken transfer.
     """
     have = os.path.getsize(part) if os.path.exists(part) else 0
+    response = _open(url, part, have, timeout)
+    if response is None:  # every byte is here already
+        return have
+    with response:
+        have, total, mode = _resume_point(response, part, have)
+        if total is not None and total > max_bytes:
+            raise _too_large(total, max_bytes)
+        have = _copy(response, part, mode, have, total, max_bytes, progress)
+    # http.client returns b"" (no error) when the server closes the connection
+    # early, so the length check is what detects a cut transfer.
+    if total is not None and have != total:
+        raise _Incomplete(f"the transfer stopped after {have} of {total} bytes")
+    progress.finish(have, total)
+    return have
+
+
+def _open(url: str, part: str, have: int, timeout: float) -> Optional[Any]:
+    """The response to a request for ``url`` from byte ``have`` on (a ``Range`` request over HTTP), or None when
+    the server says ``part`` holds every byte already."""
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     request = urllib.request.Request(url, headers={"User-Agent": "lmkit-download/1"})
     if have and scheme in ("http", "https"):
         request.add_header("Range", f"bytes={have}-")
     try:
-        response = urllib.request.urlopen(request, timeout=timeout)
+        return urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as exc:
         exc.close()
         if exc.code == 416 and have:
             # The range starts at or after the end: we may hold every byte already.
             parsed = _parse_content_range(exc.headers.get("Content-Range"))
             if parsed and parsed[2] == have:
-                return have
+                return None
             _truncate(part)
             raise _Incomplete(f"the server refused to resume at byte {have} (HTTP 416)") from None
         if 400 <= exc.code < 500 and exc.code not in (408, 429):
@@ -204,46 +223,44 @@ def _fetch(url: str, part: str, timeout: float, progress: _Progress, max_bytes: 
             raise _Permanent(str(exc.reason)) from None
         raise
 
-    with response:
-        status = getattr(response, "status", None)  # None for file:// URLs
-        length = response.headers.get("Content-Length")
-        length = int(length) if length and length.strip().isdigit() else None
-        if have and status == 206:
-            start, _, total = _parse_content_range(response.headers.get("Content-Range")) or (None, None, None)
-            if start != have:
-                _truncate(part)
-                raise _Incomplete(f"the server resumed at byte {start}, not at {have}; starting over")
-            if total is None and length is not None:
-                total = have + length
-            mode = "ab"
-        else:
-            # A 200 answer to a Range request is the whole file again: start over.
-            have, total, mode = 0, length, "wb"
-        if total is not None and total > max_bytes:
-            raise _too_large(total, max_bytes)
-        try:
-            out = open(part, mode)
-        except OSError as exc:
-            raise _Permanent(f"cannot write {part!r}: {exc}") from None
-        with out:
-            while True:
-                chunk = response.read(_CHUNK)
-                if not chunk:
-                    break
-                try:
-                    out.write(chunk)
-                except OSError as exc:  # disk full, quota: a retry will not help
-                    raise _Permanent(f"cannot write {part!r}: {exc}") from None
-                have += len(chunk)
-                if have > max_bytes:
-                    raise _too_large(have, max_bytes)
-                progress.update(have, total)
-    # http.client returns b"" (no error) when the server closes the connection
-    # early, so the length check is what detects a cut transfer.
-    if total is not None and have != total:
-        raise _Incomplete(f"the transfer stopped after {have} of {total} bytes")
-    progress.finish(have, total)
-    return have
+
+def _resume_point(response: Any, part: str, have: int) -> Tuple[int, Optional[int], str]:
+    """``(bytes kept, total size or None, file mode)``: a 206 answer resumes after the ``have`` bytes of
+    ``part`` (checked to start there); any other answer is the whole file again."""
+    status = getattr(response, "status", None)  # None for file:// URLs
+    length = response.headers.get("Content-Length")
+    length = int(length) if length and length.strip().isdigit() else None
+    if not (have and status == 206):
+        return 0, length, "wb"  # a 200 answer to a Range request is the whole file again: start over
+    start, _, total = _parse_content_range(response.headers.get("Content-Range")) or (None, None, None)
+    if start != have:
+        _truncate(part)
+        raise _Incomplete(f"the server resumed at byte {start}, not at {have}; starting over")
+    if total is None and length is not None:
+        total = have + length
+    return have, total, "ab"
+
+
+def _copy(response: Any, part: str, mode: str, have: int, total: Optional[int], max_bytes: int,
+          progress: _Progress) -> int:
+    """Writes the response's body into ``part`` (opened with ``mode``); returns the bytes it then holds."""
+    try:
+        out = open(part, mode)
+    except OSError as exc:
+        raise _Permanent(f"cannot write {part!r}: {exc}") from None
+    with out:
+        while True:
+            chunk = response.read(_CHUNK)
+            if not chunk:
+                return have
+            try:
+                out.write(chunk)
+            except OSError as exc:  # disk full, quota: a retry will not help
+                raise _Permanent(f"cannot write {part!r}: {exc}") from None
+            have += len(chunk)
+            if have > max_bytes:
+                raise _too_large(have, max_bytes)
+            progress.update(have, total)
 
 
 def download(url: str, dest: str, retries: int = 3, progress: bool = True, *,

@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from lmkit.core.checks import check_choice
 from lmkit.core.fileio import PathLike, atomic_write_bytes, atomic_write_text
 from lmkit.data.errors import DataError
-from lmkit.data.tokenizers import Tokenizer, _check_size, _short_hash
+from lmkit.data.tokenizer_base import Tokenizer, check_size, short_hash
 
 __all__ = ["MODEL_TYPES", "SentencePieceTokenizer", "train_sentencepiece"]
 
@@ -178,7 +178,7 @@ class SentencePieceTokenizer(Tokenizer):
         table = "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i)!r}\t"
                         f"{''.join('1' if kind(i) else '0' for kind in kinds)}\n"
                         for i in range(self.vocab_size))
-        return _short_hash(table.encode("utf-8"))
+        return short_hash(table.encode("utf-8"))
 
     def _write_files(self, folder: str) -> None:
         # The .vocab file is for people (piece and score a line); the .model is what loads.
@@ -193,7 +193,7 @@ class SentencePieceTokenizer(Tokenizer):
         if options["vocab_size"] is None:
             raise DataError("the sentencepiece tokenizer needs a vocab_size; give one "
                             "(--vocab_size), e.g. 8000 for a few MB of text")
-        _check_size("vocab_size", options["vocab_size"],
+        check_size("vocab_size", options["vocab_size"],
                     "give the number of pieces (--vocab_size), e.g. 8000")
         check_choice("sentencepiece model_type", options["model_type"], MODEL_TYPES, DataError)
         return options
@@ -308,6 +308,11 @@ def _text_bytes(path: str) -> int:
             size += len(block)
 
 
+# The special pieces' ids and the text <unk>'s own piece (ids 0-4), as lmkit's tokenizers number them.
+_SPECIALS = dict(unk_id=SPM_UNK_ID, bos_id=SPM_BOS_ID, eos_id=SPM_EOS_ID, pad_id=SPM_PAD_ID, unk_piece=SPM_UNK_PIECE,
+                 user_defined_symbols=[UNKNOWN_WORD_MARK])
+
+
 def train_sentencepiece(train_file: Union[PathLike, Sequence[PathLike]], vocab_size: int, model_prefix: PathLike,
                         model_type: str = "unigram", *, character_coverage: float = 1.0,
                         num_threads: int = 1, input_sentence_size: int = 0,
@@ -343,39 +348,41 @@ def train_sentencepiece(train_file: Union[PathLike, Sequence[PathLike]], vocab_s
         file, or failed training; a corpus too small for ``vocab_size`` names
         the largest size that works.
     """
-    _check_size("vocab_size", vocab_size, "give the number of pieces (--vocab_size)")
+    check_size("vocab_size", vocab_size, "give the number of pieces (--vocab_size)")
     check_choice("sentencepiece model_type", model_type, MODEL_TYPES, DataError)
     files = [os.fspath(train_file)] if isinstance(train_file, (str, os.PathLike)) else \
         [os.fspath(f) for f in train_file]
-    for path in files:
-        if not os.path.isfile(path):
-            raise DataError(f"training file {path!r} does not exist; check the path")
+    missing = next((path for path in files if not os.path.isfile(path)), None)
+    if missing is not None:
+        raise DataError(f"training file {missing!r} does not exist; check the path")
     train_file = files[0] if len(files) == 1 else f"{len(files)} files ({files[0]}, ...)"
     prefix = os.fspath(model_prefix)
     model_file = prefix + ".model"
     if reuse and all(_model_is_fresh(model_file, f, vocab_size) for f in files):
         return model_file
-    spm = _import_sentencepiece()
+    _train_into_place(files, prefix, train_file, dict(
+        vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage, num_threads=num_threads,
+        input_sentence_size=input_sentence_size, shuffle_input_sentence=input_sentence_size > 0,
+        minloglevel=0 if progress else 2))
+    return model_file
+
+
+def _train_into_place(files: List[str], prefix: str, what: str, options: Dict[str, Any]) -> None:
+    """SentencePiece trained on ``files`` under temporary names, renamed to ``<prefix>.vocab`` and then
+    ``<prefix>.model`` (what a reuse looks for, so it comes last); nothing is left of a failed training."""
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     temp_prefix = f"{prefix}.tmp{os.getpid()}"
     try:
-        spm.SentencePieceTrainer.train(
-            input=files, model_prefix=temp_prefix, vocab_size=vocab_size,
-            model_type=model_type, character_coverage=character_coverage,
-            unk_id=SPM_UNK_ID, bos_id=SPM_BOS_ID, eos_id=SPM_EOS_ID, pad_id=SPM_PAD_ID,
-            unk_piece=SPM_UNK_PIECE, user_defined_symbols=[UNKNOWN_WORD_MARK],
-            num_threads=num_threads, input_sentence_size=input_sentence_size,
-            shuffle_input_sentence=input_sentence_size > 0, minloglevel=0 if progress else 2)
-        # The .model file is what a reuse looks for, so it is put in place last.
+        _import_sentencepiece().SentencePieceTrainer.train(input=files, model_prefix=temp_prefix, **options,
+                                                           **_SPECIALS)
         os.replace(temp_prefix + ".vocab", prefix + ".vocab")
-        os.replace(temp_prefix + ".model", model_file)
+        os.replace(temp_prefix + ".model", prefix + ".model")
     except RuntimeError as exc:
-        raise DataError(_training_failure(train_file, vocab_size, str(exc))) from None
+        raise DataError(_training_failure(what, options["vocab_size"], str(exc))) from None
     finally:
         for suffix in (".model", ".vocab"):
             if os.path.exists(temp_prefix + suffix):
                 os.remove(temp_prefix + suffix)
-    return model_file
 
 
 def _training_failure(train_file: str, vocab_size: int, message: str) -> str:

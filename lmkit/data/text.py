@@ -27,7 +27,7 @@ from lmkit.data.textfile import check_text_file, count_words
 from lmkit.data.tokenizers import Tokenizer, WordTokenizer
 from lmkit.data.vocab import Vocab, read_lines
 
-__all__ = ["TextCorpus", "TextData", "load_text_data", "sentence_dataset"]
+__all__ = ["TextCorpus", "TextData", "load_text_data", "sentence_dataset", "LineBatching"]
 
 SPLITS = ("train", "valid", "test")
 
@@ -173,14 +173,12 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
         a file, a folder, a glob pattern, several of them separated by
         commas, or a list (:func:`~lmkit.data.sources.resolve_sources`); the
         files are read in sorted order.
-      valid_file: the validation text, or None.
-      test_file: the test text, or None.
+      valid_file, test_file: the validation and test text, or None.
       cache_dir: a data cache folder (:func:`~lmkit.data.token_cache.cache_root`):
         each split is encoded once into it, in parallel, and memory-mapped
         (later calls with the same files and tokenizer only map it). None
         encodes into memory, in this process.
-      workers: encoding processes for the cache (None: one per core for
-        large texts).
+      workers: encoding processes for the cache (None: one per core for large texts).
       log: where the cache's progress lines go.
       names: what messages call a split's files (``{"train": "--text_file"}``);
         default ``train_file``, ``valid_file``, ``test_file``.
@@ -197,7 +195,7 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
         not UTF-8, or a pattern matches nothing (naming it as ``train_file``,
         ``valid_file`` or ``test_file``); a broken cache folder.
     """
-    from lmkit.data.formats import DATASET_SPLITS, documents_for, text_lines
+    from lmkit.data.formats import DATASET_SPLITS, documents_for
     from lmkit.data.sources import resolve_sources
 
     add_eos = tokenizer.eos_id is not None
@@ -211,20 +209,29 @@ def load_text_data(tokenizer: Tokenizer, train_file: Union[PathLike, Sequence[Pa
         what = (names or {}).get(name, f"{name}_file")
         files = documents_for(tokenizer, resolve_sources(spec, what, text_field=text_field,
                                                          text_column=text_column, dataset_split=DATASET_SPLITS[name]))
-        if cache_dir is not None:
-            from lmkit.data.token_cache import cached_stream
-            stream = cached_stream(cache_dir, tokenizer, files, add_eos, what=what, workers=workers, log=log)
-            streams[name], words[name] = stream.ids, stream.words
-            continue
-        for path in files:
-            check_text_file(path, what)
-        lines = [line for path in files for line in text_lines(path, what) if line.strip()]
-        streams[name] = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
-        words[name] = count_words(lines, line_ends=corpus.add_eos,
-                                  document_end=getattr(tokenizer, "document_end", None))
+        streams[name], words[name] = _encode_split(corpus, files, what, cache_dir, workers, log)
     return TextData(tokenizer=tokenizer, train=streams["train"], valid=streams["valid"],
                     test=streams["test"], train_words=words["train"],
                     valid_words=words["valid"], test_words=words["test"])
+
+
+def _encode_split(corpus: TextCorpus, files: Sequence[str], what: str, cache_dir: Optional[str],
+                  workers: Optional[int], log: Callable[[str], None]) -> Tuple[np.ndarray, int]:
+    """``(ids, words)`` of a split's ``files``: from the data cache (encoded into it first when not there), or
+    checked and encoded here as int32 (blank lines skipped)."""
+    if cache_dir is not None:
+        from lmkit.data.token_cache import cached_stream
+        stream = cached_stream(cache_dir, corpus.tokenizer, files, corpus.add_eos, what=what, workers=workers,
+                               log=log)
+        return stream.ids, stream.words
+    from lmkit.data.formats import text_lines
+
+    for path in files:
+        check_text_file(path, what)
+    lines = [line for path in files for line in text_lines(path, what) if line.strip()]
+    ids = np.concatenate(corpus.encode_text_lines(lines)).astype(np.int32, copy=False)
+    return ids, count_words(lines, line_ends=corpus.add_eos,
+                            document_end=getattr(corpus.tokenizer, "document_end", None))
 
 
 def _checked_lines(ids_per_line: Sequence[Sequence[int]], max_length: Optional[int]) -> List[np.ndarray]:
@@ -252,11 +259,35 @@ def _checked_bounds(bucket_boundaries: Optional[Sequence[int]]) -> Optional[List
     return bounds
 
 
-def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, rank: int = 0,
-                     size: int = 1, shuffle: bool = True, seed: int = 0,
-                     bucket_boundaries: Optional[Sequence[int]] = None, pad_id: int = 0, *,
-                     epoch: int = 0, max_length: Optional[int] = None,
-                     drop_remainder: bool = True, prefetch: int = 2) -> tf.data.Dataset:
+@dataclass(frozen=True)
+class LineBatching:
+    """How :func:`sentence_dataset` orders, groups and pads lines (the same on every rank).
+
+    Attributes:
+      shuffle: shuffle the lines (a new order for every epoch).
+      seed: shuffle seed; the same on every rank.
+      bucket_boundaries: increasing lengths; lines are batched with others
+        of their length bucket (``[b_{i-1}, b_i)``) to waste less padding.
+        None batches lines in (shuffled) order.
+      pad_id: the id that fills rows up to the longest line of the batch.
+      max_length: cut longer lines to this many ids; None keeps them whole.
+      drop_remainder: drop a last global batch (per bucket) with fewer than
+        ``batch_size`` lines; must be True with several workers, so that all
+        ranks get equal batches.
+      prefetch: batches to prepare ahead.
+    """
+
+    shuffle: bool = True
+    seed: int = 0
+    bucket_boundaries: Optional[Sequence[int]] = None
+    pad_id: int = 0
+    max_length: Optional[int] = None
+    drop_remainder: bool = True
+    prefetch: int = 2
+
+
+def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, rank: int = 0, size: int = 1, *,
+                     epoch: int = 0, batching: LineBatching = LineBatching()) -> tf.data.Dataset:
     """Padded batches of whole lines, this worker's share of each global batch.
 
     Every rank builds the same sequence of global batches (the shuffle is a
@@ -270,18 +301,8 @@ def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, ran
       batch_size: the GLOBAL batch size, a multiple of ``size``.
       rank: this worker, in ``[0, size)``.
       size: the number of workers.
-      shuffle: shuffle the lines (a new order for every ``epoch``).
-      seed: shuffle seed; the same on every rank.
-      bucket_boundaries: increasing lengths; lines are batched with others
-        of their length bucket (``[b_{i-1}, b_i)``) to waste less padding.
-        None batches lines in (shuffled) order.
-      pad_id: the id that fills rows up to the longest line of the batch.
       epoch: the epoch number, which selects the shuffle order.
-      max_length: cut longer lines to this many ids; None keeps them whole.
-      drop_remainder: drop a last global batch (per bucket) with fewer than
-        ``batch_size`` lines; must be True when ``size > 1``, so that all
-        ranks get equal batches.
-      prefetch: batches to prepare ahead.
+      batching: the order, buckets and padding (:class:`LineBatching`).
 
     Returns:
       A dataset of ``(ids [batch_size // size, max_len] int32,
@@ -292,37 +313,44 @@ def sentence_dataset(ids_per_line: Sequence[Sequence[int]], batch_size: int, ran
         boundaries, or ``drop_remainder=False`` with several workers.
     """
     per_rank = check_shard(batch_size, rank, size)
-    if size > 1 and not drop_remainder:
+    if size > 1 and not batching.drop_remainder:
         raise DataError(f"drop_remainder = False with {size} workers would give the ranks "
                         "unequal last batches; use drop_remainder = True")
-    if max_length is not None and max_length < 1:
-        raise DataError(f"max_length = {max_length} must be >= 1 or None")
-    lines = _checked_lines(ids_per_line, max_length)
-    if drop_remainder and bucket_boundaries is None and len(lines) < batch_size:
+    if batching.max_length is not None and batching.max_length < 1:
+        raise DataError(f"max_length = {batching.max_length} must be >= 1 or None")
+    lines = _checked_lines(ids_per_line, batching.max_length)
+    if batching.drop_remainder and batching.bucket_boundaries is None and len(lines) < batch_size:
         raise DataError(f"{len(lines)} lines are too few for one batch of batch_size "
                         f"{batch_size}; use a smaller batch_size")
-    bounds = _checked_bounds(bucket_boundaries)
-
-    order = np.arange(len(lines))
-    if shuffle:
-        order = np.random.default_rng([int(seed), int(epoch)]).permutation(len(lines))
-    lengths = np.array([lines[i].size for i in order], dtype=np.int64)
-    values = np.concatenate([lines[i] for i in order]).astype(np.int32)
-    splits = np.concatenate([[0], np.cumsum(lengths)])
-    ragged = tf.RaggedTensor.from_row_splits(values, splits)
-    dataset = tf.data.Dataset.from_tensor_slices(ragged)
-    # Each element is a 1-D tensor; pair it with its length for padding/bucketing.
-    dataset = dataset.map(lambda ids: (tf.ensure_shape(ids, [None]), tf.size(ids, out_type=tf.int32)))
-    padding = (tf.constant(pad_id, tf.int32), tf.constant(0, tf.int32))
-    if bounds is None:
-        dataset = dataset.padded_batch(batch_size, padded_shapes=([None], []), padding_values=padding,
-                                       drop_remainder=drop_remainder)
-    else:
-        dataset = dataset.bucket_by_sequence_length(
-            element_length_func=lambda ids, length: length, bucket_boundaries=bounds,
-            bucket_batch_sizes=[batch_size] * (len(bounds) + 1), padded_shapes=([None], []),
-            padding_values=padding, drop_remainder=drop_remainder)
+    bounds = _checked_bounds(batching.bucket_boundaries)
+    dataset = _padded_batches(_lines_in_order(lines, batching, epoch), batch_size, bounds, batching)
     if size > 1:
         start, stop = rank * per_rank, (rank + 1) * per_rank
         dataset = dataset.map(lambda ids, length: (ids[start:stop], length[start:stop]))  # [B/N, T]
-    return dataset.prefetch(prefetch)
+    return dataset.prefetch(batching.prefetch)
+
+
+def _lines_in_order(lines: List[np.ndarray], batching: LineBatching, epoch: int) -> tf.data.Dataset:
+    """``(ids [len], len)`` of each line, in the epoch's (seeded) order."""
+    order = np.arange(len(lines))
+    if batching.shuffle:
+        order = np.random.default_rng([int(batching.seed), int(epoch)]).permutation(len(lines))
+    lengths = np.array([lines[i].size for i in order], dtype=np.int64)
+    values = np.concatenate([lines[i] for i in order]).astype(np.int32)
+    ragged = tf.RaggedTensor.from_row_splits(values, np.concatenate([[0], np.cumsum(lengths)]))
+    # Each element is a 1-D tensor; pair it with its length for padding/bucketing.
+    return tf.data.Dataset.from_tensor_slices(ragged).map(
+        lambda ids: (tf.ensure_shape(ids, [None]), tf.size(ids, out_type=tf.int32)))
+
+
+def _padded_batches(dataset: tf.data.Dataset, batch_size: int, bounds: Optional[List[int]],
+                    batching: LineBatching) -> tf.data.Dataset:
+    """Global batches of ``batch_size`` lines padded to their longest, within a length bucket when ``bounds``."""
+    padding = (tf.constant(batching.pad_id, tf.int32), tf.constant(0, tf.int32))
+    if bounds is None:
+        return dataset.padded_batch(batch_size, padded_shapes=([None], []), padding_values=padding,
+                                    drop_remainder=batching.drop_remainder)
+    return dataset.bucket_by_sequence_length(
+        element_length_func=lambda ids, length: length, bucket_boundaries=bounds,
+        bucket_batch_sizes=[batch_size] * (len(bounds) + 1), padded_shapes=([None], []),
+        padding_values=padding, drop_remainder=batching.drop_remainder)

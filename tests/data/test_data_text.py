@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from lmkit.data import (
     DataError,
+    LineBatching,
     SentencePieceTokenizer,
     TextCorpus,
     Vocab,
@@ -173,14 +174,14 @@ def _check_padding(batch, lengths, lines, pad_id):
 
 def test_unshuffled_batches_are_lines_in_order_padded():
     lines = _lines(10)
-    batches = _collect(sentence_dataset(lines, 4, shuffle=False, pad_id=-7))
+    batches = _collect(sentence_dataset(lines, 4, batching=LineBatching(shuffle=False, pad_id=-7)))
     assert len(batches) == 2  # 10 // 4, the last 2 lines dropped
     for k, (ids, lengths) in enumerate(batches):
         assert ids.dtype == np.int32 and lengths.dtype == np.int32
         assert ids.shape == (4, max(line.size for line in lines[4 * k:4 * k + 4]))
         np.testing.assert_array_equal(ids[:, 0], 100 + np.arange(4 * k, 4 * k + 4))
         _check_padding(ids, lengths, lines, -7)
-    last = _collect(sentence_dataset(lines, 4, shuffle=False, drop_remainder=False))[-1]
+    last = _collect(sentence_dataset(lines, 4, batching=LineBatching(shuffle=False, drop_remainder=False)))[-1]
     assert last[0].shape[0] == 2
 
 
@@ -188,7 +189,8 @@ def test_unshuffled_batches_are_lines_in_order_padded():
 @pytest.mark.parametrize("size", [2, 4])
 def test_rank_shards_reassemble_the_global_batch(buckets, size):
     lines = _lines(48, seed=size)
-    kwargs = dict(batch_size=8, shuffle=True, seed=5, epoch=3, bucket_boundaries=buckets, pad_id=0)
+    batching = LineBatching(shuffle=True, seed=5, bucket_boundaries=buckets, pad_id=0)
+    kwargs = dict(batch_size=8, epoch=3, batching=batching)
     global_batches = _collect(sentence_dataset(lines, **kwargs))
     shards = [_collect(sentence_dataset(lines, rank=r, size=size, **kwargs)) for r in range(size)]
     assert global_batches and all(len(s) == len(global_batches) for s in shards)
@@ -210,8 +212,9 @@ def test_rank_shards_reassemble_the_global_batch(buckets, size):
 def test_shuffle_is_seeded_and_changes_with_epoch():
     lines = _lines(32)
 
-    def order(**kwargs):
-        return np.concatenate([ids[:, 0] for ids, _ in _collect(sentence_dataset(lines, 8, **kwargs))])
+    def order(seed, epoch):
+        dataset = sentence_dataset(lines, 8, epoch=epoch, batching=LineBatching(seed=seed))
+        return np.concatenate([ids[:, 0] for ids, _ in _collect(dataset)])
 
     a = order(seed=1, epoch=0)
     np.testing.assert_array_equal(a, order(seed=1, epoch=0))
@@ -225,7 +228,7 @@ def test_shuffle_is_seeded_and_changes_with_epoch():
 
 def test_sentence_dataset_in_tf_function():
     lines = _lines(16)
-    dataset = sentence_dataset(lines, 4, rank=1, size=2, seed=3)
+    dataset = sentence_dataset(lines, 4, rank=1, size=2, batching=LineBatching(seed=3))
     expected = sum(int(ids.sum()) + 1000 * int(n.sum()) for ids, n in _collect(dataset))
 
     @tf.function
@@ -240,7 +243,7 @@ def test_sentence_dataset_in_tf_function():
 
 def test_max_length_truncates():
     lines = [np.arange(100, 120, dtype=np.int32), np.arange(200, 203, dtype=np.int32)]
-    ids, lengths = _collect(sentence_dataset(lines, 2, shuffle=False, max_length=5))[0]
+    ids, lengths = _collect(sentence_dataset(lines, 2, batching=LineBatching(shuffle=False, max_length=5)))[0]
     np.testing.assert_array_equal(lengths, [5, 3])
     np.testing.assert_array_equal(ids[0], np.arange(100, 105))
 
@@ -250,10 +253,10 @@ def test_sentence_dataset_errors():
     with pytest.raises(DataError, match=r"^batch_size 4 is not divisible by 3 workers; use a multiple of 3$"):
         sentence_dataset(lines, 4, rank=0, size=3)
     with pytest.raises(DataError, match=r"drop_remainder = False with 2 workers"):
-        sentence_dataset(lines, 4, rank=0, size=2, drop_remainder=False)
+        sentence_dataset(lines, 4, rank=0, size=2, batching=LineBatching(drop_remainder=False))
     with pytest.raises(DataError, match=r"8 lines are too few for one batch of batch_size 16"):
         sentence_dataset(lines, 16)
     with pytest.raises(DataError, match=r"strictly increasing"):
-        sentence_dataset(lines, 4, bucket_boundaries=[5, 3])
+        sentence_dataset(lines, 4, batching=LineBatching(bucket_boundaries=[5, 3]))
     with pytest.raises(DataError, match=r"ids_per_line\[1\] must be a 1-D integer sequence"):
         sentence_dataset([[1, 2], [[1], [2]]], 1)
