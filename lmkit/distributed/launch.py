@@ -37,15 +37,8 @@ and then
 
 ``python -m lmkit.launch --mpirun ARGS...`` and ``--horovodrun ARGS...``
 run that launcher instead (a Horovod job) and make SIGTERM, SIGINT and
-SIGUSR1 sent to this process a preemption of its ranks: Open MPI's
-``mpirun`` cannot forward SIGTERM (it sends the ranks SIGCONT, SIGTERM only
-``odls_base_sigkill_timeout`` seconds later and SIGKILL as long after that,
-then exits 1), and ``horovodrun`` over MPI runs mpirun under ``sh -c``, which
-dies of a signal without passing it on. The wrapper sends SIGUSR1, which
-mpirun forwards at once to every rank on every host, to each Open MPI
-launcher in its process tree (``horovodrun --gloo``: SIGTERM to horovodrun,
-which passes it to the ranks), and exits with the launcher's status (75
-after a preemption through mpirun).
+SIGUSR1 sent to this process a preemption of its ranks
+(:mod:`lmkit.distributed.wrapped`).
 
 Worker ``i`` of ``N`` runs on host ``i // (N / number of hosts)``, or as many
 as ``host:slots`` says; its port is ``--port`` + its index on that host (on a
@@ -70,22 +63,17 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from lmkit.core.errors import PEER_FAILED_EXIT_STATUS, NonFiniteError, UsageError
 from lmkit.core.preemption import PREEMPTED_EXIT_STATUS, PREEMPTION_SIGNALS
 from lmkit.distributed.env import BACKEND_ENV, LOCAL_RANK_ENV, LOCAL_SIZE_ENV, is_local_host
+from lmkit.distributed.wrapped import PREEMPTION_WAIT, WRAPPED_LAUNCHERS, main_wrapped
 
 __all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "core_sets", "main",
-           "FORWARDED_PREFIXES", "WRAPPED_LAUNCHERS", "run_wrapped", "mpi_launchers_below"]
+           "FORWARDED_PREFIXES", "WRAPPED_LAUNCHERS"]
 
 DEFAULT_PORT = 23456
 # Variables passed to the workers of other hosts, as `mpirun -x NAME` would (--env adds names).
 FORWARDED_PREFIXES = ("NCCL_", "LMKIT_", "TF_", "CUDA_", "XLA_")
-# How long the other workers may take to finish a preemption stop after the first one left.
-PREEMPTION_WAIT = 120.0
 # How long a bystander's exit (status 4: another rank failed) waits for the exit of the worker that
 # caused it: the two can reach the launcher in either order when they end within moments of each other.
 CAUSE_WAIT = 5.0
-# `python -m lmkit.launch --NAME ARGS...` runs launcher NAME with ARGS (a Horovod job).
-WRAPPED_LAUNCHERS = ("mpirun", "mpiexec", "horovodrun")
-# Process names of Open MPI's launcher (mpirun and mpiexec are links to orterun; 5.x: prterun).
-_OPEN_MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
 
 
 @dataclass(frozen=True)
@@ -256,141 +244,11 @@ def _stop(procs: Sequence[subprocess.Popen], grace: float = 10.0) -> None:
             p.wait()
 
 
-def _children_by_parent(proc_root: str = "/proc") -> Dict[int, List[Tuple[int, str]]]:
-    """Every process's children as (pid, name), from ``/proc/PID/stat``."""
-    children: Dict[int, List[Tuple[int, str]]] = {}
-    for entry in os.listdir(proc_root):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc_root, entry, "stat")) as f:
-                stat = f.read()
-        except OSError:  # gone since the listing
-            continue
-        # "pid (name) state ppid ...": the name may hold spaces and parentheses.
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append((int(entry), name))
-    return children
-
-
-def mpi_launchers_below(pid: int, proc_root: str = "/proc") -> List[int]:
-    """The Open MPI launchers (mpirun, mpiexec, orterun, prterun) among ``pid`` and its
-    descendants, outermost first; their own descendants (ranks, orted) are not searched."""
-    children = _children_by_parent(proc_root)
-    name = ""
-    try:
-        with open(os.path.join(proc_root, str(pid), "comm")) as f:
-            name = f.read().strip()
-    except OSError:
-        pass
-    found, todo = [], [(pid, name)]
-    while todo:
-        p, n = todo.pop(0)
-        if n in _OPEN_MPI_LAUNCHERS:
-            found.append(p)
-            continue
-        todo.extend(children.get(p, []))
-    return found
-
-
-def _die_with_parent() -> None:
-    """In the launcher's child: SIGTERM when the wrapper dies (even of SIGKILL), so an
-    orphaned job does not train on unseen; mpirun then aborts its ranks."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _own_group_dying_with_parent() -> None:
-    """In the launcher's child: its own process group (``Popen(process_group=0)`` is Python 3.11+
-    only), then :func:`_die_with_parent`."""
-    os.setpgid(0, 0)
-    _die_with_parent()
-
-
-def run_wrapped(command: Sequence[str], give_up_after: float = PREEMPTION_WAIT + 60.0) -> int:
-    """Runs a Horovod launcher (``mpirun ...``, ``horovodrun ...``) with its ranks as a
-    preemptible job: SIGTERM, SIGINT or SIGUSR1 to this process becomes SIGUSR1 to every
-    Open MPI launcher in the command's process tree (mpirun forwards it to all ranks at
-    once; they stop together with a checkpoint and exit 75), or SIGTERM to the command
-    when it has none (``horovodrun --gloo`` passes that on). A second signal is sent on the
-    same way (the ranks then leave at once); a third, or a stop that takes longer than
-    ``give_up_after`` seconds, ends the launcher with SIGTERM (Open MPI then kills the ranks).
-
-    Returns the launcher's exit status (128 + N when a signal N ended it).
-    """
-    interactive = sys.stdin is not None and sys.stdin.isatty()
-    received: List[float] = []
-    signals: List[int] = []
-    proc: Optional[subprocess.Popen] = None
-
-    def pass_on(signum: int) -> None:
-        assert proc is not None
-        if proc.poll() is not None:
-            return
-        if len(received) >= 3:
-            proc.send_signal(signal.SIGTERM)
-            return
-        targets = mpi_launchers_below(proc.pid)
-        name = signal.Signals(signum).name
-        if targets:
-            print(f"[launch] {name}: passing SIGUSR1 to Open MPI's launcher (pid "
-                  f"{', '.join(map(str, targets))}) for the ranks to stop with a checkpoint",
-                  file=sys.stderr, flush=True)
-            for pid in targets:
-                try:
-                    os.kill(pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
-        else:
-            print(f"[launch] {name}: passing SIGTERM to {os.path.basename(command[0])} "
-                  f"(pid {proc.pid}) for the ranks to stop with a checkpoint", file=sys.stderr, flush=True)
-            proc.send_signal(signal.SIGTERM)
-
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(time.monotonic())
-        signals.append(signum)
-        if proc is not None:  # else held until the launcher exists (below)
-            pass_on(signum)
-
-    # The handlers come first: a scheduler's signal while the launcher starts is held and
-    # passed on once it exists, never lost to whatever handler was there before.
-    previous = {sig: signal.signal(sig, on_signal) for sig in PREEMPTION_SIGNALS}
-    try:
-        try:
-            # Its own process group: Ctrl-C in a terminal reaches this wrapper only (mpirun
-            # would abort on SIGINT); a terminal's stdin is not passed on (the ranks do not read it).
-            proc = subprocess.Popen(list(command), preexec_fn=_own_group_dying_with_parent,
-                                    stdin=subprocess.DEVNULL if interactive else None)
-        except FileNotFoundError:
-            raise UsageError(f"python -m lmkit.launch --{os.path.basename(command[0])}: "
-                             f"{command[0]!r} was not found; install it or put it on PATH") from None
-        if received:
-            pass_on(signals[-1])
-        while True:
-            try:
-                code = proc.wait(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                if received and time.monotonic() - received[0] > give_up_after and len(received) < 3:
-                    print(f"[launch] the job did not stop within {give_up_after:g} s of the signal; "
-                          "ending it", file=sys.stderr, flush=True)
-                    received.extend([time.monotonic()] * 2)
-                    proc.send_signal(signal.SIGTERM)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return code if code >= 0 else 128 - code
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parses the flags, starts the workers and returns the job's exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("--") and argv[0][2:] in WRAPPED_LAUNCHERS:
-        return _main_wrapped(argv)
+        return main_wrapped(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     command = list(args.command)
@@ -423,19 +281,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
     return _start_and_wait(workers, command, cores, agent, lambda w: remote_command(w, workers, command, cwd,
                                                                                    forwarded))
-
-
-def _main_wrapped(argv: List[str]) -> int:
-    """``python -m lmkit.launch --mpirun ARGS...``: runs that launcher (see :func:`run_wrapped`)."""
-    if len(argv) == 1:
-        print(f"python -m lmkit.launch {argv[0]}: give the launcher's arguments, e.g. "
-              f"{argv[0]} -np 2 python -m lmkit train --config config_small", file=sys.stderr)
-        return 2
-    try:
-        return run_wrapped([argv[0][2:], *argv[1:]])
-    except UsageError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -567,13 +412,6 @@ def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: 
     for i, p in enumerate(procs):
         threading.Thread(target=_note_end, args=(p, i, ended), name=f"lmkit-launch-wait-{i}",
                          daemon=True).start()
-
-    def running() -> bool:
-        return len(ended) < len(procs)
-
-    def name(i: int) -> str:
-        return f"worker {workers[i].rank} of {size} (on {workers[i].host}, pid {procs[i].pid})"
-
     cause_deadline: Optional[float] = None
     while True:
         done = list(ended)
@@ -581,36 +419,46 @@ def _wait(procs: Sequence[subprocess.Popen], signalled: Sequence[int], workers: 
             time.sleep(0.01)
             continue
         failed = [i for i in done if procs[i].returncode != 0]
-        if failed:
-            causes = [i for i in failed if procs[i].returncode != PEER_FAILED_EXIT_STATUS]
-            if not causes and running():  # only bystanders so far: the cause's exit may be on its way
-                cause_deadline = cause_deadline or time.monotonic() + CAUSE_WAIT
-                if time.monotonic() < cause_deadline:
-                    time.sleep(0.01)
-                    continue
-            first = (causes or failed)[0]
-            code = procs[first].returncode
-            if (signalled or code == PREEMPTED_EXIT_STATUS) and running():
-                deadline = time.monotonic() + PREEMPTION_WAIT
-                while running() and time.monotonic() < deadline:
-                    time.sleep(0.2)
-            if running():
-                how = "stopped" if code == PREEMPTED_EXIT_STATUS else "failed"
-                print(f"[launch] {name(first)} {how} ({_exit_text(code)}); stopping the others",
-                      file=sys.stderr, flush=True)
-                _stop(procs)
-            if len(procs) > 1 and code not in _EVERY_RANK_STATUSES:
-                # The job's last line names the cause, which the other workers' errors may have buried.
-                why = ("it stopped because a worker of another host failed; that worker's output says why"
-                       if code == PEER_FAILED_EXIT_STATUS else
-                       "its own message above says why" if code > 0 else
-                       "a signal from outside, e.g. the kernel's when memory ran out")
-                print(f"[launch] the job failed: {name(first)} failed first ({_exit_text(code)}; {why}); "
-                      "the other workers' errors after it follow from it", file=sys.stderr, flush=True)
-            return code if code > 0 else 1
-        if len(done) == len(procs):
-            return 0
-        time.sleep(0.2)
+        if not failed:
+            if len(done) == len(procs):
+                return 0
+            time.sleep(0.2)
+            continue
+        causes = [i for i in failed if procs[i].returncode != PEER_FAILED_EXIT_STATUS]
+        if not causes and len(ended) < len(procs):  # only bystanders so far: the cause's exit may be on its way
+            cause_deadline = cause_deadline or time.monotonic() + CAUSE_WAIT
+            if time.monotonic() < cause_deadline:
+                time.sleep(0.01)
+                continue
+        first = (causes or failed)[0]
+        name = f"worker {workers[first].rank} of {size} (on {workers[first].host}, pid {procs[first].pid})"
+        return _end_after_failure(procs, ended, procs[first].returncode, name, bool(signalled))
+
+
+def _end_after_failure(procs: Sequence[subprocess.Popen], ended: List[int], code: int, name: str,
+                       signalled: bool) -> int:
+    """Once the worker ``name`` failed first with return ``code``: waits for the others' own stop after a
+    preemption, stops those still running, names the cause last; returns the job's exit status."""
+    def running() -> bool:
+        return len(ended) < len(procs)
+
+    if (signalled or code == PREEMPTED_EXIT_STATUS) and running():
+        deadline = time.monotonic() + PREEMPTION_WAIT
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    if running():
+        how = "stopped" if code == PREEMPTED_EXIT_STATUS else "failed"
+        print(f"[launch] {name} {how} ({_exit_text(code)}); stopping the others", file=sys.stderr, flush=True)
+        _stop(procs)
+    if len(procs) > 1 and code not in _EVERY_RANK_STATUSES:
+        # The job's last line names the cause, which the other workers' errors may have buried.
+        why = ("it stopped because a worker of another host failed; that worker's output says why"
+               if code == PEER_FAILED_EXIT_STATUS else
+               "its own message above says why" if code > 0 else
+               "a signal from outside, e.g. the kernel's when memory ran out")
+        print(f"[launch] the job failed: {name} failed first ({_exit_text(code)}; {why}); "
+              "the other workers' errors after it follow from it", file=sys.stderr, flush=True)
+    return code if code > 0 else 1
 
 
 if __name__ == "__main__":

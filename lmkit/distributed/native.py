@@ -4,7 +4,8 @@ On one host, ``tf.distribute.MirroredStrategy`` runs ``num_gpus``
 data-parallel replicas in one process (on a CPU-only host, over that many
 logical CPU devices); across hosts, ``tf.distribute.MultiWorkerMirroredStrategy``
 runs one process per worker, configured by ``TF_CONFIG`` (``python -m
-lmkit.launch`` writes it). Every line specific to TensorFlow's distribution
+lmkit.launch`` writes it; :mod:`lmkit.distributed.native_setup` reads it and
+builds the strategy). Every line specific to TensorFlow's distribution
 carries a ``# NATIVE`` comment.
 
 Why the strategies' own replica model (``strategy.run``) serves both cases
@@ -23,11 +24,9 @@ run started with one backend resumes with the other.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
-import sys
-from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -38,23 +37,22 @@ from lmkit.distributed.base import COMPRESSIONS, REDUCE_OPS, Backend, Distribute
 from lmkit.distributed.env import (
     LOCAL_RANK_ENV,
     LOCAL_SIZE_ENV,
-    is_local_host,
     launched_by_mpi_or_horovodrun,
     pin_gpus,
     thread_settings,
 )
+from lmkit.distributed.native_setup import (
+    DEFAULT_PACK_BYTES,
+    configure_devices,
+    make_strategy,
+    pack_bytes_setting,
+    tf_config_cluster,
+)
 
-__all__ = ["NativeBackend", "tf_config_cluster", "tf_config_addresses", "open_servers_warning",
-           "communication_options", "DEFAULT_PACK_BYTES", "PACK_BYTES_ENV"]
+__all__ = ["NativeBackend"]
 
 _REPLICA_REDUCE = {"average": tf.distribute.ReduceOp.MEAN, "sum": tf.distribute.ReduceOp.SUM}  # NATIVE
 _COLLECTIVE_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
-# Dense gradients are all-reduced in packs of about this many bytes (LMKIT_PACK_BYTES;
-# 0 = one pack): small enough that the first pack starts during the backward pass,
-# large enough that a pack is not dominated by the collective's fixed cost.
-# docs/performance.md has the measurement.
-DEFAULT_PACK_BYTES = 4 << 20
-PACK_BYTES_ENV = "LMKIT_PACK_BYTES"
 # How TensorFlow aborts the collectives of the other workers when one failed, exited or was
 # killed (its connections closed): those workers are bystanders, not the cause.
 _PEER_ABORTED = "Collective ops is aborted by"
@@ -79,17 +77,6 @@ def _on_replica_device(value):
     if isinstance(value, tf.IndexedSlices):
         return tf.IndexedSlices(tf.identity(value.values), tf.identity(value.indices), value.dense_shape)
     return tf.identity(value)
-
-
-def communication_options(gpus: bool) -> "tf.distribute.experimental.CommunicationOptions":
-    """How the workers of a multi-worker job all-reduce: NCCL between GPUs, else TensorFlow's ring.
-
-    The strategy's default (AUTO) leaves GPUs on the ring too, unless NCCL is
-    asked for by name.
-    """
-    impl = tf.distribute.experimental.CommunicationImplementation  # NATIVE
-    return tf.distribute.experimental.CommunicationOptions(  # NATIVE
-        implementation=impl.NCCL if gpus else impl.RING)
 
 
 def _packable_slices(g: Any) -> bool:
@@ -146,11 +133,7 @@ class NativeBackend(Backend):
         if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 0:
             raise UsageError(f"num_gpus = {num_gpus!r} must be an integer >= 0 "
                              "(0 = every GPU of the host, or one CPU replica)")
-        pack = os.environ.get(PACK_BYTES_ENV, "").strip()
-        if pack and not pack.isdigit():
-            raise UsageError(f"{PACK_BYTES_ENV}={pack!r} must be a number of bytes >= 0 "
-                             f"(default {DEFAULT_PACK_BYTES}; 0 = all dense gradients in one all-reduce)")
-        pack_bytes = int(pack) if pack else DEFAULT_PACK_BYTES
+        pack_bytes = pack_bytes_setting()
         cluster = tf_config_cluster()
         if cluster is None and launched_by_mpi_or_horovodrun():
             raise DistributedError(
@@ -169,36 +152,10 @@ class NativeBackend(Backend):
             # Workers that share a host share out its GPUs by local rank; under a scheduler
             # that shows each worker only its own (Slurm --gpus-per-task), it takes those.
             pin_gpus(local_rank, local_size, num_gpus or max(1, len(gpus) // local_size))
-        try:
-            if not gpus and cluster is None and num_gpus > 1:
-                # A CPU-only host runs the replicas on logical CPU devices (tests, laptops).
-                cpu = tf.config.list_physical_devices("CPU")[0]
-                tf.config.set_logical_device_configuration(  # NATIVE
-                    cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_gpus)])
-            tf.config.threading.set_intra_op_parallelism_threads(threads.intra_op)
-            tf.config.threading.set_inter_op_parallelism_threads(threads.inter_op)
-        except RuntimeError:
-            pass  # the runtime already started; checked below
-        if cluster is None:
-            if gpus:
-                devices = [d.name for d in tf.config.list_logical_devices("GPU")]
-            else:
-                devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-                want = max(1, num_gpus)
-                if len(devices) < want:
-                    raise DistributedError(
-                        f"num_gpus = {num_gpus} replicas need {want} logical CPU devices, but TensorFlow "
-                        f"already started with {len(devices)}; call dist.init() before any TensorFlow op")
-                devices = devices[:want]
-            strategy = tf.distribute.MirroredStrategy(devices=devices)  # NATIVE
-            rank, size = 0, 1
-        else:
-            rank, size = cluster
-            strategy = tf.distribute.MultiWorkerMirroredStrategy(  # NATIVE: reads TF_CONFIG
-                communication_options=communication_options(bool(gpus)))
-            warning = open_servers_warning(tf_config_addresses())
-            if warning and rank == 0:
-                print(warning, file=sys.stderr, flush=True)
+        configure_devices(logical_cpus=num_gpus if not gpus and cluster is None and num_gpus > 1 else 0,
+                           intra_op=threads.intra_op, inter_op=threads.inter_op)
+        strategy = make_strategy(cluster, bool(gpus), num_gpus)
+        rank, size = cluster or (0, 1)
         backend = cls(strategy, rank, size, local_rank, local_size, pack_bytes=pack_bytes)
         backend.threads = threads
         return backend
@@ -485,78 +442,3 @@ class NativeBackend(Backend):
     # ------------------------------------------------------------ lifecycle
     def is_peer_failure(self, exc: BaseException) -> bool:
         return isinstance(exc, tf.errors.OpError) and _PEER_ABORTED in str(exc)  # NATIVE
-
-
-def tf_config_cluster() -> Optional[Tuple[int, int]]:
-    """(rank, size) of this worker from ``TF_CONFIG``; None without a multi-worker cluster.
-
-    Raises:
-      DistributedError: ``TF_CONFIG`` is not JSON or names another task type.
-    """
-    raw = os.environ.get("TF_CONFIG", "").strip()
-    if not raw:
-        return None
-    try:
-        cfg = json.loads(raw)
-        chiefs = len(cfg.get("cluster", {}).get("chief", []))
-        size = len(tf_config_addresses())
-        task = cfg.get("task", {})
-        task_type, index = task.get("type"), int(task.get("index", 0))
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise DistributedError(f"TF_CONFIG is not valid ({exc}): {raw[:200]!r}; "
-                               "let `python -m lmkit.launch` write it") from None
-    if size <= 1:
-        return None
-    if task_type == "chief":
-        return index, size
-    if task_type == "worker":
-        return chiefs + index, size
-    raise DistributedError(f"TF_CONFIG task type {task_type!r} is not 'chief' or 'worker'; the "
-                           "native backend runs every task as a training worker")
-
-
-def tf_config_addresses() -> List[str]:
-    """The ``host:port`` of every task in ``TF_CONFIG``, in rank order (chief first); [] without it.
-
-    Raises:
-      ValueError, AttributeError, TypeError: ``TF_CONFIG`` is not a cluster
-        (:func:`tf_config_cluster` turns them into one clear error).
-    """
-    raw = os.environ.get("TF_CONFIG", "").strip()
-    if not raw:
-        return []
-    cluster = json.loads(raw).get("cluster", {})
-
-    def tasks(job: Any) -> List[str]:  # a list of addresses, or {index: address}
-        return [str(job[k]) for k in sorted(job, key=int)] if isinstance(job, dict) else [str(a) for a in job]
-
-    return tasks(cluster.get("chief", [])) + tasks(cluster.get("worker", []))
-
-
-def _host(address: str) -> str:
-    """``"h:1"`` -> ``"h"``, ``"[::1]:1"`` -> ``"::1"``."""
-    return address.rpartition(":")[0].strip("[]")
-
-
-def open_servers_warning(addresses: Sequence[str]) -> Optional[str]:
-    """The warning for a multi-worker job whose every worker runs on this host, else None.
-
-    Each worker of a multi-worker job starts TensorFlow's gRPC server, which
-    listens on every network interface whatever host its ``TF_CONFIG``
-    address names (TensorFlow's ``GrpcServer`` binds ``0.0.0.0:port`` and has
-    no setting for the address, up to TensorFlow 2.21 at least:
-    ``tests/distributed/native/test_native_exposure.py`` checks it) and runs
-    the operations anyone sends it, without authentication. A job across hosts needs reachable servers (on a trusted
-    network); a job on one host does not need them at all: the same replicas
-    run in one process, with no server (``num_gpus``).
-
-    Args:
-      addresses: every worker's ``host:port`` (:func:`tf_config_addresses`).
-    """
-    if len(addresses) < 2 or not all(is_local_host(_host(a)) for a in addresses):
-        return None
-    ports = ", ".join(a.rpartition(":")[2] for a in addresses)
-    return ("[lmkit] warning: every worker of this job runs on this host, yet TensorFlow's server of each "
-            f"(ports {ports}) listens on all network interfaces and runs anyone's operations without "
-            "authentication; on one host, run the replicas in one process instead (--backend native "
-            "--num_gpus N without lmkit.launch: N GPUs, or N logical CPU devices), or firewall these ports")

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from lmkit.distributed import native as native_backend
+from lmkit.distributed import native_setup
 from tests.helpers import ROOT, run
 
 LOCAL_WARNING = "[lmkit] warning: every worker of this job runs on this host"
@@ -75,7 +75,7 @@ def test_a_job_on_one_host_warns_once_when_its_servers_listen_on_every_interface
 
 
 def test_the_warning_is_for_jobs_whose_every_worker_is_on_this_host():
-    warn = native_backend.open_servers_warning
+    warn = native_setup.open_servers_warning
     own = socket.gethostname()
     assert warn(["127.0.0.1:4000", "localhost:4001"]).startswith(LOCAL_WARNING)
     assert "ports 4000, 4001" in warn(["127.0.0.1:4000", "localhost:4001"])

@@ -1,23 +1,14 @@
-"""Fast checks of the native backend's pieces: the launcher's plan, errors, gradient averaging.
-
-Nothing here starts a job; the backend object is built directly on one CPU
-device, so the process-wide ``lmkit.distributed`` state of other tests is untouched.
-"""
+"""python -m lmkit.launch (lmkit.distributed.launch): the plan of a native job's workers, their environment
+and commands, core binding, signals passed on, and which worker the job's last line names when one fails."""
 import json
 import os
 import re
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
-from lmkit import distributed as dist
-from lmkit.distributed import horovod as hvd_backend
 from lmkit.distributed import launch
-from lmkit.distributed import native as native_backend
 
 
-# ------------------------------------------------------------------ launcher
 def test_plan_spreads_workers_over_hosts_in_rank_order():
     workers = launch.plan("h1,h2", 4, port=5000)
     assert [(w.rank, w.host, w.port, w.local_rank, w.local_size) for w in workers] == [
@@ -192,116 +183,6 @@ def test_launch_blames_no_worker_for_a_status_every_rank_exits_with(tmp_path, ca
     assert "failed first" not in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------- errors
-def test_horovod_backend_names_the_supported_tensorflow(monkeypatch):
-    monkeypatch.setattr(hvd_backend.tf, "__version__", "2.21.0")
-    with pytest.raises(dist.DistributedError, match=r"TensorFlow 2\.18\.x \(found TensorFlow 2\.21\.0\)"
-                                                    r".*use_horovod=False"):
-        hvd_backend.import_horovod()
-
-
-def test_tf_config_gives_rank_and_size(monkeypatch):
-    cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
-    assert native_backend.tf_config_cluster() == (2, 3)
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
-    assert native_backend.tf_config_cluster() == (0, 3)
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1"]}, "task": {}}))
-    assert native_backend.tf_config_cluster() is None  # one worker: a single-host job
-    monkeypatch.setenv("TF_CONFIG", "{not json")
-    with pytest.raises(dist.DistributedError, match="TF_CONFIG is not valid"):
-        native_backend.tf_config_cluster()
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))
-    with pytest.raises(dist.DistributedError, match="task type 'ps'"):
-        native_backend.tf_config_cluster()
-
-
-def test_native_refuses_mpirun_and_bad_num_gpus(monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    with pytest.raises(ValueError, match="num_gpus = -1 must be an integer >= 0"):
-        native_backend.NativeBackend.create(num_gpus=-1)
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    with pytest.raises(dist.DistributedError, match="started by mpirun"):
-        native_backend.NativeBackend.create(num_gpus=0)
-
-
-# ---------------------------------------------------- backend on one device
-@pytest.fixture(scope="module")
-def native():
-    """A native backend object on one CPU replica (not installed as lmkit.distributed's backend)."""
-    return native_backend.NativeBackend(tf.distribute.MirroredStrategy(["/cpu:0"]), rank=0, size=1,
-                               local_rank=0, local_size=1)
-
-
-def test_variables_made_outside_scope_are_refused(native):
-    with native.scope():
-        inside = tf.Variable(1.0)
-    outside = tf.Variable(2.0, name="stray")
-    native.broadcast_variables([inside], 0)
-    with pytest.raises(dist.DistributedError, match=r"'stray:0'.*dist.scope\(\)"):
-        native.broadcast_variables([inside, outside], 0)
-
-
-@pytest.mark.parametrize("sparse_as_dense", [False, True])
-def test_replica_step_with_averaging_tape_updates_like_plain_sgd(native, sparse_as_dense):
-    """One replica: the averaged gradient is the plain gradient, eagerly and compiled."""
-    with native.scope():
-        w = tf.Variable([1.0, 2.0, 3.0])
-        emb = tf.Variable(tf.ones([4, 2]))
-    ids = tf.constant([[1, 3], [3, 0]])
-
-    def replica_step(ids):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(w * w) + tf.reduce_sum(tf.gather(emb, ids))
-        gw, gemb = native.gradient_tape(tape, sparse_as_dense, "none").gradient(loss, [w, emb])
-        w.assign_sub(0.5 * gw)
-        emb.assign_sub(0.5 * tf.convert_to_tensor(gemb))
-        return native.allreduce(loss, "sum", None), isinstance(gemb, tf.IndexedSlices)
-
-    loss, was_sparse = native.first(native.run(replica_step, (ids,)))
-    assert was_sparse is not sparse_as_dense
-    assert float(loss) == pytest.approx(14.0 + 8.0)
-    np.testing.assert_allclose(w.numpy(), [0.0, 0.0, 0.0])
-    counts = np.bincount(ids.numpy().ravel(), minlength=4)[:, None]  # rows picked per id
-    np.testing.assert_allclose(emb.numpy(), 1.0 - 0.5 * np.repeat(counts, 2, axis=1))
-    # Compiled, as the trainer runs it: the next step starts from the updated variables.
-    compiled = tf.function(lambda ids: native.first(native.run(replica_step, (ids,)))[0])
-    emb_before = emb.numpy().copy()
-    assert float(compiled(ids)) == pytest.approx(float(np.sum(emb_before[ids.numpy()])))
-    np.testing.assert_allclose(emb.numpy(), emb_before - 0.5 * np.repeat(counts, 2, axis=1))
-
-
-def test_fp16_compression_rounds_like_float16(native):
-    grads = [tf.constant([1.0 + 2 ** -12, 3.0]), None]
-    out = native.average_gradients(grads, False, "fp16")
-    assert out[1] is None and out[0].dtype == tf.float32
-    np.testing.assert_array_equal(out[0].numpy(), np.float16([1.0 + 2 ** -12, 3.0]).astype(np.float32))
-    with pytest.raises(ValueError, match="compression 'zip'"):
-        native.average_gradients(grads, False, "zip")
-
-
-def test_a_state_made_per_replica_and_a_steps_state_are_traced_as_one(native):
-    # One replica: per_replica's state and the state a compiled step returns must be of one
-    # kind, or the trainer's step is traced again at step 2 (seconds of a loaded machine's CPU).
-    step = tf.function(lambda x, s: native.run(lambda x, s: s + x, (x, s)), reduce_retracing=True)
-    state = native.per_replica(lambda: tf.zeros([2, 3]))
-    for _ in range(3):
-        state = step(tf.ones([2, 3]), state)
-    assert step.experimental_get_tracing_count() == 1
-    np.testing.assert_array_equal(native.first(state), np.full([2, 3], 3.0))
-    assert native.per_replica(lambda: None) is None
-
-
-def test_a_collective_aborted_because_a_peer_left_is_a_bystanders_error(native):
-    # What rank 0 got when worker 1 failed: it says so in one line instead of a traceback.
-    aborted = tf.errors.UnavailableError(
-        None, None, "Collective ops is aborted by: Socket closed\nAdditional GRPC error information from "
-                    "remote target /job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf")
-    assert native.is_peer_failure(aborted)
-    assert not native.is_peer_failure(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating"))
-    assert not native.is_peer_failure(RuntimeError("Collective ops is aborted by: not TensorFlow's error"))
-
-
 @pytest.mark.parametrize("count, cpus, expected", [
     (2, [0, 1], [[0], [1]]),
     (2, [4, 5, 6, 7], [[4, 5], [6, 7]]),
@@ -354,99 +235,6 @@ def test_launch_puts_the_signal_handlers_back(tmp_path):
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-def _fake_proc(root, pid, name, ppid):
-    folder = root / str(pid)
-    folder.mkdir()
-    (folder / "stat").write_text(f"{pid} ({name}) S {ppid} {pid} {pid} 0 -1\n")
-    (folder / "comm").write_text(name + "\n")
-
-
-def test_the_wrapper_finds_open_mpis_launcher_below_horovodrun(tmp_path):
-    # horovodrun (exec'd into sh -c) -> mpirun -> ranks; a name with spaces and parentheses.
-    for pid, name, ppid in [(10, "sh", 1), (11, "mpirun", 10), (12, "python", 11), (13, "orted", 11),
-                            (20, "odd (name) x", 10), (21, "prterun", 20), (30, "mpirun", 1)]:
-        _fake_proc(tmp_path, pid, name, ppid)
-    (tmp_path / "self").mkdir()  # not a pid
-    assert launch.mpi_launchers_below(10, proc_root=str(tmp_path)) == [11, 21]
-    assert launch.mpi_launchers_below(11, proc_root=str(tmp_path)) == [11]  # mpirun itself
-    assert launch.mpi_launchers_below(12, proc_root=str(tmp_path)) == []  # gloo: none below
-
-
-_FAKE_LAUNCHER = """#!{python}
-import os, signal, sys, time
-got = []
-signal.signal(signal.SIGUSR1, lambda s, f: got.append("USR1"))
-signal.signal(signal.SIGTERM, lambda s, f: got.append("TERM"))
-open(sys.argv[1] + ".started", "w").close()
-deadline = time.time() + 20
-while not got and time.time() < deadline:
-    time.sleep(0.02)
-open(sys.argv[1], "w").write(",".join(got))
-sys.exit(75 if got == ["USR1"] else 9)
-"""
-
-
-@pytest.mark.parametrize("name, through_sh, signum, expected", [
-    ("mpirun", False, "SIGTERM", "USR1"),   # mpirun itself: SIGUSR1, which Open MPI forwards at once
-    ("mpirun", True, "SIGINT", "USR1"),     # horovodrun's `sh -c mpirun`: the mpirun below it
-    ("horovodrun", False, "SIGUSR1", "TERM"),  # no Open MPI below (--gloo): SIGTERM to the launcher
-])
-def test_the_wrapper_turns_a_signal_into_what_the_launcher_passes_on(tmp_path, name, through_sh, signum,
-                                                                     expected):
-    import signal
-    import sys
-    import threading
-    import time
-    fake = tmp_path / name
-    fake.write_text(_FAKE_LAUNCHER.format(python=sys.executable))
-    fake.chmod(0o755)
-    record = tmp_path / "record"
-    command = ["sh", "-c", f"{fake} {record}; exit $?"] if through_sh else [str(fake), str(record)]
-
-    def signal_when_started():
-        deadline = time.time() + 20
-        while not (tmp_path / "record.started").exists() and time.time() < deadline:
-            time.sleep(0.02)
-        os.kill(os.getpid(), getattr(signal, signum))  # as a scheduler would signal the wrapper
-
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-    threading.Thread(target=signal_when_started, daemon=True).start()
-    code = launch.run_wrapped(command)
-    assert record.read_text() == expected
-    assert code == (75 if expected == "USR1" else 9)
-    assert {s: signal.getsignal(s) for s in before} == before  # the handlers are put back
-
-
-def test_the_wrapper_holds_a_signal_that_comes_while_the_launcher_starts(tmp_path, monkeypatch):
-    # A scheduler's signal between the wrapper's start and the launcher's: it is passed on
-    # once the launcher exists, and never reaches the handler that was there before.
-    import signal
-    import subprocess
-    import sys
-    fake = tmp_path / "horovodrun"
-    fake.write_text(_FAKE_LAUNCHER.format(python=sys.executable))
-    fake.chmod(0o755)
-    record = tmp_path / "record"
-    earlier = []
-    real_popen = subprocess.Popen
-
-    def popen_after_a_signal(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGUSR1)  # Python runs the handler before the next line
-        return real_popen(*args, **kwargs)
-
-    previous = signal.signal(signal.SIGUSR1, lambda s, f: earlier.append(s))
-    try:
-        monkeypatch.setattr(launch.subprocess, "Popen", popen_after_a_signal)
-        code = launch.run_wrapped([str(fake), str(record)])
-        assert signal.getsignal(signal.SIGUSR1) is not previous  # the test's own, put back
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
-    assert earlier == []
-    # SIGTERM reached the launcher: through its handler, or before it had one (128 + 15)
-    assert (record.exists() and record.read_text() == "TERM" and code == 9) or (not record.exists()
-                                                                               and code == 143)
-
-
 def test_launch_passes_a_notice_that_comes_while_the_workers_start_to_all_of_them(tmp_path, monkeypatch):
     import signal
     import subprocess
@@ -479,53 +267,3 @@ def test_launch_passes_a_notice_that_comes_while_the_workers_start_to_all_of_the
         assert ((tmp_path / f"rank{rank}").exists() and (tmp_path / f"rank{rank}").read_text() == "USR1"
                 and proc.returncode == 75) or proc.returncode == -signal.SIGUSR1
     assert code in (75, 1)
-
-
-def test_the_wrapper_says_what_is_missing(capsys, monkeypatch):
-    assert launch.main(["--mpirun"]) == 2
-    assert "give the launcher's arguments" in capsys.readouterr().err
-    monkeypatch.setenv("PATH", "/nonexistent")
-    assert launch.main(["--horovodrun", "-np", "2", "python", "x.py"]) == 2
-    assert "'horovodrun' was not found; install it or put it on PATH" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("dtype, values", [
-    (tf.int64, [0, 1, 9999, 2 ** 40 + 3, -5]),
-    (tf.int32, [0, 7, 2 ** 31 - 1, -1]),
-])
-def test_sparse_indices_ride_with_the_values_exactly(dtype, values):
-    # The native backend gathers an embedding gradient's indices bitcast next to its values.
-    indices = tf.constant(values, dtype)
-    words = native_backend._indices_as(indices, tf.float32)
-    assert words.shape == (len(values), 2 if dtype == tf.int64 else 1)
-    rows = tf.concat([tf.ones([len(values), 3]), words], axis=1)
-    back = native_backend._indices_from(rows[:, 3:], dtype)
-    assert back.dtype == dtype and back.numpy().tolist() == values
-
-
-def test_only_static_float32_slices_take_the_one_gather_path():
-    s = tf.IndexedSlices(tf.ones([4, 3]), tf.constant([0, 1, 2, 3]), tf.constant([10, 3]))
-    assert native_backend._packable_slices(s)
-    assert not native_backend._packable_slices(tf.ones([4, 3]))
-    assert not native_backend._packable_slices(
-        tf.IndexedSlices(tf.ones([4, 3], tf.float16), s.indices, s.dense_shape))
-    spec = tf.TensorSpec([None, 3], tf.float32)
-
-    @tf.function(input_signature=[spec])
-    def unknown_rows(v):
-        return tf.constant(native_backend._packable_slices(
-            tf.IndexedSlices(v, tf.range(tf.shape(v)[0]), tf.constant([10, 3]))))
-
-    assert not unknown_rows(tf.ones([4, 3])).numpy()
-
-
-def test_a_bad_pack_size_is_one_clear_error(monkeypatch):
-    monkeypatch.setenv("LMKIT_PACK_BYTES", "4MB")
-    with pytest.raises(Exception, match="LMKIT_PACK_BYTES='4MB' must be a number of bytes"):
-        native_backend.NativeBackend.create()
-
-
-def test_workers_all_reduce_with_nccl_between_gpus_and_the_ring_on_cpus():
-    impl = tf.distribute.experimental.CommunicationImplementation
-    assert native_backend.communication_options(gpus=True).implementation == impl.NCCL
-    assert native_backend.communication_options(gpus=False).implementation == impl.RING

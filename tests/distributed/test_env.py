@@ -1,13 +1,78 @@
-"""Which GPUs each process takes, driven with fake device lists (CI has no GPU).
+"""What the environment says (lmkit.distributed.env): threads per rank, the launchers' variables, and which
+GPUs each process takes, driven with fake device lists (CI has no GPU).
 
-``lmkit.distributed.env.choose_gpus`` decides, ``pin_gpus`` applies it through
-``tf.config`` and checks what TensorFlow then sees; both backends use them.
+``choose_gpus`` decides, ``pin_gpus`` applies it through ``tf.config`` and
+checks what TensorFlow then sees; both backends use them.
 """
+import os
+
 import pytest
 
+from lmkit import distributed as dist
 from lmkit.core.errors import UsageError
+from lmkit.distributed import env as dist_env
 from lmkit.distributed.base import DistributedError
 from lmkit.distributed.env import choose_gpus, gpus_pinned, pin_gpus
+
+
+@pytest.fixture
+def sixteen_cores(monkeypatch):
+    """A host of 16 cores, this process bound to all of them, no thread overrides."""
+    monkeypatch.delenv("LMKIT_INTRA_OP_THREADS", raising=False)
+    monkeypatch.delenv("LMKIT_INTER_OP_THREADS", raising=False)
+    monkeypatch.setattr(dist_env.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(dist_env, "cpu_count", lambda: 16)
+    return monkeypatch
+
+
+def test_thread_settings_split_cores_between_local_ranks(sixteen_cores):
+    monkeypatch = sixteen_cores
+    assert dist.thread_settings(1).intra_op == 16
+    assert dist.thread_settings(4).intra_op == 4
+    assert dist.thread_settings(32).intra_op == 1
+    assert dist.thread_settings(4, intra_op=3).intra_op == 3
+    monkeypatch.setenv("LMKIT_INTRA_OP_THREADS", "5")
+    assert dist.thread_settings(4).intra_op == 5
+    # A rank bound to 2 cores never gets more than 2 threads.
+    monkeypatch.delenv("LMKIT_INTRA_OP_THREADS")
+    monkeypatch.setattr(dist_env, "cpu_count", lambda: 2)
+    assert dist.thread_settings(1).intra_op == 2
+
+
+def test_inter_op_threads_follow_intra_op_threads(sixteen_cores):
+    monkeypatch = sixteen_cores
+    # A rank with one core runs one op at a time (a second inter-op thread cost 8-20%).
+    assert dist.thread_settings(16).inter_op == 1
+    assert dist.thread_settings(8).inter_op == 2
+    assert dist.thread_settings(1).inter_op == 4
+    # The native backend's in-process replicas need two.
+    assert dist.thread_settings(16, min_inter_op=2).inter_op == 2
+    assert dist.thread_settings(16, inter_op=3).inter_op == 3
+    monkeypatch.setenv("LMKIT_INTER_OP_THREADS", "5")
+    assert dist.thread_settings(16).inter_op == 5
+    monkeypatch.setenv("LMKIT_INTER_OP_THREADS", "-1")
+    with pytest.raises(ValueError, match="inter_op=-1"):
+        dist.thread_settings(16)
+
+
+def test_open_mpi_yields_while_waiting_unless_the_user_chose(monkeypatch):
+    # Open MPI's busy polling took the core from a rank's own compute (docs/performance.md).
+    monkeypatch.delenv(dist_env.MPI_YIELD_ENV, raising=False)
+    dist_env.quiet_mpi_polling()
+    assert os.environ[dist_env.MPI_YIELD_ENV] == "1"
+    monkeypatch.setenv(dist_env.MPI_YIELD_ENV, "0")
+    dist_env.quiet_mpi_polling()
+    assert os.environ[dist_env.MPI_YIELD_ENV] == "0"
+
+
+def test_launcher_rank_reads_each_launchers_variable(monkeypatch):
+    for key in dist_env.LAUNCHER_RANK_ENV + dist_env.LAUNCHER_SIZE_ENV:
+        monkeypatch.delenv(key, raising=False)
+    assert dist_env.launcher_rank() == 0 and not dist_env.launched_by_mpi_or_horovodrun()
+    monkeypatch.setenv("HOROVOD_RANK", "3")
+    assert dist_env.launcher_rank() == 3 and dist_env.launched_by_mpi_or_horovodrun()
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")  # Open MPI's variable is read first
+    assert dist_env.launcher_rank() == 1
 
 
 class _Device:
@@ -105,29 +170,3 @@ def test_a_runtime_started_with_the_right_gpu_is_fine():
 def test_no_gpus_changes_nothing():
     config = FakeConfig(0)
     assert pin_gpus(0, 2, tf_config=config, environ={}) == [] and config.growth == []
-
-
-class _FakeHorovod:
-    def __init__(self, size: int, nccl: bool) -> None:
-        self._size, self._nccl = size, nccl
-
-    def size(self) -> int:
-        return self._size
-
-    def nccl_built(self) -> bool:
-        return self._nccl
-
-
-@pytest.mark.parametrize("device, size, nccl, warns", [
-    ("GPU", 2, False, True),
-    ("GPU", 2, True, False),
-    ("CPU", 2, False, False),  # CPU jobs average on the host anyway
-    ("GPU", 1, False, False),  # nothing to average
-])
-def test_horovod_without_nccl_on_gpus_warns(device, size, nccl, warns):
-    from lmkit.distributed.horovod import nccl_warning
-
-    message = nccl_warning(_FakeHorovod(size, nccl), device)
-    assert (message is not None) is warns
-    if warns:
-        assert "without NCCL" in message and "HOROVOD_GPU_OPERATIONS=NCCL" in message
