@@ -168,3 +168,20 @@ def kit():
 
     return types.SimpleNamespace(make_corpus=make_corpus, corpus_vocab_size=corpus_vocab_size,
                                  tgz_bytes=tgz_bytes, ptb_archive=ptb_archive, SPLIT_FILES=SPLIT_FILES)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """``(path, lines)`` of a 200-line text of a 120-word lexicon (tests.data.samples.lexicon_lines)."""
+    from tests.data.samples import lexicon_lines
+
+    path = tmp_path / "data" / "train.txt"
+    return path, lexicon_lines(path)
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    """``(root, {"a", "b", "c", "valid": path})``: text shards and a validation file (tests.data.samples.text_files)."""
+    from tests.data.samples import text_files
+
+    return text_files(tmp_path_factory.mktemp("texts"))

@@ -1,9 +1,6 @@
-"""Any-corpus text: SentencePiece training and caching, TextCorpus, sentence batches."""
+"""Any-corpus text (lmkit.data.text): TextCorpus, sentence batches."""
 
 from __future__ import annotations
-
-import os
-import random
 
 import numpy as np
 import pytest
@@ -12,96 +9,13 @@ import tensorflow as tf
 from lmkit.data import (
     DataError,
     LineBatching,
-    SentencePieceTokenizer,
     TextCorpus,
     Vocab,
     WordTokenizer,
     bptt_arrays,
     sentence_dataset,
-    train_sentencepiece,
 )
-from lmkit.data import sentencepiece as spm_module
-
-
-def _write_corpus(path, lines=300, seed=0):
-    rng = random.Random(seed)
-    lexicon = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8)))
-               for _ in range(150)]
-    text = [" ".join(rng.choice(lexicon) for _ in range(rng.randint(3, 12))) for _ in range(lines)]
-    path.write_text("\n".join(text) + "\n", encoding="utf-8")
-    return text
-
-
-# --- SentencePiece -------------------------------------------------------------------------------
-@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_sentencepiece_round_trip_and_specials(tmp_path, model_type):
-    (tmp_path / "data").mkdir()
-    lines = _write_corpus(tmp_path / "data" / "train.txt")
-    model = train_sentencepiece(str(tmp_path / "data" / "train.txt"), 80,
-                                str(tmp_path / "run" / "spm"), model_type=model_type)
-    assert model == os.path.join(str(tmp_path), "run", "spm.model")
-    assert sorted(os.listdir(tmp_path / "run")) == ["spm.model", "spm.vocab"]
-    assert os.listdir(tmp_path / "data") == ["train.txt"]  # nothing written beside the data
-    tok = SentencePieceTokenizer(model)
-    assert tok.vocab_size == len(tok) == 80
-    assert (tok.unk_id, tok.bos_id, tok.eos_id, tok.pad_id) == (0, 1, 2, 3)
-    for line in lines[:50] + ["abc zyx", "unseen qqqq words"]:
-        ids = tok.encode(line)
-        assert all(0 <= i < 80 for i in ids) and len(ids) >= len(line.split())
-        assert tok.decode(ids) == line
-    assert tok.encode_batch(lines[:3]) == [tok.encode(t) for t in lines[:3]]
-    assert tok.encode("ÆØ") and tok.unk_id in tok.encode("ÆØ")  # characters never seen
-
-
-def test_sentencepiece_cache_is_reused_and_refreshed(tmp_path, monkeypatch):
-    data = tmp_path / "train.txt"
-    _write_corpus(data)
-    prefix = str(tmp_path / "models" / "spm")
-    model = train_sentencepiece(str(data), 60, model_prefix=prefix)
-    assert model == prefix + ".model"
-    stamp = os.stat(model).st_mtime_ns
-    fingerprint = SentencePieceTokenizer(model).fingerprint()
-
-    calls = []
-    real_train = spm_module._import_sentencepiece().SentencePieceTrainer.train
-    spm_trainer = spm_module._import_sentencepiece().SentencePieceTrainer
-
-    def counting_train(*args, **kwargs):
-        calls.append(kwargs["vocab_size"])
-        return real_train(*args, **kwargs)
-
-    monkeypatch.setattr(spm_trainer, "train", counting_train)
-    assert train_sentencepiece(str(data), 60, model_prefix=prefix) == model
-    assert calls == [] and os.stat(model).st_mtime_ns == stamp  # cached: not retrained
-
-    # A different vocab_size at the same prefix retrains.
-    train_sentencepiece(str(data), 70, model_prefix=prefix)
-    assert calls == [70] and SentencePieceTokenizer(model).vocab_size == 70
-    # Data newer than the model retrains.
-    train_sentencepiece(str(data), 60, model_prefix=prefix)
-    future = os.stat(model).st_mtime_ns + 10**9
-    os.utime(data, ns=(future, future))
-    train_sentencepiece(str(data), 60, model_prefix=prefix)
-    assert calls == [70, 60, 60]
-    assert SentencePieceTokenizer(model).fingerprint() == fingerprint  # deterministic training
-    assert not [f for f in os.listdir(tmp_path / "models") if ".tmp" in f]
-
-
-def test_sentencepiece_errors(tmp_path):
-    _write_corpus(tmp_path / "train.txt", lines=20)
-    prefix = str(tmp_path / "run" / "spm")
-    with pytest.raises(DataError, match=r"vocab_size 5000 failed: .*Vocabulary size too high"):
-        train_sentencepiece(str(tmp_path / "train.txt"), 5000, prefix)
-    assert not [f for f in os.listdir(tmp_path / "run") if f.endswith(".model")]
-    with pytest.raises(DataError, match=r"training file .*nope.txt' does not exist"):
-        train_sentencepiece(str(tmp_path / "nope.txt"), 50, prefix)
-    with pytest.raises(ValueError, match=r"unknown sentencepiece model_type 'word'; "
-                                         r"choices: unigram, bpe"):
-        train_sentencepiece(str(tmp_path / "train.txt"), 50, prefix, model_type="word")
-    bad = tmp_path / "bad.model"
-    bad.write_bytes(b"not a model")
-    with pytest.raises(DataError, match=r"is not a SentencePiece model"):
-        SentencePieceTokenizer(str(bad))
+from tests.data import samples
 
 
 # --- TextCorpus ----------------------------------------------------------------------------------
@@ -126,7 +40,7 @@ def test_word_level_corpus_stream_and_lines(tmp_path):
 
 
 def test_subword_corpus_lines_end_with_eos(tmp_path):
-    lines = _write_corpus(tmp_path / "train.txt", lines=200)
+    lines = samples.subword_corpus(tmp_path / "train.txt", lines=200)
     corpus = TextCorpus.subword(str(tmp_path / "train.txt"), 60, model_prefix=str(tmp_path / "m"),
                                 model_type="bpe")
     encoded = corpus.encode_lines(str(tmp_path / "train.txt"))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 
-import numpy as np
 import pytest
 
 from lmkit.data import (
@@ -16,42 +14,15 @@ from lmkit.data import (
     DataError,
     SentencePieceTokenizer,
     Tokenizer,
-    Vocab,
     WordTokenizer,
     load_tokenizer,
     tokenizer_class,
     train_tokenizer,
 )
-
-# name, options, the files besides tokenizer.json
-KINDS = [
-    ("word", {}, ["vocab.txt"]),
-    ("char", {}, ["chars.txt"]),
-    ("byte", {}, []),
-    ("sentencepiece", {"vocab_size": 70}, ["spm.model", "spm.vocab"]),
-    ("sentencepiece", {"vocab_size": 70, "model_type": "bpe"}, ["spm.model", "spm.vocab"]),
-]
-KIND_IDS = ["word", "char", "byte", "spm-unigram", "spm-bpe"]
+from tests.data import samples
 
 
-def _corpus(path, lines=200, seed=0):
-    """Lines of words from a 120-word lexicon (with a few accented letters)."""
-    rng = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyzé"
-    lexicon = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(120)]
-    text = [" ".join(rng.choice(lexicon) for _ in range(rng.randint(3, 10))) for _ in range(lines)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(text) + "\n", encoding="utf-8")
-    return text
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    path = tmp_path / "data" / "train.txt"
-    return path, _corpus(path)
-
-
-@pytest.mark.parametrize("name, options, files", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("name, options, files", samples.KINDS, ids=samples.KIND_IDS)
 def test_train_save_load_round_trip(corpus, tmp_path, name, options, files):
     path, lines = corpus
     folder = tmp_path / "run"
@@ -78,18 +49,6 @@ def test_train_save_load_round_trip(corpus, tmp_path, name, options, files):
     assert tok.encode_batch(lines[:3]) == [tok.encode(t) for t in lines[:3]]
 
 
-@pytest.mark.parametrize("name, options, files", KINDS, ids=KIND_IDS)
-def test_line_breaks_are_eos_and_bos_pad_vanish(corpus, tmp_path, name, options, files):
-    path, lines = corpus
-    tok = train_tokenizer(name, str(path), str(tmp_path / "run"), **options)
-    first, second = lines[0], lines[1]
-    ids = tok.encode(f"{first}\n{second}")
-    assert ids == tok.encode(first) + [tok.eos_id] + tok.encode(second)
-    assert tok.encode(f"{first}\r\n{second}") == ids
-    framed = [tok.bos_id] + ids + [tok.eos_id, tok.pad_id, tok.pad_id]
-    assert tok.decode(np.asarray(framed)) == f"{first}\n{second}\n"
-
-
 def test_decode_makes_readable_text_per_kind(corpus, tmp_path):
     path, _ = corpus
     spm = train_tokenizer("sentencepiece", str(path), str(tmp_path / "spm"), vocab_size=70)
@@ -112,24 +71,6 @@ def test_decode_makes_readable_text_per_kind(corpus, tmp_path):
     assert char.encode("a€")[1] == char.unk_id  # a character never seen
 
 
-@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_sentencepiece_keeps_the_unknown_word_mark_of_ptb_and_wikitext_as_one_piece(tmp_path, model_type):
-    """WikiText and PTB write <unk> for rare words. SentencePiece reserves that string for its own unknown piece:
-    given it as text, it split the mark into 5 pieces and, with a small vocabulary, left '>' out (every mark
-    decoded as '<unk ⁇'). Trained here, the mark is one piece (id 4) that decodes back to itself, and
-    SentencePiece's unknown piece (a character it never saw) is id 0, <unk_char>."""
-    path = tmp_path / "train.txt"
-    lines = _corpus(path)
-    path.write_text("\n".join(" <unk> ".join(line.split(" ", 1)) for line in lines) + "\n", encoding="utf-8")
-    assert ">" not in path.read_text(encoding="utf-8").replace("<unk>", "")  # '>' only inside the marks
-    spm = train_tokenizer("sentencepiece", str(path), str(tmp_path / "spm"), vocab_size=70, model_type=model_type)
-    text = lines[0].split(" ", 1)[0] + " <unk> ab"
-    ids = spm.encode(text)
-    assert ids.count(4) == 1 and spm.id_to_piece(4) == "<unk>" and spm.unk_id == 0 not in ids
-    assert spm.decode(ids) == text
-    assert spm.id_to_piece(0) == "<unk_char>" and spm.decode(spm.encode("a € b")) == "a  \u2047  b"
-
-
 def test_a_tokenizer_kinds_version_keys_the_data_cache(corpus, tmp_path, monkeypatch):
     """A kind that trains differently now (sentencepiece, version 1) is trained again, not taken from a cache an
     older lmkit filled."""
@@ -141,41 +82,6 @@ def test_a_tokenizer_kinds_version_keys_the_data_cache(corpus, tmp_path, monkeyp
     before = tokenizers._cached_tokenizer_dir(str(tmp_path / "cache"), SentencePieceTokenizer, {"vocab_size": 70},
                                               [str(path)])
     assert now != before
-
-
-def test_char_symbols_survive_the_file(tmp_path):
-    """Spaces, form feeds and U+2028 are symbols one a line in chars.txt; a CR is never one."""
-    path = tmp_path / "odd.txt"
-    path.write_bytes("a b\x0cc\u2028d\r\ne\u00a0f\n".encode("utf-8"))
-    tok = train_tokenizer("char", str(path), str(tmp_path / "run"))
-    assert "\r" not in tok.vocab and "\n" not in tok.vocab
-    again = load_tokenizer(str(tmp_path / "run"))
-    assert again.vocab == tok.vocab
-    for text in ("a b\x0cc\u2028d", "e\u00a0f"):
-        assert tok.unk_id not in tok.encode(text)
-        assert again.decode(again.encode(text)) == text
-
-
-def test_byte_needs_no_training_and_no_file(tmp_path):
-    tok = train_tokenizer("byte", str(tmp_path / "never-read.txt"), str(tmp_path / "run"))
-    assert tok.vocab_size == 260
-    assert os.listdir(tmp_path) == ["run"]
-    assert load_tokenizer(str(tmp_path / "run")).fingerprint() == ByteTokenizer().fingerprint()
-
-
-def test_word_options(corpus, tmp_path):
-    path, _ = corpus
-    small = train_tokenizer("word", str(path), str(tmp_path / "a"), max_vocab=20)
-    assert small.vocab_size == 20 and small.options == {"max_vocab": 20, "min_count": 1}
-    assert small.vocab.tokens[:4] == ("<unk>", "<eos>", "<bos>", "<pad>")
-    frequent = train_tokenizer("word", str(path), str(tmp_path / "b"), min_count=12)
-    full = train_tokenizer("word", str(path), str(tmp_path / "c"))
-    assert 4 < frequent.vocab_size < full.vocab_size
-    assert load_tokenizer(str(tmp_path / "b")).options == {"max_vocab": None, "min_count": 12}
-    with pytest.raises(DataError, match=r"max_vocab = 3 must be an integer >= 5"):
-        train_tokenizer("word", str(path), str(tmp_path / "d"), max_vocab=3)
-    with pytest.raises(DataError, match=r"min_count = 0 must be an integer >= 1"):
-        train_tokenizer("word", str(path), str(tmp_path / "d"), min_count=0)
 
 
 def test_an_existing_tokenizer_is_reused_not_retrained(corpus, tmp_path, monkeypatch):
@@ -191,13 +97,6 @@ def test_an_existing_tokenizer_is_reused_not_retrained(corpus, tmp_path, monkeyp
     again = train_tokenizer("sentencepiece", str(path), folder, vocab_size=70, max_vocab=9)
     assert again.fingerprint() == first.fingerprint()  # max_vocab is not a sentencepiece option
     assert os.stat(os.path.join(folder, "spm.model")).st_mtime_ns == stamp
-
-
-def test_training_is_reproducible(corpus, tmp_path):
-    path, _ = corpus
-    a = train_tokenizer("sentencepiece", str(path), str(tmp_path / "a"), vocab_size=70, model_type="bpe")
-    b = train_tokenizer("sentencepiece", str(path), str(tmp_path / "b"), vocab_size=70, model_type="bpe")
-    assert a.fingerprint() == b.fingerprint()
 
 
 def test_a_different_saved_tokenizer_is_an_error_naming_both(corpus, tmp_path):
@@ -231,34 +130,6 @@ def test_unknown_kind_and_missing_size(corpus, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_corpus_too_small_names_the_largest_size_that_works(tmp_path, model_type):
-    path = tmp_path / "data" / "small.txt"
-    _corpus(path, lines=30)
-    folder = tmp_path / "run"
-    with pytest.raises(DataError, match=r"vocab_size 5000 failed: Vocabulary size too high") as info:
-        train_tokenizer("sentencepiece", str(path), str(folder), vocab_size=5000,
-                        model_type=model_type)
-    message = str(info.value)
-    assert "--vocab_size" in message and str(path) in message
-    largest = int(message.split("the largest vocab_size that works is ")[1].split(":")[0])
-    assert not folder.exists()  # the failed call leaves no trace of the folder it made
-    # The size the message names does work.
-    assert train_tokenizer("sentencepiece", str(path), str(folder), vocab_size=largest,
-                           model_type=model_type).vocab_size == largest
-
-
-def test_vocabulary_below_the_alphabet_names_the_smallest_size(tmp_path):
-    path = tmp_path / "abc.txt"
-    path.write_text("abcdefghijklmnop qrstuvwxyz\n" * 20)
-    with pytest.raises(DataError, match=r"vocab_size 10 failed: .* set vocab_size "
-                                        r"\(--vocab_size\) to at least (\d+)") as info:
-        train_tokenizer("sentencepiece", str(path), str(tmp_path / "run"), vocab_size=10)
-    smallest = int(str(info.value).rsplit(" ", 1)[1])
-    assert train_tokenizer("sentencepiece", str(path), str(tmp_path / "run"),
-                           vocab_size=smallest).vocab_size == smallest
-
-
 @pytest.mark.parametrize("name", ["word", "char", "sentencepiece"])
 def test_bad_training_file_is_checked_first(tmp_path, name):
     binary = tmp_path / "model.bin"
@@ -270,39 +141,10 @@ def test_bad_training_file_is_checked_first(tmp_path, name):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_killed_save_leaves_no_tokenizer(corpus, tmp_path, monkeypatch):
-    path, _ = corpus
-    folder = tmp_path / "run"
-    train_tokenizer("word", str(path), str(folder), max_vocab=30)
-    real_write = WordTokenizer._write_files
-
-    def killed(self, target):
-        real_write(self, target)
-        raise KeyboardInterrupt  # killed after the vocabulary, before tokenizer.json
-
-    monkeypatch.setattr(WordTokenizer, "_write_files", killed)
-    with pytest.raises(KeyboardInterrupt):
-        WordTokenizer(Vocab.build(str(path), max_size=40), max_vocab=40).save(str(folder))
-    # The old tokenizer.json is gone rather than describing the new vocab.txt.
-    assert not (folder / "tokenizer.json").exists()
-    with pytest.raises(DataError, match=r"holds no tokenizer \(tokenizer.json is missing\)"):
-        load_tokenizer(str(folder))
-    monkeypatch.setattr(WordTokenizer, "_write_files", real_write)
-    assert train_tokenizer("word", str(path), str(folder), max_vocab=30).vocab_size == 30
-    assert not [f for f in os.listdir(folder) if f.endswith(".tmp")]
-
-
-def _saved(corpus, tmp_path, name="char", **options):
-    path, _ = corpus
-    folder = tmp_path / "run"
-    train_tokenizer(name, str(path), str(folder), **options)
-    return folder
-
-
 def test_load_errors_name_the_file_and_the_fix(corpus, tmp_path):
     with pytest.raises(DataError, match=r"'.*nowhere' holds no tokenizer .* train_tokenizer"):
         load_tokenizer(str(tmp_path / "nowhere"))
-    folder = _saved(corpus, tmp_path)
+    folder = samples.saved_tokenizer(corpus, tmp_path)
     meta = folder / "tokenizer.json"
     record = json.loads(meta.read_text())
 
@@ -330,23 +172,6 @@ def test_load_errors_name_the_file_and_the_fix(corpus, tmp_path):
     with pytest.raises(DataError, match=r"names a char tokenizer that cannot be read: .*chars.txt' "
                                         r"does not exist"):
         load_tokenizer(str(folder))
-
-
-def test_missing_sentencepiece_model_is_named(corpus, tmp_path):
-    folder = _saved(corpus, tmp_path, "sentencepiece", vocab_size=60)
-    (folder / "spm.model").unlink()
-    with pytest.raises(DataError, match=r"sentencepiece tokenizer that cannot be read: .*spm.model"):
-        load_tokenizer(str(folder))
-
-
-def test_decode_rejects_ids_out_of_range():
-    with pytest.raises(DataError, match=r"id 260 is out of range for the byte tokenizer of 260 ids"):
-        ByteTokenizer().decode([5, 260])
-    tok = WordTokenizer(Vocab.build(["a b"]))
-    with pytest.raises(DataError, match=r"id -1 is out of range for the word tokenizer of 6 ids"):
-        tok.decode([-1])
-    with pytest.raises(DataError, match=r"encode takes a str, got bytes"):
-        tok.encode(b"a b")
 
 
 def test_one_registry():
