@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -69,6 +70,8 @@ __all__ = ["Worker", "plan", "worker_env", "forwarded_env", "remote_command", "c
            "FORWARDED_PREFIXES", "WRAPPED_LAUNCHERS"]
 
 DEFAULT_PORT = 23456
+# The lowest port picked for a job on this host when --port is not given (below the ephemeral range).
+_FIRST_PICKED_PORT = 10000
 # Variables passed to the workers of other hosts, as `mpirun -x NAME` would (--env adds names).
 FORWARDED_PREFIXES = ("NCCL_", "LMKIT_", "TF_", "CUDA_", "XLA_")
 # How long a bystander's exit (status 4: another rank failed) waits for the exit of the worker that
@@ -100,19 +103,44 @@ class Worker:
 
 
 def _free_ports(count: int) -> List[int]:
-    """Ports that are free on 127.0.0.1 right now (held open together, so all differ)."""
-    socks, ports = [], []
+    """Ports free on every interface right now (held open together, so all differ), below the kernel's
+    ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` comes from its ephemeral range,
+    where every outgoing connection of the machine also takes its local port:
+    on a busy machine one could take it in the moment between this pick and the
+    worker's server binding it ("Address already in use"). Below that range
+    only a process that binds the very port can; the kernel's own pick is the
+    fallback when none is free there.
+    """
+    low = _ephemeral_range()[0]
+    candidates = random.Random().sample(range(_FIRST_PICKED_PORT, low), max(0, low - _FIRST_PICKED_PORT))
+    socks: List[socket.socket] = []
     try:
-        for _ in range(count):
+        for port in [*candidates, *[0] * count]:
+            if len(socks) == count:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("", port))  # every interface, as TensorFlow's server binds it
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-            ports.append(s.getsockname()[1])
+        return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
-    return ports
+
+
+def _ephemeral_range() -> Tuple[int, int]:
+    """The kernel's range of ports for outgoing connections and ``bind(0)`` (Linux's default elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _parse_hosts(hosts: str, num_workers: int) -> List[Tuple[str, int]]:

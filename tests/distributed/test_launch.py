@@ -3,6 +3,7 @@ and commands, core binding, signals passed on, and which worker the job's last l
 import json
 import os
 import re
+import socket
 
 import pytest
 
@@ -18,11 +19,20 @@ def test_plan_spreads_workers_over_hosts_in_rank_order():
         ("h1", 0, 3), ("h1", 1, 3), ("h1", 2, 3), ("h2", 0, 1)]
 
 
-def test_plan_on_this_host_picks_distinct_free_ports():
+def test_plan_on_this_host_picks_distinct_free_ports_that_no_outgoing_connection_takes():
     workers = launch.plan("127.0.0.1", 3)
     ports = [w.port for w in workers]
-    assert len(set(ports)) == 3 and all(p > 0 for p in ports)
+    low = launch._ephemeral_range()[0]
+    # Below the kernel's ephemeral range: a busy machine's outgoing connections cannot take them before the
+    # workers bind them (a native job once failed with "Address already in use" under load).
+    assert len(set(ports)) == 3 and all(1024 <= p < low for p in ports)
     assert [w.local_rank for w in workers] == [0, 1, 2]
+    held = socket.socket()
+    held.bind(("", ports[0]))  # a port taken since: never picked while it is taken
+    try:
+        assert ports[0] not in launch._free_ports(200)
+    finally:
+        held.close()
 
 
 @pytest.mark.parametrize("hosts, n, match", [
