@@ -97,7 +97,7 @@ finally:  # a clean-up that takes long: the second notice does not wait for it
 
 def test_after_the_command_a_signal_is_only_noted():
     code = ("import os, signal, time\n"
-            "from lmkit import preemption\n"
+            "from lmkit.core import preemption\n"
             "preemption.install(0)\n"
             "preemption.leaving()\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"

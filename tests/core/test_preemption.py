@@ -57,7 +57,7 @@ def test_signals_are_held_inside_the_block_and_arrive_after_it():
     try:
         with preemption.signals_held():
             assert threading.current_thread() is threading.main_thread()
-            os.kill(os.getpid(), signal.SIGUSR1)
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # to this thread, which holds it
             assert got == []  # blocked: pending
         assert got == [signal.SIGUSR1]
     finally:
