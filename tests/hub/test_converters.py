@@ -134,15 +134,14 @@ BART = {"model_type": "bart", "vocab_size": 61, "d_model": 32, "encoder_layers":
         "decoder_start_token_id": 2, "dropout": 0.1}
 
 
-def test_build_keys_and_arguments_are_each_others_inverse():
-    keys = build_keys("gpt2", {"hidden_size": 8, "dropout": 0.1})
-    assert keys == {"model": "gpt2", "hidden_size": 8, "keep_prob": 0.9}  # build_model's spelling of dropout
-
-    class Model:
-        def get_config(self):
-            return keys
-
-    assert converter_for("gpt2").arguments(Model()) == {"hidden_size": 8, "dropout": 0.1}
+def test_a_models_arguments_build_it_again():
+    from lmkit.models import build_model
+    arguments = dict(vocab_size=13, hidden_size=8, num_layers=1, num_heads=2, max_positions=8, dropout=0.1)
+    model = build_model(build_keys("gpt2", arguments))  # the constructor's arguments, as build_model spells them
+    assert model.dropout == pytest.approx(0.1) and model.hidden_size == 8
+    back = converter_for("gpt2").arguments(model)
+    assert {k: back[k] for k in arguments} == arguments and "model" not in back
+    assert build_model(build_keys("gpt2", back)).get_config() == model.get_config()
 
 
 def test_a_fine_tunes_config_takes_the_folders_model_and_keeps_the_recipe(tmp_path):

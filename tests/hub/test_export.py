@@ -121,7 +121,7 @@ def test_a_model_trained_from_scratch_exports_and_generates_alike(model_name, ki
                  *(["--set", "vocab_size=48"] if kind == "sentencepiece" else []),
                  "--set", "ffn_dim=64", "--set", "num_layers=2", "--set", "num_heads=2", "--set", "batch_size=4",
                  "--set", "num_steps=24", "--set", "max_positions=64", "--set", "learning_rate=0.01",
-                 "--set", "warmup_epochs=0.0", "--set", "keep_prob=1.0")
+                 "--set", "warmup_epochs=0.0", "--set", "model.dropout=0.0")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     res = _lmkit("export", "--model_dir", run_dir, "--format", "hf", "--output", out)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -201,7 +201,7 @@ def test_a_llama_trained_from_scratch_exports_in_the_family_that_holds_it(name, 
     family = "mistral" if name == "mistral" else "llama"
     assert config["model_type"] == family
     kept = {k: v for k, v in converter.model_config(config).items()
-            if k not in ("head_dim", "keep_prob", "init_scale", "qkv_bias", "attention_output_bias")}
+            if k not in ("head_dim", "keep_prob", "dropout", "init_scale", "qkv_bias", "attention_output_bias")}
     expected = model.get_config()
     assert kept == {k: expected[k] for k in kept}
     reference = AutoModelForCausalLM.from_pretrained(out).eval()

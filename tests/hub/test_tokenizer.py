@@ -24,7 +24,7 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "fast", "blue", "s
 TINY = ["--set", "model='gpt2'", "--set", "hidden_size=32", "--set", "ffn_dim=64", "--set", "num_layers=1",
         "--set", "num_heads=2", "--set", "batch_size=4", "--set", "num_steps=16", "--set", "max_positions=64",
         "--set", "learning_rate=0.01", "--set", "optimizer='adam'", "--set", "optimizer_params={}",
-        "--set", "warmup_epochs=0.0", "--set", "keep_prob=1.0"]
+        "--set", "warmup_epochs=0.0", "--set", "model.dropout=0.0"]
 
 
 def documents(count=40, seed=0):
