@@ -3,7 +3,7 @@
 
 One random GPT-2 of a small shape (default 4 layers, 256 wide, 4 heads, 256
 positions, vocabulary 8192) is made with ``transformers`` and saved as a
-Hugging Face folder; lmkit loads that folder (:func:`lmkit.models.gpt2.convert.load_gpt2_weights`),
+Hugging Face folder; lmkit loads that folder (``GPT2Converter.load_weights``),
 so both run the same weights (the logits are compared before timing).
 
 * training: AdamW (lr 1e-4, weight decay 0.01), global-norm clipping 1.0,
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     from lmkit import decoding
     from lmkit.config import TrainConfig
     from lmkit.models import build_model
-    from lmkit.models.gpt2 import convert as hf
+    from lmkit.models.gpt2.convert import GPT2Converter
     from lmkit.train import Trainer
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(args.threads)
@@ -95,10 +95,10 @@ def main(argv=None) -> int:
                                      n_layer=args.layers, n_head=args.heads)
     reference = transformers.GPT2LMHeadModel(config)
     reference.save_pretrained(folder)
-    hf_config = hf.read_gpt2_config(folder)
-    model_config = hf.gpt2_model_config(hf_config)
+    converter = GPT2Converter()
+    model_config = converter.model_config(converter.read_config(folder))
     model = build_model(model_config)
-    hf.load_gpt2_weights(model, folder)
+    converter.load_weights(model, folder)
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     rng = np.random.RandomState(0)
     probe = rng.randint(0, args.vocab, size=(2, 32)).astype(np.int32)

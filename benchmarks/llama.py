@@ -172,9 +172,10 @@ class LmkitGenerate:
 
         from lmkit import decoding
         from lmkit.models import build_model
-        from lmkit.models.llama import convert as hf_llama
-        self.model = build_model(hf_llama.llama_model_config(hf_llama.read_llama_config(folder)))
-        hf_llama.load_llama_weights(self.model, folder)  # the folder has no tokenizer: ids only
+        from lmkit.models.llama.convert import LlamaConverter
+        converter = LlamaConverter()
+        self.model = build_model(converter.model_config(converter.read_config(folder)))
+        converter.load_weights(self.model, folder)  # the folder has no tokenizer: ids only
         self.decoding, self.sampler = decoding, decoding.GreedySampler()
         rng = np.random.RandomState(0)
         self.prompts = rng.randint(0, SHAPE["vocab_size"], (batch, PROMPT)).tolist()

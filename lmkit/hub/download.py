@@ -48,7 +48,7 @@ def _looks_like_a_path(source: str) -> bool:
 
 
 def tokenizer_folder(source: str) -> str:
-    """The folder of ``tokenizer = "hf:<source>"``: ``source`` when it is a folder, else a Hub name (``gpt2``,
+    """The folder of ``tokenizer = "hf:<source>"``: ``source`` when it is a folder, else a Hub name (``name``,
     ``owner/name``) whose tokenizer files (:data:`TOKENIZER_FILES`, no weights) are downloaded.
 
     Raises:
@@ -59,7 +59,7 @@ def tokenizer_folder(source: str) -> str:
         return source
     if _looks_like_a_path(source):
         raise UsageError(f"{what}: {source} is not a folder; pass a folder with tokenizer.json (or vocab.json + "
-                         "merges.txt), or a Hugging Face Hub name such as hf:gpt2")
+                         "merges.txt), or a Hugging Face Hub name such as hf:owner/name")
     return _download(source, TOKENIZER_FILES, what, f"pass --tokenizer hf:DIR (no folder {source!r} is here either)")
 
 

@@ -1,47 +1,39 @@
-"""The weights of a Hugging Face folder: safetensors files (one, or shards), read and written without PyTorch.
+"""The tensors of a Hugging Face folder, read and written without PyTorch where it can be.
 
-Reading goes through the ``safetensors`` package: :func:`read_tensors`
-gives TensorFlow tensors cast to float32 (so bfloat16 checkpoints load
-without PyTorch), one file and one tensor at a time; :func:`load_mapped`
-checks every tensor of a folder against the variable it fills, name and
-shape, before any is assigned (the loader of the families whose tensors map
-one to one, as Llama's). :func:`read_state_dict` reads a folder's single
-weights file whole, falling back to a PyTorch ``pytorch_model.bin``.
-
-Writing: :func:`write_pretrained` (a fine-tune: the model's tensors with the
-source folder's config and tokenizer) and :func:`write_new` (a model trained
-from scratch: its own config and tokenizer), both whole or not at all.
+:class:`Checkpoint` is a folder's tensors, however they are stored:
+``model.safetensors``, the shards ``model.safetensors.index.json`` lists
+(:func:`weight_files`), or PyTorch's ``pytorch_model.bin``, which needs
+PyTorch. Its :meth:`~Checkpoint.shapes` come from the files' headers, so a
+loader (:func:`lmkit.hub.weights.load_ports`) checks every tensor before it
+reads one; :meth:`~Checkpoint.tensors` gives them as float32 NumPy arrays,
+one file and one tensor at a time (read through TensorFlow, so bfloat16
+checkpoints load without PyTorch). :func:`save_tensors` writes one float32
+file, as ``save_pretrained`` does.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-from typing import Any, Collection, Dict, Iterator, List, Mapping, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from lmkit.core.errors import UsageError
-from lmkit.hub.folders import GENERATION_CONFIG, HF_CONFIG, read_json, write_folder, write_json
+from lmkit.hub.folders import read_json
 
-__all__ = ["BUFFERS", "PYTORCH_BIN", "SAFETENSORS", "SAFETENSORS_INDEX", "load_mapped", "read_state_dict",
-           "read_tensors", "save_tensors", "tensor_shapes", "weight_files", "write_new", "write_pretrained"]
+__all__ = ["BUFFERS", "PYTORCH_BIN", "SAFETENSORS", "SAFETENSORS_INDEX", "Checkpoint", "read_tensors",
+           "save_tensors", "tensor_shapes", "weight_files"]
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
-#: Tensors some checkpoints carry that are not parameters.
+#: Tensors some checkpoints carry that are not parameters (name endings).
 BUFFERS = ("rotary_emb.inv_freq",)
-# Files of the source folder a fine-tune's export carries over unchanged (the architecture and the
-# tokenizer do not change in fine-tuning).
-_CARRIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "chat_template.jinja", "tokenizer.model")
 
 
-def weight_files(folder: str, auto_class: str = "AutoModelForCausalLM") -> List[str]:
-    """The safetensors files of the folder: one, or the shards its index lists.
+def weight_files(folder: str) -> List[str]:
+    """The safetensors files of the folder: one, or the shards its index lists; empty when it has none.
 
     Raises:
-      UsageError: no weights, an index naming a missing shard, or only a
-        PyTorch ``.bin`` checkpoint (with the command that converts it).
+      UsageError: an index without a weight map, or naming a shard that is not there.
     """
     index = os.path.join(folder, SAFETENSORS_INDEX)
     if os.path.isfile(index):
@@ -55,118 +47,50 @@ def weight_files(folder: str, auto_class: str = "AutoModelForCausalLM") -> List[
                                  "shard of the checkpoint")
         return [os.path.join(folder, name) for name in files]
     single = os.path.join(folder, SAFETENSORS)
-    if os.path.isfile(single):
-        return [single]
-    raise UsageError(f"{folder} holds no {SAFETENSORS} (nor {SAFETENSORS_INDEX}); lmkit reads safetensors "
-                     "checkpoints: convert a PyTorch one where PyTorch is with "
-                     f"{auto_class}.from_pretrained(folder).save_pretrained(folder)")
+    return [single] if os.path.isfile(single) else []
 
 
-def read_tensors(path: str) -> Iterator[Tuple[str, Any]]:
-    """(name, float32 NumPy array) of one safetensors file, one tensor at a time (:data:`BUFFERS` left out)."""
+def _safe_open(path: str) -> Any:
     try:
         from safetensors import safe_open
     except ImportError:
         raise UsageError(f"reading {path} needs the safetensors package; pip install 'lmkit[hf]'") from None
-    import tensorflow as tf
     try:
-        handle = safe_open(path, framework="tf")
-    except Exception as exc:
+        return safe_open(path, framework="tf")
+    except Exception as exc:  # the package's own error types: a truncated or foreign file
         raise UsageError(f"{path} is not a readable safetensors file ({exc})") from None
-    with handle as f:
+
+
+def read_tensors(path: str) -> Iterator[Tuple[str, Any]]:
+    """(name, float32 NumPy array) of one safetensors file, one tensor at a time."""
+    import tensorflow as tf
+
+    with _safe_open(path) as f:
         for name in f.keys():
-            if name.endswith(BUFFERS):
-                continue
             yield name, tf.cast(f.get_tensor(name), tf.float32).numpy()
 
 
 def tensor_shapes(path: str) -> Dict[str, List[int]]:
     """name -> shape of every tensor of one safetensors file (read from its header, no data)."""
-    from safetensors import safe_open
     try:
-        with safe_open(path, framework="tf") as f:
-            return {name: list(f.get_slice(name).get_shape()) for name in f.keys() if not name.endswith(BUFFERS)}
+        with _safe_open(path) as f:
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}
+    except UsageError:
+        raise
     except Exception as exc:
         raise UsageError(f"{path} is not a readable safetensors file ({exc})") from None
 
 
-def load_mapped(folder: str, targets: Mapping[str, Tuple[Any, bool]], owner: str,
-                ignore: Collection[str] = ()) -> List[str]:
-    """Fills variables from the folder's checkpoint, one tensor each (transposed where the map says).
-
-    Every tensor's name and shape is checked, shard by shard, before any is
-    assigned, so a mismatch leaves the model as it was; the values are then
-    read one file at a time.
-
-    Args:
-      folder: the Hugging Face folder.
-      targets: Hugging Face tensor name -> (lmkit variable, whether the tensor is transposed to fill it).
-      owner: the model, in messages ("lmkit's llama").
-      ignore: tensor names a checkpoint may hold that fill nothing (a tied softmax stored twice).
-
-    Returns:
-      The files read.
+def _read_bin(path: str, model_class: str) -> Dict[str, Any]:
+    """Every tensor of a PyTorch ``pytorch_model.bin`` as a float32 NumPy array.
 
     Raises:
-      UsageError: a missing, unexpected or mis-shaped tensor (naming the file,
-        the tensor and both shapes).
-    """
-    files = weight_files(folder)
-    config = os.path.join(folder, HF_CONFIG)
-    where: Dict[str, str] = {}
-    for path in files:
-        for name, shape in tensor_shapes(path).items():
-            if name in ignore:
-                continue
-            if name not in targets:
-                raise UsageError(f"{path} holds {name}, which {owner} has no use for; is {config} the config "
-                                 "of these weights?")
-            variable, transposed = targets[name]
-            want = list(variable.shape)[::-1] if transposed else list(variable.shape)
-            if shape != want:
-                raise UsageError(f"{path}: {name} has shape {shape} but {config} gives {want}; the weights and "
-                                 "the config come from different models")
-            where[name] = path
-    missing = [name for name in targets if name not in where]
-    if missing:
-        raise UsageError(f"{folder} lacks {missing[0]} ({len(missing)} tensors missing); the checkpoint is "
-                         "incomplete or of another model")
-    for path in files:
-        for name, value in read_tensors(path):
-            if name in targets:
-                variable, transposed = targets[name]
-                variable.assign(value.T if transposed else value)
-    return files
-
-
-def read_state_dict(folder: str, model_class: str) -> Tuple[Dict[str, Any], str]:
-    """Every tensor of the folder's one weights file as a float32 NumPy array, and the file read:
-    ``model.safetensors``, else a PyTorch ``pytorch_model.bin`` (which needs PyTorch).
-
-    Args:
-      folder: the Hugging Face folder.
-      model_class: the ``transformers`` class that converts a ``.bin`` folder, in the message that says how.
-
-    Raises:
-      UsageError: no weights file, or only ``pytorch_model.bin`` without PyTorch.
+      UsageError: PyTorch is not installed (with the command that converts the folder where it is), or the
+        file is not a state dict.
     """
     import numpy as np
 
-    path = os.path.join(folder, SAFETENSORS)
-    if os.path.isfile(path):
-        try:
-            from safetensors.numpy import load_file
-        except ImportError:
-            raise UsageError(f"reading {path} needs the safetensors package; pip install 'lmkit[hf]'") from None
-        try:
-            tensors = load_file(path)
-        except Exception as exc:
-            raise UsageError(f"{path} is not a readable safetensors file ({exc})") from None
-        return {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}, path
-    path = os.path.join(folder, PYTORCH_BIN)
-    if not os.path.isfile(path):
-        raise UsageError(f"{folder} holds no weights: {SAFETENSORS} (or {PYTORCH_BIN}) is missing; save "
-                         "the model there with model.save_pretrained(folder)")
+    folder = os.path.dirname(path)
     try:
         import torch
     except ImportError:
@@ -178,7 +102,51 @@ def read_state_dict(folder: str, model_class: str) -> Tuple[Dict[str, Any], str]
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise UsageError(f"{path} is not a readable PyTorch state dict ({exc})") from None
-    return {k: np.asarray(v.detach().float().numpy(), dtype=np.float32) for k, v in state.items()}, path
+    return {k: np.asarray(v.detach().float().numpy(), dtype=np.float32) for k, v in state.items()}
+
+
+class Checkpoint:
+    """The tensors of a Hugging Face folder: safetensors (one file or shards), else ``pytorch_model.bin``.
+
+    Args:
+      folder: the folder.
+      skip: endings of tensor names that are no parameters (buffers), left out of everything below.
+      model_class: the ``transformers`` class that converts a ``.bin`` folder, in the message that says how.
+
+    Raises:
+      UsageError: the folder holds no weights, a broken index, or only ``pytorch_model.bin`` without PyTorch.
+    """
+
+    def __init__(self, folder: str, skip: Sequence[str] = BUFFERS,
+                 model_class: str = "AutoModelForCausalLM") -> None:
+        self.folder = folder
+        self.skip = tuple(skip)
+        self.files = weight_files(folder)
+        self._state: Optional[Dict[str, Any]] = None
+        if not self.files:
+            path = os.path.join(folder, PYTORCH_BIN)
+            if not os.path.isfile(path):
+                raise UsageError(f"{folder} holds no weights: {SAFETENSORS} (or {PYTORCH_BIN}) is missing; save "
+                                 "the model there with model.save_pretrained(folder)")
+            self._state, self.files = _read_bin(path, model_class), [path]
+
+    def _kept(self, name: str) -> bool:
+        return not name.endswith(self.skip)
+
+    def shapes(self) -> Dict[str, Tuple[List[int], str]]:
+        """name -> (shape, the file that holds it), from the files' headers (no tensor is read)."""
+        if self._state is not None:
+            return {n: (list(v.shape), self.files[0]) for n, v in self._state.items() if self._kept(n)}
+        return {name: (shape, path) for path in self.files for name, shape in tensor_shapes(path).items()
+                if self._kept(name)}
+
+    def tensors(self) -> Iterator[Tuple[str, Any]]:
+        """(name, float32 NumPy array) of every tensor, one file at a time."""
+        if self._state is not None:
+            yield from ((n, v) for n, v in self._state.items() if self._kept(n))
+            return
+        for path in self.files:
+            yield from ((n, v) for n, v in read_tensors(path) if self._kept(n))
 
 
 def save_tensors(tensors: Mapping[str, Any], path: str) -> None:
@@ -188,39 +156,3 @@ def save_tensors(tensors: Mapping[str, Any], path: str) -> None:
 
     save_file({name: np.ascontiguousarray(value, dtype=np.float32) for name, value in tensors.items()}, path,
               metadata={"format": "pt"})
-
-
-def write_pretrained(tensors: Mapping[str, Any], source: str, output: str) -> List[str]:
-    """The folder ``output`` as ``transformers`` reads it: ``tensors`` (Hugging Face names and layouts) in
-    ``model.safetensors`` as float32, and the config and tokenizer files of ``source`` (the folder a run
-    was fine-tuned from: fine-tuning keeps the architecture). Written aside and renamed into place."""
-
-    def fill(tmp: str) -> None:
-        save_tensors(tensors, os.path.join(tmp, SAFETENSORS))
-        for name in _CARRIED:
-            if os.path.isfile(os.path.join(source, name)):
-                shutil.copyfile(os.path.join(source, name), os.path.join(tmp, name))
-        config = read_json(os.path.join(tmp, HF_CONFIG))
-        config["torch_dtype"] = config["dtype"] = "float32"  # the weights as written
-        write_json(os.path.join(tmp, HF_CONFIG), config)
-
-    return write_folder(output, fill)
-
-
-def write_new(tensors: Mapping[str, Any], config: Dict[str, Any], generation: Dict[str, Any], tokenizer: Any,
-              model_max_length: int, output: str) -> List[str]:
-    """The folder ``output`` of a model with no Hugging Face folder behind it: ``tensors`` in
-    ``model.safetensors`` (float32), its ``config.json``, ``generation_config.json`` and the tokenizer's
-    files (``tokenizer.save_hf``). Written aside and renamed into place.
-
-    Returns:
-      The names of the files written.
-    """
-
-    def fill(tmp: str) -> None:
-        save_tensors(tensors, os.path.join(tmp, SAFETENSORS))
-        write_json(os.path.join(tmp, HF_CONFIG), config)
-        write_json(os.path.join(tmp, GENERATION_CONFIG), generation)
-        tokenizer.save_hf(tmp, model_max_length)
-
-    return write_folder(output, fill)

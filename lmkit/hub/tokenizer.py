@@ -1,11 +1,11 @@
-"""The tokenizer of a Hugging Face model folder (GPT-2's byte-level BPE and the like), through ``tokenizers``.
+"""The tokenizer of a Hugging Face model folder (a byte-level BPE and the like), through ``tokenizers``.
 
 lmkit does not train this kind: it comes with a pretrained model. It is
 read from the folder ``--init_from`` names, or for a model trained from
 scratch from the folder or Hub name of ``--tokenizer hf:<folder or name>``
 (:func:`lmkit.hub.download.tokenizer_folder`; a Hub name downloads the
 tokenizer's files alone), with :meth:`HFTokenizer.from_hf_folder`
-(``tokenizer.json``, or GPT-2's ``vocab.json`` + ``merges.txt``); saved into
+(``tokenizer.json``, or a byte-level BPE's ``vocab.json`` + ``merges.txt``); saved into
 the run's model folder as ``hf_tokenizer.json`` (lmkit's own
 ``tokenizer.json`` describes it there, as for every kind) and written back
 in Hugging Face's layout by :meth:`HFTokenizer.save_hf` when a run is
@@ -14,8 +14,8 @@ re-implements BPE.
 
 Special ids in lmkit's sense: ``eos_id`` is the token of a line break
 (``"\\n"``, which lmkit's text pipeline puts at the end of every line, as a
-GPT-2 text has it) and ``bos_id`` the model's ``<|endoftext|>`` (GPT-2's
-document separator: the text ``<|endoftext|>`` between documents of a text
+pretraining text has it) and ``bos_id`` the model's ``<|endoftext|>`` (the
+document separator of byte-level BPE models: the text ``<|endoftext|>`` between documents of a text
 file is that one id, as ``tokenizers`` reads an added token); there is no
 unknown or padding token. In a source of records (JSON Lines, Parquet,
 ``datasets``) each document ends with that ``<|endoftext|>`` id
@@ -27,7 +27,7 @@ the folder (:func:`lmkit.hub.generation_config.end_token_ids`: ``generation_conf
 run's tokenizer, so a run fine-tuned from the folder stops where the model
 does; a folder that names none ends at ``<|endoftext|>``.
 
-An encoder-decoder's tokenizer (BART) is *framed* instead (``framing``,
+An encoder-decoder's tokenizer is *framed* instead (``framing``,
 from the folder's family, :func:`lmkit.hub.converters.pair_framing`): its ``bos_id``,
 ``eos_id`` and ``pad_id`` are the target's start, end and padding ids, every
 text is encoded between ``prefix`` and ``suffix`` ids, the source side
@@ -118,8 +118,8 @@ class HFTokenizer(Tokenizer):
     @property
     def start_ids(self) -> List[int]:
         """The ids the folder's tokenizer puts before a text when ``transformers`` encodes it with its
-        special tokens (``tokenizer(text)``): Llama's ``<s>`` / ``<|begin_of_text|>``; empty for GPT-2 and
-        Qwen2, whose tokenizers add none, and for a framed (encoder-decoder) tokenizer."""
+        special tokens (``tokenizer(text)``): ``<s>`` / ``<|begin_of_text|>``; empty for tokenizers that add
+        none (byte-level BPE ones, most often), and for a framed (encoder-decoder) tokenizer."""
         if self.framing is not None:
             return []
         plain = list(self.hf.encode("a", add_special_tokens=False).ids)
@@ -145,8 +145,8 @@ class HFTokenizer(Tokenizer):
 
     @property
     def document_end(self) -> Optional[str]:
-        """``<|endoftext|>`` when the vocabulary has it as one id other than the newline's (GPT-2's document
-        separator, as nanoGPT's data preparation puts it after each document); None for a framed
+        """``<|endoftext|>`` when the vocabulary has it as one id other than the newline's (a byte-level BPE's
+        document separator, as nanoGPT's data preparation puts it after each document); None for a framed
         (encoder-decoder) tokenizer and one without it, whose documents end with a line break."""
         if self.framing is not None or self._end_of_text is None or self._end_of_text == self._newline:
             return None
@@ -226,7 +226,7 @@ class HFTokenizer(Tokenizer):
         """The tokenizer of a Hugging Face model folder.
 
         Reads ``tokenizer.json`` when present, else ``vocab.json`` and
-        ``merges.txt`` as GPT-2's byte-level BPE (its pre-tokenizer and
+        ``merges.txt`` as a byte-level BPE (its pre-tokenizer and
         decoder, ``<|endoftext|>`` a special token).
 
         Raises:
@@ -236,7 +236,7 @@ class HFTokenizer(Tokenizer):
         path = os.path.join(folder, "tokenizer.json")
         from lmkit.hub.converters import pair_framing
         from lmkit.hub.generation_config import end_token_ids
-        framing = pair_framing(folder)  # an encoder-decoder's (BART) target start, end and padding ids
+        framing = pair_framing(folder)  # an encoder-decoder's target start, end and padding ids
         end_ids = None if framing is not None else end_token_ids(folder)
         if os.path.isfile(path):
             try:
@@ -262,7 +262,8 @@ class HFTokenizer(Tokenizer):
         return cls(tokenizer, os.path.abspath(folder), None, end_ids)
 
     def model_token_ids(self) -> Dict[str, Any]:
-        """GPT-2's: a document starts and ends at ``<|endoftext|>`` (both null when the vocabulary lacks it)."""
+        """A byte-level BPE's: a document starts and ends at ``<|endoftext|>`` (both null when the vocabulary
+        lacks it)."""
         return {"bos_token_id": self._end_of_text, "eos_token_id": self._end_of_text}
 
     def save_hf(self, folder: str, model_max_length: int) -> None:

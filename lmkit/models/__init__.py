@@ -1,19 +1,10 @@
 """Language models: the protocol, the model families (one folder each: the model and its Hugging Face
 converter) and the one registry of families, :mod:`lmkit.models.registry`.
 
-:data:`MODELS` maps a config's ``model`` name to the class that builds it
-(as ``"module:Class"``, imported only when used) and the constructor
-arguments the name fixes. A config may also name a user's own class by
-import path, ``model = "my_pkg.my_module:MyLM"``; it is stored in the run's
-``config.json``, so generation and resume rebuild it without the user's
-script. The registry is :mod:`lmkit.models.registry`.
-
-:func:`build_model` turns a ``model_config`` (``TrainConfig.model_config()``
-or ``model.get_config()``) into a model: every key is a constructor argument
-of the class, except ``keep_prob`` (the constructors take
-``dropout = 1 - keep_prob``). Keys checked against the constructor: an
-unknown key is an error naming the closest known one; a key that only
-another built-in model takes is ignored, so one config dict serves all.
+:data:`MODELS` (a config's ``model`` name -> the class that builds it) and
+:func:`build_model` (a ``model_config`` -> the model) are the registry's;
+its docstring says what they take. A config may also name a user's own
+class by import path, ``model = "my_pkg.my_module:MyLM"``.
 
 Importing this package does not import TensorFlow; the classes load on
 first use.

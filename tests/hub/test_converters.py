@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from lmkit.core.errors import UsageError
-from lmkit.hub.converters import Converter, converter_at, converter_for, converter_of, converter_table
+from lmkit.hub.converters import Converter, build_keys, converter_at, converter_for, converter_of, converter_table
 from lmkit.models.registry import (
     CONVERTERS,
     FAMILIES,
@@ -47,8 +47,14 @@ def test_every_model_type_of_every_family_reaches_its_converter():
     assert set(family_converters()) == {f for f in FAMILIES if _declared(f, "HF_MODEL_TYPES")}
 
 
+#: The methods the hub implements once for every family (a family supplies config_in, config_out, weights,
+#: stored_names, extra_tensors, framing and its declarations).
+SKELETON = ("read_config", "model_config", "arguments", "check_model", "tensors", "load_weights", "export",
+            "export_adapters", "training_config")
+
+
 @pytest.mark.parametrize("path", sorted(set(CONVERTERS.values())))
-def test_every_converter_implements_the_protocol(path, tmp_path):
+def test_every_converter_declares_its_mappings_and_keeps_the_skeleton(path, tmp_path):
     module, _, name = path.partition(":")
     cls = getattr(importlib.import_module(module), name)
     assert issubclass(cls, Converter) and not inspect.isabstract(cls), path
@@ -56,15 +62,19 @@ def test_every_converter_implements_the_protocol(path, tmp_path):
         assert getattr(cls, method) is not getattr(Converter, method), (path, method)
         ours = list(inspect.signature(getattr(cls, method)).parameters)
         assert ours == list(inspect.signature(getattr(Converter, method)).parameters), (path, method)
+    for method in SKELETON:  # reading, loading, export and PEFT live once, in the hub
+        assert getattr(cls, method) is getattr(Converter, method), (path, method)
     converter = converter_at(path)
-    assert converter.title and converter.positions_key
-    assert not converter.exports_adapters or cls.export_adapters is not Converter.export_adapters
+    assert converter.title and converter.positions_key and converter.architectures and converter.sizes
+    family = next(f for f in FAMILIES if module == f"{FAMILIES[f]}.convert")
+    declared = _declared(family, "HF_MODEL_TYPES")
+    assert set(converter.architectures) == set(declared) and set(declared.values()) == {converter.model}
     assert converter.conditional == (cls.framing is not Converter.framing)  # an encoder-decoder frames its texts
     # Its config check refuses the folders of every other family, naming the file.
     for model_type, other in CONVERTERS.items():
         if other != path:
             (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
-            with pytest.raises(UsageError, match=r"config\.json: model_type"):
+            with pytest.raises(UsageError, match=rf"config\.json: model_type {model_type!r} is not one of "):
                 converter.read_config(str(tmp_path))
 
 
@@ -115,3 +125,50 @@ def test_export_finds_the_converter_of_each_family_with_one(tmp_path):
         assert _converter(str(tmp_path), False) is family_converters()[family]
     (tmp_path / CONFIG_FILE).write_text(json.dumps({"model": "llama", "lora_rank": 2}))
     assert _converter(str(tmp_path), True) is family_converters()["llama"]
+
+
+# ------------------------------------------------------------------ the skeleton's own parts
+BART = {"model_type": "bart", "vocab_size": 61, "d_model": 32, "encoder_layers": 2, "decoder_layers": 3,
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 48, "decoder_ffn_dim": 48,
+        "max_position_embeddings": 24, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+        "decoder_start_token_id": 2, "dropout": 0.1}
+
+
+def test_a_models_arguments_build_it_again():
+    from lmkit.models import build_model
+    arguments = dict(vocab_size=13, hidden_size=8, num_layers=1, num_heads=2, max_positions=8, dropout=0.1)
+    model = build_model(build_keys("gpt2", arguments))  # the constructor's arguments, as build_model spells them
+    assert model.dropout == pytest.approx(0.1) and model.hidden_size == 8
+    back = converter_for("gpt2").arguments(model)
+    assert {k: back[k] for k in arguments} == arguments and "model" not in back
+    assert build_model(build_keys("gpt2", back)).get_config() == model.get_config()
+
+
+def test_a_fine_tunes_config_takes_the_folders_model_and_keeps_the_recipe(tmp_path):
+    from lmkit.config import load_config
+    from lmkit.hub.export import config_json
+    gpt2, bart = tmp_path / "gpt2", tmp_path / "bart"
+    gpt2.mkdir()
+    bart.mkdir()
+    converter = converter_for("gpt2")
+    arguments = dict(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, max_positions=64, dropout=0.0,
+                     init_scale=0.2)
+    (gpt2 / "config.json").write_text(json.dumps(config_json(converter, arguments)))
+    recipe = {"data": "text", "train_file": "t.txt", "num_steps": 16, "embedding_dim": 768}
+    base = load_config("config_gpt2_finetune", recipe)
+    config = converter.training_config(base, str(gpt2))
+    assert config.model.name == "gpt2" and config.checkpoints.init_from == str(gpt2)
+    assert {k: config.model.get(k) for k in (*arguments, "ffn_dim", "embedding_dim", "tie_weights")} == \
+        {**arguments, "ffn_dim": 0, "embedding_dim": 0, "tie_weights": True}
+    assert (config.data.kind, config.data.tokenizer, config.data.num_steps) == ("text", "hf", 16)
+    assert config.optimization == base.optimization  # the recipe's
+    with pytest.raises(UsageError, match=r"num_steps = 128 \(the training window\) exceeds n_positions = 64 of "
+                                         r"\S+config\.json; pass --set num_steps=64 or less"):
+        converter.training_config(load_config("config_gpt2_finetune", {**recipe, "num_steps": 128}), str(gpt2))
+    (bart / "config.json").write_text(json.dumps(BART))
+    pairs = load_config("config_gpt2_finetune", {"data": "pairs", "source_file": "s.txt", "target_file": "t.txt"})
+    config = converter_for("bart").training_config(pairs, str(bart))  # an encoder-decoder: pairs, one vocabulary
+    assert config.model.name == "transformer_seq2seq" and config.model.get("decoder_layers") == 3
+    assert (config.data.kind, config.data.share_vocab, config.model.get("dropout")) == ("pairs", True, 0.1)
+    assert converter_for("bart").framing(converter_for("bart").read_config(str(bart))) == {
+        "bos": 2, "eos": 2, "pad": 1, "prefix": [0], "suffix": [], "source_suffix": [2]}

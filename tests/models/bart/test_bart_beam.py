@@ -23,9 +23,7 @@ from lmkit.decoding import decode  # noqa: E402
 from lmkit.decoding.beam import BeamSampler  # noqa: E402
 from lmkit.decoding.constraints import Constraints  # noqa: E402
 from lmkit.hub.generation_config import generation_preset  # noqa: E402
-from lmkit.models import build_model  # noqa: E402
-from lmkit.models.bart import convert as hf_bart  # noqa: E402
-from tests.models.bart.test_convert import SOURCE_MASK, SOURCES, _lmkit, make_bart_folder, save_random  # noqa: E402
+from tests.models.bart.test_convert import SOURCE_MASK, SOURCES, _lmkit, load, make_bart_folder, save_random  # noqa: E402
 
 pytestmark = pytest.mark.transformers
 
@@ -129,8 +127,7 @@ def bart(tmp_path_factory):
     dist.init(backend="local")
     folder = str(tmp_path_factory.mktemp("bart"))
     torch_model = save_ending(folder)
-    model = build_model(hf_bart.bart_model_config(hf_bart.read_bart_config(folder)))
-    hf_bart.load_bart_weights(model, folder)
+    model = load(folder)
     return torch_model, model, model.encode(tf.constant(SOURCES), tf.constant(np.array(SOURCE_MASK, bool)))
 
 
@@ -245,8 +242,7 @@ def test_lmkit_generate_on_a_bart_folder_searches_as_its_generation_config_asks(
     sources = ["the cat sat on a mat", "blue sky !", "über 42 the dog ran"]
     encoded = [tokenizer(text)["input_ids"] for text in sources]  # <s> tokens </s>, as BART's
     expected = []
-    model = build_model(hf_bart.bart_model_config(hf_bart.read_bart_config(folder)))
-    hf_bart.load_bart_weights(model, folder)
+    model = load(folder)
     settings = dict(num_beams=3, length_penalty=2.0, early_stopping=True, no_repeat_ngram_size=2, forced_first_id=0,
                     forced_last_id=2)
     for ids in encoded:

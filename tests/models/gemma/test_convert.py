@@ -6,7 +6,6 @@ import math
 import os
 import random
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,8 +14,10 @@ import torch  # noqa: E402  (a test dependency of the main environment: make set
 from transformers import AutoTokenizer, GemmaConfig, GemmaForCausalLM  # noqa: E402
 
 from lmkit import distributed as dist  # noqa: E402
+from lmkit.hub.export import export_new  # noqa: E402
+from lmkit.hub.peft import export_adapters  # noqa: E402
 from lmkit.models import build_model  # noqa: E402
-from lmkit.models.gemma import convert  # noqa: E402
+from lmkit.models.gemma.convert import GemmaConverter  # noqa: E402
 from tests.helpers import decidable_greedy, mpirun_cmd, prefill_then_steps, run  # noqa: E402
 
 pytestmark = pytest.mark.transformers
@@ -27,6 +28,14 @@ SIZES = dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_atte
 IDS = [[5, 17, 3, 88, 42, 42, 7, 1, 60, 13, 2, 96], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 50, 51]]
 PROMPT = "the cat sat"
 END = "<|endoftext|>"
+CONVERTER = GemmaConverter()
+
+
+def load(folder):
+    """lmkit's model of the folder (its config read and checked, its weights loaded)."""
+    model = build_model(CONVERTER.model_config(CONVERTER.read_config(folder)))
+    CONVERTER.load_weights(model, folder)
+    return model
 
 
 def make_gemma_folder(folder, seed=0):
@@ -64,9 +73,7 @@ def gemma(tmp_path_factory):
     dist.init(backend="local")
     folder = str(tmp_path_factory.mktemp("gemma"))
     corpus, torch_model = make_gemma_folder(folder)
-    model = build_model(convert.gemma_model_config(convert.read_gemma_config(folder)))
-    convert.load_gemma_weights(model, folder)
-    return folder, corpus, torch_model, model
+    return folder, corpus, torch_model, load(folder)
 
 
 def _reference(torch_model, ids=IDS):
@@ -130,9 +137,10 @@ def test_fine_tune_on_two_workers_and_export_to_a_folder_transformers_loads(gemm
                  "--set", "learning_rate=0.2", "--set", "warmup_epochs=0.0", "--set", "optimizer_params={}",
                  launcher=mpirun_cmd(2, [])[:-1])
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    from lmkit.config import TrainConfig
     with open(os.path.join(run_dir, CONFIG_FILE)) as f:
-        saved = json.load(f)
-    assert saved["model"] == "gemma" and saved["model_params"]["head_dim"] == 16
+        saved = TrainConfig.from_dict(json.load(f))
+    assert saved.model.name == "gemma" and saved.model.get("head_dim") == 16
     with open(os.path.join(run_dir, RESULTS_FILE)) as f:
         results = json.load(f)
     assert results["world_size"] == 2 and results["global_step"] >= 1
@@ -167,10 +175,10 @@ def test_a_gemma_trained_from_scratch_exports_as_a_folder_transformers_reads(gem
     for v in model.trainable_variables:  # norms and biases off their initial values too
         v.assign_add(tf.random.normal(v.shape, stddev=0.2))
     out = str(tmp_path / "hf")
-    convert.export_gemma_from_scratch(model, tokenizer, out)
+    export_new(CONVERTER, model, tokenizer, out)
     with open(os.path.join(out, "config.json")) as f:
         config = json.load(f)
-    assert config["model_type"] == "gemma" and convert.gemma_model_config(config) == model.get_config()
+    assert config["model_type"] == "gemma" and CONVERTER.model_config(config) == model.get_config()
     ids = AutoTokenizer.from_pretrained(out)("the cat sat on")["input_ids"]
     assert ids == [tokenizer.eos_id] + tokenizer.encode("the cat sat on")
     theirs = _reference(GemmaForCausalLM.from_pretrained(out).eval(), [ids])
@@ -182,14 +190,13 @@ def test_lora_adapters_export_as_a_peft_folder(gemma, tmp_path):
 
     from lmkit.layers.lora import add_lora
     folder, _, torch_model, _ = gemma
-    model = build_model(convert.gemma_model_config(convert.read_gemma_config(folder)))
-    convert.load_gemma_weights(model, folder)
+    model = load(folder)
     lora = add_lora(model, rank=2, alpha=4.0, targets=("query", "value", "down"))
     tf.random.set_seed(5)
     for adapter in lora.adapters.values():  # B starts at zero: moved, so the adapters change the logits
         adapter.b.assign(tf.random.normal(adapter.b.shape, stddev=0.3))
     out = str(tmp_path / "adapters")
-    convert.GemmaConverter().export_adapters(model, SimpleNamespace(init_from=folder), out)
+    export_adapters(CONVERTER, model, folder, out)
     ours = model(tf.constant(IDS))[0].numpy()
     with torch.no_grad():
         peft_model = PeftModel.from_pretrained(GemmaForCausalLM.from_pretrained(folder), out).eval()

@@ -26,9 +26,10 @@ from lmkit import distributed as dist
 from lmkit.core.errors import UsageError  # noqa: E402
 from lmkit.hub.converters import pretrained_training_config  # noqa: E402
 from lmkit.hub.download import resolve_source  # noqa: E402
+from lmkit.hub.export import export_new  # noqa: E402
 from lmkit.hub.tokenizer import HFTokenizer  # noqa: E402
 from lmkit.models.build import load_pretrained  # noqa: E402
-from lmkit.models.gpt2 import convert as hf  # noqa: E402
+from lmkit.models.gpt2.convert import GPT2Converter  # noqa: E402
 from tests.cli.test_cli_bad_input import check_one_error  # noqa: E402
 from tests.helpers import assert_relatively_close, decidable_greedy, mpirun_cmd, run, subprocess_env  # noqa: E402
 
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.transformers
 LMKIT = [sys.executable, "-m", "lmkit"]
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "fast", "blue", "sky", "über", "naïve", "42", "!"]
 PROMPTS = ["the cat sat", "über naïve dog ran fast on a", "blue"]
+CONVERTER = GPT2Converter()
 
 
 def make_gpt2_folder(folder, n_embd=32, seed=0):
@@ -173,7 +175,7 @@ def test_export_loads_in_transformers_with_the_same_logits(folder, loaded, tmp_p
         v.assign_add(tf.random.normal(v.shape, stddev=0.01))
     try:
         out = str(tmp_path / "exported")
-        files = hf.export_gpt2(model, tokenizer, out, dropout=0.0)
+        files = export_new(CONVERTER, model, tokenizer, out)
         assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.json", "merges.txt"} <= set(files)
         reference = GPT2LMHeadModel.from_pretrained(out)
         reference_tokenizer = AutoTokenizer.from_pretrained(out)
@@ -187,9 +189,9 @@ def test_export_loads_in_transformers_with_the_same_logits(folder, loaded, tmp_p
         legacy = HFTokenizer.from_hf_folder(out)
         assert [legacy.encode(t) for t in PROMPTS] == [tokenizer.encode(t) for t in PROMPTS]
         with pytest.raises(UsageError, match="exists and is not an empty folder"):
-            hf.export_gpt2(model, tokenizer, out)
+            export_new(CONVERTER, model, tokenizer, out)
     finally:
-        hf.load_gpt2_weights(model, folder)  # the module's model back to the checkpoint
+        CONVERTER.load_weights(model, folder)  # the module's model back to the checkpoint
 
 
 def test_lmkit_evaluate_reads_a_folder_with_transformers_loss(folder, tmp_path):
@@ -256,7 +258,8 @@ def test_bad_folders_exit_2_naming_the_file(folder, tmp_path):
         (_broken(folder, tmp_path, "noweights", lambda p: os.remove(os.path.join(p, "model.safetensors"))),
          r"holds no weights: model\.safetensors \(or pytorch_model\.bin\) is missing"),
         (_broken(folder, tmp_path, "shapes", _edit_config(n_embd=64)),
-         r"model\.safetensors: wte\.weight has shape \[300, 32\] but \S+config\.json gives \[300, 64\]"),
+         r"model\.safetensors: transformer\.wte\.weight has shape \[300, 32\] but \S+config\.json gives "
+         r"\[300, 64\]"),
         (_broken(folder, tmp_path, "vocab", _edit_config(vocab_size=200)),
          r"tokenizer\.json has ids up to 299 but the model's vocab_size is 200"),
         (_broken(folder, tmp_path, "notokenizer", lambda p: os.remove(os.path.join(p, "tokenizer.json"))),
@@ -280,14 +283,15 @@ def test_a_window_longer_than_the_checkpoint_allows_is_one_clear_error(folder, t
 
 
 def test_the_checkpoints_dropout_unless_a_set_asks_for_another(folder):
-    # The sizes are the checkpoint's; dropout is the recipe's: --set keep_prob wins over the folder's.
+    # The sizes are the checkpoint's; dropout is the recipe's: --set model.dropout wins over the folder's.
     from lmkit.cli.train import build_parser, config_from_args
     corpus = os.path.join(folder, "corpus.txt")
     flags = ["--init_from", folder, "--train_file", corpus, "--set", "num_steps=16"]
     config = config_from_args(build_parser().parse_args(flags))
-    assert config.keep_prob == 1.0 and config.hidden_size == 32  # the tiny GPT-2's pdrop 0.0 and n_embd
-    config = config_from_args(build_parser().parse_args(flags + ["--set", "keep_prob=0.8"]))
-    assert config.keep_prob == 0.8 and config.hidden_size == 32
+    # the tiny GPT-2's pdrop 0.0 and n_embd
+    assert config.model.get("dropout") == 0.0 and config.model.get("hidden_size") == 32
+    config = config_from_args(build_parser().parse_args(flags + ["--set", "model.dropout=0.2"]))
+    assert config.model.get("dropout") == 0.2 and config.model.get("hidden_size") == 32
 
 
 def test_a_download_without_a_network_is_one_clear_error(tmp_path):
@@ -328,7 +332,7 @@ def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, 
     from lmkit.train.checkpoint import load_model
     model_one, _, _ = load_model(one)
     model_two, tokenizer, config = load_model(two)
-    assert config.model == "gpt2" and config.init_from == os.path.abspath(folder)
+    assert config.model.name == "gpt2" and config.checkpoints.init_from == os.path.abspath(folder)
     pretrained, _, _ = load_pretrained(folder)
     moved = False
     for a, b, c in zip(model_two.trainable_variables, model_one.trainable_variables,
@@ -372,7 +376,7 @@ def test_lora_on_gpt2_starts_as_the_base_and_exports_merged(folder, loaded, tmp_
     adapted = model(tf.constant([ids]))[0].numpy()[0]
     merge_lora(model)
     out = str(tmp_path / "merged")
-    hf.export_gpt2(model, loaded[1], out, dropout=0.0)
+    export_new(CONVERTER, model, loaded[1], out)
     theirs = reference_logits(out, ids)
     np.testing.assert_allclose(theirs, adapted, atol=1e-4, rtol=0)
     assert np.abs(theirs - reference_logits(folder, ids)).max() > 1e-2

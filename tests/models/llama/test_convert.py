@@ -13,7 +13,7 @@ from lmkit import distributed as dist
 from lmkit.core.errors import UsageError  # noqa: E402
 from lmkit.hub.safetensors import weight_files  # noqa: E402
 from lmkit.models import build_model  # noqa: E402
-from lmkit.models.llama import convert as hf_llama  # noqa: E402
+from lmkit.models.llama.convert import LlamaConverter  # noqa: E402
 from tests.helpers import decidable_greedy  # noqa: E402
 
 pytestmark = pytest.mark.transformers
@@ -33,6 +33,14 @@ FAMILIES = {
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=5, head_dim=16, num_key_value_heads=1)),
 }
 IDS = [[5, 17, 3, 88, 42, 42, 7, 1, 60, 13, 2, 96], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 50, 51]]
+CONVERTER = LlamaConverter()
+
+
+def load(folder):
+    """lmkit's model of the folder (its config read and checked, its weights loaded)."""
+    model = build_model(CONVERTER.model_config(CONVERTER.read_config(folder)))
+    CONVERTER.load_weights(model, folder)
+    return model
 
 
 def reference(family, folder):
@@ -57,10 +65,7 @@ def family(request, tmp_path_factory):
     name = request.param
     folder = str(tmp_path_factory.mktemp(name))
     save_random(name, folder)
-    config = hf_llama.read_llama_config(folder)
-    model = build_model(hf_llama.llama_model_config(config))
-    hf_llama.load_llama_weights(model, folder)
-    return name, folder, model
+    return name, folder, load(folder)
 
 
 def test_logits_equal_transformers_with_and_without_the_cache(family):
@@ -136,17 +141,16 @@ def test_sharded_checkpoints_load_and_mismatches_are_named(tmp_path):
         expected = torch_model(torch.tensor(IDS)).logits.numpy()
     assert os.path.isfile(os.path.join(sharded, "model.safetensors.index.json"))
     assert len(weight_files(sharded)) > 1
-    again = build_model(hf_llama.llama_model_config(hf_llama.read_llama_config(sharded)))
-    hf_llama.load_llama_weights(again, sharded)
+    again = load(sharded)
     np.testing.assert_allclose(again(tf.constant(IDS))[0].numpy(), expected, atol=1e-4, rtol=1e-4)
     # A config that does not fit the weights: named, nothing assigned.
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
-    wrong = build_model(hf_llama.llama_model_config({**config, "intermediate_size": 40}))
+    wrong = build_model(CONVERTER.model_config({**config, "intermediate_size": 40}))
     before = [v.numpy().copy() for v in wrong.trainable_variables]
     with pytest.raises(UsageError, match=r"model\.safetensors: model\.layers\.0\.mlp\.(gate|up|down)_proj\.weight "
                                          r"has shape \[\d+, \d+\] but .*config\.json gives"):
-        hf_llama.load_llama_weights(wrong, folder)
+        CONVERTER.load_weights(wrong, folder)
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, wrong.trainable_variables))
     for change, pattern in [({"model_type": "gptj"}, r"model_type 'gptj' is not one of llama, qwen2, mistral"),
                             ({"hidden_act": "gelu"}, r"hidden_act 'gelu' is not supported"),
@@ -156,7 +160,7 @@ def test_sharded_checkpoints_load_and_mismatches_are_named(tmp_path):
         bad.mkdir()
         (bad / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(UsageError, match=pattern):
-            hf_llama.read_llama_config(str(bad))
+            CONVERTER.read_config(str(bad))
 
 
 # ------------------------------------------------------------------ the commands on a Llama folder
@@ -321,16 +325,16 @@ def test_generate_and_fine_tune_a_llama_folder_from_the_command_line(tmp_path):
     from tests.helpers import assert_relatively_close, mpirun_cmd
     res = _lmkit(*flags, "--model_dir", two, launcher=mpirun_cmd(2, [])[:-1])
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    from lmkit.config import TrainConfig
     with open(os.path.join(two, "config.json")) as f:
-        saved = json.load(f)
-    assert saved["model"] == "llama" and saved["model_params"]["num_kv_heads"] == 2
+        saved = TrainConfig.from_dict(json.load(f))
+    assert saved.model.name == "llama" and saved.model.get("num_kv_heads") == 2
     results = [json.load(open(os.path.join(d, "results.json"))) for d in (one, two)]
     assert [r["world_size"] for r in results] == [1, 2]
     from lmkit.train.checkpoint import load_model
     model_one, _, _ = load_model(one)
     model_two, _, _ = load_model(two)
-    pretrained = build_model(hf_llama.llama_model_config(hf_llama.read_llama_config(folder)))
-    hf_llama.load_llama_weights(pretrained, folder)
+    pretrained = load(folder)
     moved = False
     for a, b, c in zip(model_two.trainable_variables, model_one.trainable_variables,
                        pretrained.trainable_variables):

@@ -24,7 +24,7 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "fast", "blue", "s
 TINY = ["--set", "model='gpt2'", "--set", "hidden_size=32", "--set", "ffn_dim=64", "--set", "num_layers=1",
         "--set", "num_heads=2", "--set", "batch_size=4", "--set", "num_steps=16", "--set", "max_positions=64",
         "--set", "learning_rate=0.01", "--set", "optimizer='adam'", "--set", "optimizer_params={}",
-        "--set", "warmup_epochs=0.0", "--set", "keep_prob=1.0"]
+        "--set", "warmup_epochs=0.0", "--set", "model.dropout=0.0"]
 
 
 def documents(count=40, seed=0):
@@ -265,9 +265,9 @@ def test_a_llama_or_gemma_from_scratch_exports_its_pretrained_tokenizer(made, fa
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from lmkit.hub.converters import converter_for
+    from lmkit.hub.export import export_new
     from lmkit.models import build_model
-    from lmkit.models.gemma.convert import export_gemma_from_scratch
-    from lmkit.models.llama.convert import export_llama_from_scratch
     tokenizer = train_tokenizer(f"hf:{made['folders']['json']}", made["corpus"], str(tmp_path / "run"))
     extra = dict(head_dim=8, num_kv_heads=1) if family == "gemma" else {}
     model = build_model(dict(model=family, vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
@@ -276,7 +276,7 @@ def test_a_llama_or_gemma_from_scratch_exports_its_pretrained_tokenizer(made, fa
     for v in model.trainable_variables:  # logits well away from zero
         v.assign_add(tf.random.normal(v.shape, stddev=0.2))
     out = str(tmp_path / "hf")
-    (export_gemma_from_scratch if family == "gemma" else export_llama_from_scratch)(model, tokenizer, out)
+    export_new(converter_for(family), model, tokenizer, out)
     with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
     end = made["reference"].token_to_id(END)

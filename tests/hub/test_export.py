@@ -1,5 +1,7 @@
-"""A GPT-2 or Llama trained from scratch with lmkit's own tokenizer exports as a Hugging Face folder that
-transformers reads with the same ids, logits and greedy continuation."""
+"""Exports (lmkit.hub.export): a GPT-2 or Llama trained from scratch with lmkit's own tokenizer exports as a
+Hugging Face folder that transformers reads with the same ids, logits and greedy continuation; a fine-tune
+exports with its source folder's config and tokenizer files; what cannot be exported is refused before
+anything is written."""
 import json
 import os
 import sys
@@ -68,8 +70,9 @@ def test_the_exported_tokenizer_gives_lmkits_ids(kind, corpus, tmp_path):
 
 
 def test_a_bpe_sentencepiece_has_no_form_and_its_export_writes_nothing(corpus, tmp_path):
+    from lmkit.hub.converters import converter_for
+    from lmkit.hub.export import export_new
     from lmkit.models import build_model
-    from lmkit.models.gpt2 import convert as hf
     tokenizer = train_tokenizer("sentencepiece", [corpus["train"]], str(tmp_path / "run"), vocab_size=40,
                                 model_type="bpe")
     with pytest.raises(DataError, match=r"a sentencepiece tokenizer of model_type 'bpe' cannot be written as a "
@@ -79,20 +82,21 @@ def test_a_bpe_sentencepiece_has_no_form_and_its_export_writes_nothing(corpus, t
                              num_heads=2, ffn_dim=32, max_positions=16))
     out = str(tmp_path / "hf")
     with pytest.raises(DataError, match="model_type 'bpe'"):
-        hf.export_gpt2(model, tokenizer, out)
+        export_new(converter_for("gpt2"), model, tokenizer, out)
     assert not os.path.exists(out) and not [n for n in os.listdir(tmp_path) if n.startswith(".export-")]
 
 
 def test_a_gpt2_with_its_own_attention_dropout_exports_it_as_attn_pdrop(corpus, tmp_path):
+    from lmkit.hub.converters import build_keys, converter_for
+    from lmkit.hub.export import export_new
     from lmkit.models import build_model
-    from lmkit.models.gpt2 import convert as hf
     tokenizer = train_tokenizer("byte", [corpus["train"]], str(tmp_path / "run"))
     for attention, want in ((None, 0.1), (0.0, 0.0)):
-        model = build_model(dict(model="gpt2", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
-                                 num_heads=2, ffn_dim=32, max_positions=16, keep_prob=0.9,
-                                 **({} if attention is None else {"attention_dropout": attention})))
+        model = build_model(build_keys("gpt2", dict(
+            vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2, ffn_dim=32, max_positions=16,
+            dropout=0.1, **({} if attention is None else {"attention_dropout": attention}))))
         out = str(tmp_path / f"hf_{attention}")
-        hf.export_gpt2(model, tokenizer, out, dropout=0.1)
+        export_new(converter_for("gpt2"), model, tokenizer, out)
         with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         assert (config["resid_pdrop"], config["embd_pdrop"], config["attn_pdrop"]) == (0.1, 0.1, want)
@@ -117,7 +121,7 @@ def test_a_model_trained_from_scratch_exports_and_generates_alike(model_name, ki
                  *(["--set", "vocab_size=48"] if kind == "sentencepiece" else []),
                  "--set", "ffn_dim=64", "--set", "num_layers=2", "--set", "num_heads=2", "--set", "batch_size=4",
                  "--set", "num_steps=24", "--set", "max_positions=64", "--set", "learning_rate=0.01",
-                 "--set", "warmup_epochs=0.0", "--set", "keep_prob=1.0")
+                 "--set", "warmup_epochs=0.0", "--set", "model.dropout=0.0")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     res = _lmkit("export", "--model_dir", run_dir, "--format", "hf", "--output", out)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -180,8 +184,9 @@ def test_a_llama_trained_from_scratch_exports_in_the_family_that_holds_it(name, 
     AutoTokenizer gives lmkit's ids, and lmkit reads the config back to the same keys."""
     from transformers import AutoModelForCausalLM
 
+    from lmkit.hub.converters import converter_for
+    from lmkit.hub.export import export_new
     from lmkit.models import build_model
-    from lmkit.models.llama.convert import export_llama_from_scratch, llama_model_config
     tokenizer = train_tokenizer("word", [corpus["train"]], str(tmp_path / "run"))
     model = build_model(dict(model="llama", vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2,
                              ffn_dim=48, max_positions=64, **LLAMAS[name]))
@@ -189,13 +194,14 @@ def test_a_llama_trained_from_scratch_exports_in_the_family_that_holds_it(name, 
     for v in model.trainable_variables:  # norms and biases off their initial values too
         v.assign_add(tf.random.normal(v.shape, stddev=0.2))
     out = str(tmp_path / "hf")
-    export_llama_from_scratch(model, tokenizer, out)
+    converter = converter_for("llama")
+    export_new(converter, model, tokenizer, out)
     with open(os.path.join(out, "config.json")) as f:
         config = json.load(f)
     family = "mistral" if name == "mistral" else "llama"
     assert config["model_type"] == family
-    kept = {k: v for k, v in llama_model_config(config).items()
-            if k not in ("head_dim", "keep_prob", "init_scale", "qkv_bias", "attention_output_bias")}
+    kept = {k: v for k, v in converter.model_config(config).items()
+            if k not in ("head_dim", "keep_prob", "dropout", "init_scale", "qkv_bias", "attention_output_bias")}
     expected = model.get_config()
     assert kept == {k: expected[k] for k in kept}
     reference = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -215,12 +221,79 @@ def test_a_llama_trained_from_scratch_exports_in_the_family_that_holds_it(name, 
 ])
 def test_a_llama_no_family_holds_is_refused_before_anything_is_written(keys, message, corpus, tmp_path):
     from lmkit.core.errors import UsageError
+    from lmkit.hub.converters import converter_for
+    from lmkit.hub.export import export_new
     from lmkit.models import build_model
-    from lmkit.models.llama.convert import export_llama_from_scratch
     tokenizer = train_tokenizer("word", [corpus["train"]], str(tmp_path / "run"))
     model = build_model(dict(model="llama", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
                              num_heads=2, ffn_dim=32, max_positions=16, **keys))
     out = str(tmp_path / "hf")
     with pytest.raises(UsageError, match=message):
-        export_llama_from_scratch(model, tokenizer, out)
+        export_new(converter_for("llama"), model, tokenizer, out)
     assert not os.path.exists(out)
+
+
+# ------------------------------------------------------------------ the skeleton, without transformers
+LLAMA = dict(vocab_size=31, hidden_size=16, num_layers=2, num_heads=2, ffn_dim=24, max_positions=16)
+
+
+def _source(folder, **changes):
+    """A Llama folder (config, weights, a tokenizer file) of a model of LLAMA's sizes with ``changes``; the model."""
+    from lmkit.hub.converters import converter_for
+    from lmkit.hub.export import config_json
+    from lmkit.hub.safetensors import save_tensors
+    from lmkit.models import build_model
+    converter = converter_for("llama")
+    model = build_model(dict(model="llama", **{**LLAMA, **changes}))
+    os.makedirs(folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config_json(converter, converter.arguments(model)), f)
+    save_tensors(converter.tensors(model), os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+        f.write("{}")
+    return model
+
+
+def test_a_fine_tune_exports_its_weights_with_the_source_folders_files(tmp_path):
+    from lmkit import distributed as dist
+    from lmkit.hub.converters import converter_for
+    from lmkit.hub.export import export
+    dist.init(backend="local")
+    converter, source, out = converter_for("llama"), str(tmp_path / "source"), str(tmp_path / "out")
+    model = _source(source)
+    for v in model.trainable_variables:  # the fine-tune moved every weight
+        v.assign_add(tf.ones_like(v))
+    files = export(converter, model, None, source, out)
+    assert files == ["config.json", "model.safetensors", "tokenizer.json"]
+    with open(os.path.join(source, "config.json")) as f, open(os.path.join(out, "config.json")) as g:
+        assert json.load(g) == {**json.load(f), "torch_dtype": "float32", "dtype": "float32"}
+    again = _source(str(tmp_path / "other"))
+    converter.load_weights(again, out)
+    for a, b in zip(again.variables, model.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_what_cannot_be_exported_is_refused_before_anything_is_written(tmp_path):
+    from lmkit import distributed as dist
+    from lmkit.core.errors import UsageError
+    from lmkit.hub.converters import converter_for
+    from lmkit.hub.export import export
+    from lmkit.models import build_model
+    dist.init(backend="local")
+    source, out = str(tmp_path / "source"), str(tmp_path / "out")
+    _source(source, hidden_size=32)
+    model = build_model(dict(model="llama", **LLAMA))
+    cases = [
+        (converter_for("llama"), model, source, r"\S+source does not describe this run's model \(its hidden_size is "
+                                                r"32, the run's 16\)"),
+        (converter_for("llama"), model, str(tmp_path / "gone"), r"the run was fine-tuned from \S+gone, which is gone"),
+        (converter_for("bart"), build_model(dict(model="transformer_seq2seq", source_vocab_size=31, **LLAMA)), None,
+         r"export --format hf of a transformer_seq2seq run needs the Hugging Face folder it was fine-tuned from"),
+        (converter_for("gpt2"), build_model(dict(model="transformer", **LLAMA)), None,
+         r"export --format hf needs a model of GPT-2's architecture \(model = 'gpt2'\); this one is "
+         r"TransformerLanguageModel with model = 'transformer'"),
+    ]
+    for converter, model, source, message in cases:
+        with pytest.raises(UsageError, match=message):
+            export(converter, model, None, source, out)
+        assert not os.path.exists(out)
