@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
+from lmkit.decoding.config import check_setting
 
 __all__ = ["Constraints", "is_end"]
 
@@ -34,18 +35,6 @@ def is_end(tokens: tf.Tensor, ends: Tuple[int, ...]) -> tf.Tensor:
     if not ends:
         return tf.zeros_like(tokens, tf.bool)
     return tf.reduce_any(tf.equal(tokens[..., tf.newaxis], tf.constant(ends, tokens.dtype)), axis=-1)
-
-
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UsageError(f"{name} = {value!r} must be an integer >= 0 (0 = off)")
-    return value
-
-
-def _check_id(name: str, value: Any) -> Optional[int]:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise UsageError(f"{name} = {value!r} must be a token id (an integer >= 0) or None")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +55,12 @@ class Constraints:
     vocab_limit: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check_count("no_repeat_ngram_size", self.no_repeat_ngram_size)
-        _check_id("forced_first_id", self.forced_first_id)
-        _check_id("forced_last_id", self.forced_last_id)
-        _check_id("vocab_limit", self.vocab_limit)
+        check_setting("no_repeat_ngram_size", self.no_repeat_ngram_size)
+        check_setting("forced_first_id", self.forced_first_id)
+        check_setting("forced_last_id", self.forced_last_id)
+        limit = self.vocab_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise UsageError(f"vocab_limit = {limit!r} must be the number of ids the tokenizer has (>= 1) or None")
 
     @property
     def active(self) -> bool:

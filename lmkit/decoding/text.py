@@ -225,7 +225,7 @@ class _Samples:
 
     def __init__(self, model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], budgets: Sequence[int],
                  config: GenerationConfig, beam: bool) -> None:
-        from lmkit.decoding.prompts import check_seed
+        from lmkit.decoding.batch import check_seed
         self.model, self.tokenizer, self.config, self.beam = model, tokenizer, config, beam
         self.prompts = [list(p) for p in prompts]
         self.stop = check_stop_strings(config.stop, tokenizer) if config.stop else []

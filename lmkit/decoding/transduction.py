@@ -143,7 +143,7 @@ def transduce_sources(generator: Any, sources: Sequence[str], config: Generation
     sampler = config.sampler() if sampler is None else sampler
     seed = config.seed
     if seed is None and not beam and strategy != "greedy":
-        from lmkit.decoding.prompts import check_seed
+        from lmkit.decoding.batch import check_seed
         seed = check_seed(None)
     encoded = _encoded(generator, sources)
     found: List[List[List[int]]] = [[] for _ in encoded]  # each source's outputs' ids

@@ -1,7 +1,9 @@
-"""Prompts in, results out: the arguments and the output every sampler shares.
+"""Token-id prompts in, results out: the batch every sampler decodes and what a decode returns.
 
-:func:`prepare_prompts` checks the decoding arguments and pads the prompts
-into one array; :class:`DecodeResult` is what a decode returns. NumPy only.
+:func:`prepare_prompts` checks the prompts against the model (their ids,
+their lengths) and pads them into one :class:`PromptBatch`;
+:class:`DecodeResult` is what a decode returns. The ranges of the settings
+themselves are :class:`~lmkit.decoding.config.GenerationConfig`'s. NumPy only.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from lmkit.core.errors import UsageError
+from lmkit.decoding.config import check_setting
 
 __all__ = ["DecodeResult", "EndIds", "PromptBatch", "check_seed", "end_ids", "prepare_prompts"]
 
@@ -90,9 +93,7 @@ def check_seed(seed: Optional[int]) -> int:
     """
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
-        raise UsageError(f"seed = {seed!r} must be an integer in [0, 2**63)")
-    return int(seed)
+    return int(check_setting("seed", seed))
 
 
 def end_ids(eos_id: EndIds) -> Tuple[int, ...]:
@@ -103,16 +104,43 @@ def end_ids(eos_id: EndIds) -> Tuple[int, ...]:
     """
     if eos_id is None:
         return ()
-    if isinstance(eos_id, (list, tuple, np.ndarray)):
-        ids = list(eos_id)
-        if not ids:
-            raise UsageError("eos_id = [] names no token; pass None for no end token")
-    else:
-        ids = [eos_id]
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise UsageError(f"eos_id = {eos_id!r} must be a token id or a list of them")
+    check_setting("eos_id", list(eos_id) if isinstance(eos_id, np.ndarray) else eos_id)
+    ids = list(eos_id) if isinstance(eos_id, (list, tuple, np.ndarray)) else [eos_id]
     return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+class _Vocabulary:
+    """The model's ids, for messages that name a bad one."""
+
+    def __init__(self, model: Any) -> None:
+        self.size = int(model.vocab_size)
+
+    def check(self, name: str, value: Optional[int]) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < self.size:
+            raise UsageError(f"{name} = {value!r} is not a token id of the model "
+                             f"(vocab_size {self.size}); use an id in [0, {self.size})")
+
+
+def _rows(prompts: Optional[Sequence[Sequence[int]]], batch_size: Optional[int], first: Optional[int],
+          start_id: Optional[int]) -> List[List[int]]:
+    """Each row's ids before padding: the prompt after ``start_id``, or ``first`` alone without prompts."""
+    if prompts is None:
+        if batch_size is None:
+            raise UsageError("give batch_size or prompts")
+        if first is None:
+            raise UsageError("without prompts every sequence needs a first token; "
+                             "pass start_id (or eos_id, whose first id is then used as the start)")
+        return [[first]] * int(batch_size)
+    if isinstance(prompts, (str, bytes)) or any(isinstance(p, (int, np.integer)) for p in prompts):
+        raise UsageError("prompts must be a list of token-id lists, one per sequence; "
+                         "wrap a single prompt: prompts=[[...]]")
+    rows = [([] if start_id is None else [start_id]) + [int(i) for i in p] for p in prompts]
+    if batch_size is not None and batch_size != len(rows):
+        raise UsageError(f"batch_size = {batch_size} but {len(rows)} prompts were given; "
+                         f"drop batch_size or pass one prompt per sequence")
+    return rows
 
 
 def prepare_prompts(model: Any,
@@ -123,64 +151,36 @@ def prepare_prompts(model: Any,
                     eos_id: EndIds,
                     start_id: Optional[int],
                     pad_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray, int]:
-    """Checks the decoding arguments and pads the prompts into one array.
+    """Checks the prompts and the ids against the model and pads the prompts into one array.
 
     Returns:
-      ``(prompt_ids, prompt_lengths, pad_id)``: int32 `[batch, max_length]`
-      prompts padded with ``pad_id``, int32 `[batch]` their lengths, and the
-      resolved ``pad_id``.
+      ``(prompt_ids, prompt_lengths, pad_id)``: int32 `[batch, max_length]` prompts padded with ``pad_id``
+      (default the first ``eos_id``, or 0), int32 `[batch]` their lengths, and the resolved ``pad_id``.
 
     Raises:
       UsageError: naming the bad argument.
     """
-    vocab_size = int(model.vocab_size)
-
-    def check_id(name: str, value: Optional[int]) -> None:
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < vocab_size:
-            raise UsageError(f"{name} = {value!r} is not a token id of the model "
-                             f"(vocab_size {vocab_size}); use an id in [0, {vocab_size})")
-
-    ends = end_ids(eos_id)
+    vocabulary, ends = _Vocabulary(model), end_ids(eos_id)
     for end in ends:
-        check_id("eos_id", end)
-    check_id("start_id", start_id)
-    check_id("pad_id", pad_id)
+        vocabulary.check("eos_id", end)
+    vocabulary.check("start_id", start_id)
+    vocabulary.check("pad_id", pad_id)
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
         raise UsageError(f"max_length = {max_length!r} must be an integer >= 1")
     first_end = ends[0] if ends else None
-    if pad_id is None:
-        pad_id = 0 if first_end is None else first_end
-
-    if prompts is None:
-        if batch_size is None:
-            raise UsageError("give batch_size or prompts")
-        first = first_end if start_id is None else start_id
-        if first is None:
-            raise UsageError("without prompts every sequence needs a first token; "
-                             "pass start_id (or eos_id, whose first id is then used as the start)")
-        rows = [[first]] * int(batch_size)
-    else:
-        if isinstance(prompts, (str, bytes)) or any(isinstance(p, (int, np.integer)) for p in prompts):
-            raise UsageError("prompts must be a list of token-id lists, one per sequence; "
-                             "wrap a single prompt: prompts=[[...]]")
-        rows = [([] if start_id is None else [start_id]) + [int(i) for i in p] for p in prompts]
-        if batch_size is not None and batch_size != len(rows):
-            raise UsageError(f"batch_size = {batch_size} but {len(rows)} prompts were given; "
-                             f"drop batch_size or pass one prompt per sequence")
-        for b, row in enumerate(rows):
-            if not row:
-                raise UsageError(f"prompt {b} is empty; give it a first token or pass start_id")
-            if len(row) > max_length:
-                raise UsageError(f"prompt {b} has {len(row)} tokens (start_id included), more than "
-                                 f"max_length = {max_length}; raise max_length")
-            for i in row:
-                check_id(f"prompt {b} token", i)
+    pad_id = (0 if first_end is None else first_end) if pad_id is None else pad_id
+    rows = _rows(prompts, batch_size, first_end if start_id is None else start_id, start_id)
+    for b, row in enumerate(rows if prompts is not None else []):
+        if not row:
+            raise UsageError(f"prompt {b} is empty; give it a first token or pass start_id")
+        if len(row) > max_length:
+            raise UsageError(f"prompt {b} has {len(row)} tokens (start_id included), more than "
+                             f"max_length = {max_length}; raise max_length")
+        for i in row:
+            vocabulary.check(f"prompt {b} token", i)
     if not rows:
         raise UsageError(f"batch_size = {len(rows)} must be >= 1")
     prompt_ids = np.full((len(rows), max_length), pad_id, dtype=np.int32)
     for b, row in enumerate(rows):
         prompt_ids[b, :len(row)] = row
-    prompt_lengths = np.array([len(r) for r in rows], dtype=np.int32)
-    return prompt_ids, prompt_lengths, int(pad_id)
+    return prompt_ids, np.array([len(r) for r in rows], dtype=np.int32), int(pad_id)
