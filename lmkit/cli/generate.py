@@ -25,7 +25,7 @@ from lmkit.core.errors import UsageError
 from lmkit.decoding.config import flag_spelling
 from lmkit.decoding.source import ModelFolder, open_folder
 
-__all__ = ["build_parser", "main", "one_line"]
+__all__ = ["build_parser", "main", "one_line", "plan_of_flags"]
 
 
 def build_parser(prog: str = "lmkit generate") -> argparse.ArgumentParser:
@@ -61,6 +61,8 @@ def _inputs(args: argparse.Namespace, folder: ModelFolder) -> List[Any]:
     if args.system is not None and not args.chat:
         raise UsageError("--system gives a chat's system turn; add --chat (or drop --system)")
     if folder.conditional:
+        if args.chat:
+            raise UsageError(f"--chat applies to language models; {args.model_dir} holds an encoder-decoder")
         if args.source_file is not None and args.prompt:
             raise UsageError("give the sources as --source_file or as --prompt, not both")
         if args.source_file is None and not args.prompt:
@@ -88,8 +90,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit generate") -> 
         return _generate(args)
 
 
-def _generate(args: argparse.Namespace) -> int:
-    from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
+def plan_of_flags(args: argparse.Namespace) -> Any:
+    """The checked :class:`~lmkit.decoding.plan.GenerationPlan` of the flags; no TensorFlow, no model built."""
     from lmkit.decoding.plan import plan_generation
     folder = open_folder(args.model_dir)
     if not folder.hugging_face:
@@ -98,8 +100,14 @@ def _generate(args: argparse.Namespace) -> int:
     lengths = {"max_length": 50} if lm_default else {}  # the command's default: 50 tokens, the prompt included
     if args.stream and args.one_line:
         raise UsageError("--stream writes the sample as it comes, with its line breaks; drop --one_line")
-    plan = plan_generation(folder, _inputs(args, folder), config_of_flags(args, **lengths), checkpoint=args.checkpoint,
-                           stream=bool(args.stream))
+    with flag_spelling():
+        return plan_generation(folder, _inputs(args, folder), config_of_flags(args, **lengths),
+                               checkpoint=args.checkpoint, stream=bool(args.stream))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from lmkit.core.preemption import set_doing  # what a signal stopped, in its message
+    plan = plan_of_flags(args)
     for line in plan.warnings:
         sys.stderr.write(f"warning: {line}\n")
     note = plan.note()

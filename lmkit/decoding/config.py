@@ -64,7 +64,7 @@ def spelled(key: str, value: Any = _UNSET) -> str:
     if isinstance(value, bool):
         value = str(value).lower()
     elif isinstance(value, (list, tuple)):
-        value = " ".join(str(v) for v in value)
+        value = " ".join(repr(v) if isinstance(v, str) else str(v) for v in value)
     return f"--{key} {value}"
 
 
