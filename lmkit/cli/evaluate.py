@@ -8,9 +8,9 @@ The text is encoded with the run's own tokenizer (or PTB vocabulary) and read
 in order, ``--batch_size`` rows of ``--num_steps`` tokens at a time (a
 recurrent state carries across windows; a transformer starts each window
 afresh). --model_dir may also be a Hugging Face language model's folder
-(GPT-2, Llama, Qwen2, Mistral, Gemma, or one lmkit exported), read with its own
-tokenizer in windows of its max_positions, so a pretrained model and a run
-fine-tuned from it compare on the same text (pass the same --num_steps). Perplexity per word divides the
+(a family lmkit reads, or one lmkit exported), read with its own tokenizer in
+windows of its max_positions, so a pretrained model and a run fine-tuned
+from it compare on the same text (pass the same --num_steps). Perplexity per word divides the
 total negative log-likelihood by the whitespace-separated words of the same
 text (plus one per line, whose end is predicted too), so models with
 different tokenizers compare. Runs in one process. A run trained on your own
@@ -296,7 +296,7 @@ def _decode_pairs(args: argparse.Namespace, generator: Any, sources: Sequence[st
     asks for sampling is decoded greedily (with its rules and lengths)."""
     import sys
 
-    from lmkit.decoding.config import flag_spelling
+    from lmkit.decoding.checks import flag_spelling
     from lmkit.decoding.plan import plan_generation
 
     with flag_spelling():

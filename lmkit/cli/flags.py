@@ -27,14 +27,10 @@ def early_stopping(text: str) -> Any:
 
 
 def add_beam_flags(group: Any) -> None:
-    """``--beam_width``, ``--length_penalty``, ``--beam_scoring`` and ``--early_stopping``."""
-    group.add_argument("--beam_width", type=int, default=None, help="default 4")
-    group.add_argument("--length_penalty", type=float, default=None,
-                       help="beam search: GNMT's alpha (default 0.6), or with --beam_scoring transformers the "
-                            "power of the length a score is divided by (default 1.0)")
-    group.add_argument("--beam_scoring", choices=("gnmt", "transformers"), default=None,
-                       help="beam search: lmkit's (gnmt, the default) or transformers' (a Hugging Face folder "
-                            "whose generation_config.json asks for beams)")
+    """``--beam_width``, ``--length_penalty``, ``--beam_scoring`` (:func:`lmkit.cli.common.add_beam_flags`) and
+    ``--early_stopping``."""
+    from lmkit.cli.common import add_beam_flags as add_search_flags
+    add_search_flags(group)
     group.add_argument("--early_stopping", type=early_stopping, default=None, metavar="{true,false,never}",
                        help="beam search: never (gnmt's default) stops when no hypothesis can improve; false "
                             "(transformers' default) when the best one, at its length, cannot; true once "
@@ -88,7 +84,7 @@ def add_text_flags(p: argparse.ArgumentParser) -> None:
                    help="end each sample at its first line break too (one line per sample)")
     p.add_argument("--start_token", dest="start_token", action="store_const", const=True, default=None,
                    help="put the start token before each prompt (default for lmkit's models, and for a "
-                        "Hugging Face folder whose tokenizer puts one first, as Llama's <s>; else <|endoftext|>)")
+                        "Hugging Face folder whose tokenizer puts one first (<s>); else <|endoftext|>)")
     p.add_argument("--no_start_token", dest="start_token", action="store_const", const=False,
                    help="feed the prompt with nothing before it")
 

@@ -22,7 +22,7 @@ from typing import Any, List, Optional, Sequence
 from lmkit.cli.common import OutputClosed, check_model_dir, model_dir_parser, user_modules_importable
 from lmkit.cli.flags import add_beam_flags, add_sampling_flags, add_text_flags, config_of_flags, one_line
 from lmkit.core.errors import UsageError
-from lmkit.decoding.config import flag_spelling
+from lmkit.decoding.checks import flag_spelling
 from lmkit.decoding.source import ModelFolder, open_folder
 
 __all__ = ["build_parser", "main", "one_line", "plan_of_flags"]

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from lmkit.core.errors import UsageError
-from lmkit.decoding.config import check_setting
+from lmkit.decoding.checks import check_setting
 
 __all__ = ["DecodeResult", "EndIds", "PromptBatch", "check_seed", "end_ids", "prepare_prompts"]
 

@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from lmkit.core.errors import UsageError
 from lmkit.decoding.batch import DecodeResult, PromptBatch
-from lmkit.decoding.config import check_setting
+from lmkit.decoding.checks import check_setting
 from lmkit.decoding.constraints import Constraints, is_end
 from lmkit.decoding.registry import EARLY_STOPPING
 from lmkit.decoding.sampler import OnToken, Sampler, pick_loop

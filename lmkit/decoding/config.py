@@ -11,149 +11,34 @@ the model folder's ``generation_config.json`` (:meth:`GenerationConfig.from_hf`)
 then lmkit's defaults (:data:`lmkit.decoding.registry.DEFAULTS` for the
 sampler's settings, :data:`DEFAULTS` for the rest).
 
-Every range lives here, once: :data:`RANGES` says what each setting accepts,
-:func:`check_setting` checks one value against it (the samplers and the rules
-on tokens call it too), and a config checks every field it holds when it is
-built, and the combinations of fields (:func:`check_combination`). An error
-names the setting, the value and the fix, spelled as Python keywords
-(``top_p = 1.5 must be in (0, 1]``) or, inside :func:`flag_spelling`, as the
-command line's flags (``--top_p 1.5 must be in (0, 1]``). No TensorFlow is
-imported here.
+A config checks every field it holds when it is built, against the one
+table of ranges (:data:`lmkit.decoding.checks.RANGES`, which the samplers and
+the rules on tokens use too), and the combinations of fields
+(:func:`check_combination`). An error names the setting, the value and the
+fix, spelled as Python keywords (``top_p = 1.5 must be in (0, 1]``) or, inside
+:func:`~lmkit.decoding.checks.flag_spelling`, as the command line's flags
+(``--top_p 1.5 must be in (0, 1]``). No TensorFlow is imported here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-import numbers
 import os
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from lmkit.core.checks import check_known_keys
 from lmkit.core.errors import UsageError
+from lmkit.decoding.checks import check_setting, spelled
 from lmkit.decoding.registry import DEFAULTS as SAMPLER_DEFAULTS
-from lmkit.decoding.registry import (
-    RULE_KEYS,
-    SAMPLER_NAMES,
-    SCORINGS,
-    resolve_settings,
-    rules_of_settings,
-    sampler_of_settings,
-)
+from lmkit.decoding.registry import RULE_KEYS, resolve_settings, sampler_of_settings
 
-__all__ = ["DEFAULTS", "LENGTH_KEYS", "RANGES", "GenerationConfig", "check_combination", "check_setting",
-           "flag_spelling", "spelled"]
+__all__ = ["DEFAULTS", "LENGTH_KEYS", "GenerationConfig", "check_combination", "rules_of_settings"]
 
 #: lmkit's defaults of the settings outside the sampler's (those are :data:`lmkit.decoding.registry.DEFAULTS`).
 DEFAULTS: Dict[str, Any] = {"min_new_tokens": 0, "num_samples": 1, "stop": (), "stop_at_eos": False,
                             "use_cache": True, "compiled": True, "batch_size": 32}
 #: The lengths an encoder-decoder's ``generation_config.json`` gives (``min_length``, ``max_length``).
 LENGTH_KEYS: Tuple[str, ...] = ("min_new_tokens", "max_new_tokens")
-
-_FLAGS: contextvars.ContextVar = contextvars.ContextVar("lmkit_decoding_flag_spelling", default=False)
-_UNSET = object()
-
-
-def spelled(key: str, value: Any = _UNSET) -> str:
-    """``key = value`` (Python's keywords), or ``--key value`` inside :func:`flag_spelling`."""
-    if not _FLAGS.get():
-        return key if value is _UNSET else f"{key} = {value!r}"
-    if value is _UNSET:
-        return f"--{key}"
-    if isinstance(value, bool):
-        value = str(value).lower()
-    elif isinstance(value, (list, tuple)):
-        value = " ".join(repr(v) if isinstance(v, str) else str(v) for v in value)
-    return f"--{key} {value}"
-
-
-@contextlib.contextmanager
-def flag_spelling() -> Iterator[None]:
-    """Inside it, the errors of generation settings name command-line flags (``--top_p 1.5``)."""
-    token = _FLAGS.set(True)
-    try:
-        yield
-    finally:
-        _FLAGS.reset(token)
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v == v  # v == v: not NaN
-
-
-def _ids(v: Any) -> bool:
-    many = v if isinstance(v, (list, tuple)) else [v]
-    return bool(many) and all(_int(i) and i >= 0 for i in many)
-
-
-def _counts(v: Any) -> bool:  # decode() also takes one min_new_tokens per sequence
-    many = list(v) if hasattr(v, "__len__") and not isinstance(v, str) else [v]
-    return all(_int(i) and i >= 0 for i in many)
-
-
-def _at_least(low: int) -> Callable[[Any], bool]:
-    return lambda v: _int(v) and v >= low
-
-
-def _boolean(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
-#: setting -> (what it accepts, the words after the value when it does not). None is always "not given".
-RANGES: Dict[str, Tuple[Callable[[Any], bool], str]] = {
-    "strategy": (lambda v: v in SAMPLER_NAMES, f"is not one of {', '.join(SAMPLER_NAMES)}"),
-    "temperature": (lambda v: _number(v) and v > 0, "must be > 0 (use 1e-3 for near-greedy)"),
-    "top_k": (_at_least(1), "must be an integer >= 1 (top_k 1 is greedy)"),
-    "top_p": (lambda v: _number(v) and 0 < v <= 1, "must be in (0, 1] (1.0 keeps every token)"),
-    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "must be in [0, 1] (0 or None: off)"),
-    "repetition_penalty": (lambda v: _number(v) and v > 0, "must be > 0 (1 = off)"),
-    "beam_width": (_at_least(1), "must be an integer >= 1"),
-    "beam_scoring": (lambda v: v in SCORINGS, f"must be one of {', '.join(SCORINGS)}"),
-    "length_penalty": (_number, "must be a number (gnmt: 0 = none, 0.6-1.0 favours longer outputs)"),
-    "early_stopping": (lambda v: v is True or v is False or v == "never", 'must be true, false or "never"'),
-    "no_repeat_ngram_size": (_at_least(0), "must be an integer >= 0 (0 = off)"),
-    "forced_first_id": (_at_least(0), "must be a token id (an integer >= 0)"),
-    "forced_last_id": (_at_least(0), "must be a token id (an integer >= 0)"),
-    "min_new_tokens": (_counts, "must be an integer >= 0"),
-    "max_new_tokens": (_at_least(1), "must be an integer >= 1"),
-    "max_length": (_at_least(1), "must be an integer >= 1 (tokens per sample, the prompt included)"),
-    "num_samples": (_at_least(1), "must be an integer >= 1"),
-    "stop": (lambda v: all(isinstance(s, str) and s for s in v), "must be non-empty strings, e.g. '\\n\\n'"),
-    "stop_at_eos": (_boolean, "must be true or false"),
-    "start_token": (_boolean, "must be true or false"),
-    "eos_id": (_ids, "must be a token id or a non-empty list of them"),
-    "start_id": (_at_least(0), "must be a token id (an integer >= 0)"),
-    "pad_id": (_at_least(0), "must be a token id (an integer >= 0)"),
-    "seed": (lambda v: _int(v) and 0 <= v < 2 ** 63, "must be an integer in [0, 2**63)"),
-    "context": (_at_least(2), "must be an integer >= 2 (positions the model reads before its window slides)"),
-    "batch_size": (_at_least(1), "must be an integer >= 1"),
-    "use_cache": (_boolean, "must be true or false"),
-    "compiled": (_boolean, "must be true or false"),
-    "jit_compile": (_boolean, "must be true or false (None: XLA whenever compiled with the cache)"),
-}
-
-
-def check_setting(key: str, value: Any, fix: str = "") -> Any:
-    """``value`` when :data:`RANGES` accepts it for ``key`` (None: not given, always accepted).
-
-    Raises:
-      UsageError: ``key = value <what it must be>`` (flags inside :func:`flag_spelling`), then ``fix``.
-    """
-    if value is None:
-        return value
-    accepts, need = RANGES[key]
-    if not accepts(value):
-        hint = ""
-        if key == "strategy" and hasattr(value, "get_next_token"):  # generate(strategy=<a Sampler>), 0.2's
-            hint = "; pass a Sampler object as generate(sampler=...)"
-        raise UsageError(f"{spelled(key, value)} {need}{hint}{fix}")
-    return value
-
 
 def check_combination(values: Mapping[str, Any], chosen_by: str = "") -> None:
     """The settings that cannot go together, among ``values`` (field -> value, None: not given).
@@ -177,12 +62,19 @@ def check_combination(values: Mapping[str, Any], chosen_by: str = "") -> None:
                          "grows its input every step, which XLA cannot compile once)")
 
 
+def rules_of_settings(settings: Mapping[str, Any]):
+    """The :class:`~lmkit.decoding.constraints.Constraints` of the rules on tokens among ``settings``
+    (``decode(..., rules=)``; a setting left out is off)."""
+    from lmkit.decoding.constraints import Constraints
+    return Constraints(**{key: settings.get(key, SAMPLER_DEFAULTS[key]) for key in RULE_KEYS})
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
     """How to generate: lengths, the strategy and its settings, rules on tokens, ends, seed and compilation.
 
     Every field defaults to None, "not given"; :meth:`resolve` fills them in. Building one checks every
-    field against :data:`RANGES` and the fields together (:func:`check_combination`).
+    field against :data:`lmkit.decoding.checks.RANGES` and the fields together (:func:`check_combination`).
 
     Attributes:
       strategy: ``greedy``, ``sample``, ``top_k``, ``top_p`` or ``beam`` (default ``top_p`` for a language

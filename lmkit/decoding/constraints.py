@@ -1,14 +1,14 @@
 """Rules on the next token that a model folder's generation settings ask for (``decode(..., rules=)``).
 
 :class:`Constraints` holds what ``transformers``' ``generate`` calls logits
-processors and a ``generation_config.json`` sets for encoder-decoders such as
-BART's summarizers: no n-gram twice (``no_repeat_ngram_size``), a forced
+processors and a ``generation_config.json`` sets for encoder-decoders (a
+summarizer's): no n-gram twice (``no_repeat_ngram_size``), a forced
 first token (``forced_bos_token_id``) and a forced end at the last position
 (``forced_eos_token_id``); with the decode's ``min_new_tokens`` (its
 ``min_length``, counted without the decoder's prompt) no end before that
 many new tokens. ``vocab_limit`` is the model's, not a setting: text
 generation sets it to the tokenizer's size when the model's vocabulary is
-padded past it (nanoGPT's 50,304 ids for GPT-2's 50,257), whose extra ids
+padded past it (50,304 ids for a tokenizer's 50,257), whose extra ids
 name no text. :meth:`Constraints.apply` turns
 the log-probabilities (or logits) of the next token of every hypothesis of
 beam search, or of every row of the per-token loop, into those of the allowed
@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
-from lmkit.decoding.config import check_setting
+from lmkit.decoding.checks import check_setting
 
 __all__ = ["Constraints", "is_end"]
 

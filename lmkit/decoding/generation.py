@@ -6,7 +6,7 @@
     texts = lmkit.generate("runs/plays", "ROMEO:", GenerationConfig(strategy="top_k", top_k=20))
     outputs = lmkit.generate("runs/reverse", ["a b c", "d e"], strategy="beam")  # an encoder-decoder
     texts = lmkit.generate(model, ["the company said"], tokenizer=tokenizer, strategy="greedy")
-    reply = lmkit.generate("models/qwen-instruct", [{"role": "user", "content": "Hi"}])  # a conversation
+    reply = lmkit.generate("models/chat-model", [{"role": "user", "content": "Hi"}])  # a conversation
 
 The model comes from a run folder, a Hugging Face folder or an object
 (:func:`lmkit.decoding.source.load_generator`); the settings travel in one

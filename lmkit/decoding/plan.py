@@ -23,7 +23,8 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from lmkit.core.errors import UsageError
-from lmkit.decoding.config import LENGTH_KEYS, GenerationConfig, spelled
+from lmkit.decoding.checks import spelled
+from lmkit.decoding.config import LENGTH_KEYS, GenerationConfig
 from lmkit.decoding.prompts import (
     as_prompts,
     encode_prompt,
@@ -235,6 +236,8 @@ def _plan_prompts(plan: GenerationPlan, inputs: Any, given: GenerationConfig) ->
     """A language model's prompts encoded, its budgets of new tokens, stop strings and window, checked."""
     from lmkit.decoding.text import check_stop_strings
     prompts = as_prompts(inputs)
+    if not prompts:
+        raise UsageError("no prompts: give at least one (None, or an empty text, starts at the beginning of a line)")
     template = _chat_template(plan) if any(is_conversation(p) for p in prompts) else None
     settings = plan.settings
     if template is not None:  # the end of the assistant's turn ends a sample; the template writes the start token

@@ -2,7 +2,7 @@
 
     from lmkit.decoding.prompts import encode_prompt
     encode_prompt(tokenizer, "ROMEO:")                                   # a text
-    encode_prompt(tokenizer, [{"role": "user", "content": "Hi"}], template="models/qwen")  # a conversation
+    encode_prompt(tokenizer, [{"role": "user", "content": "Hi"}], template="models/chat-model")  # a conversation
 
 A text is encoded by the model's tokenizer (its line breaks are text); a
 conversation is laid out by the chat template of the model's folder and
@@ -20,7 +20,7 @@ import numbers
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from lmkit.core.errors import UsageError
-from lmkit.decoding.config import spelled
+from lmkit.decoding.checks import spelled
 
 __all__ = ["Prompt", "as_prompts", "encode_prompt", "is_conversation", "prompt_text", "unknown_words",
            "unknown_words_warning"]

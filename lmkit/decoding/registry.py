@@ -15,7 +15,7 @@ from lmkit.core.errors import UsageError
 from lmkit.core.registry import import_object, lookup
 
 __all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "RULE_KEYS", "SCORED_BY", "SCORINGS", "get_sampler",
-           "resolve_settings", "rules_of_settings", "sampler_from_flags", "sampler_of_settings"]
+           "resolve_settings", "sampler_from_flags", "sampler_of_settings"]
 
 SAMPLERS: Dict[str, str] = {
     "greedy": "lmkit.decoding.samplers:GreedySampler",
@@ -42,6 +42,8 @@ DEFAULTS: Dict[str, Any] = {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "min_
 #: What a beam search's ``length_penalty`` and ``early_stopping`` mean depends on its scoring: a preset's
 #: values of these are taken only for the preset's own scoring.
 SCORED_BY: Tuple[str, ...] = ("length_penalty", "early_stopping")
+#: The settings that are rules on tokens, for every strategy (:class:`lmkit.decoding.constraints.Constraints`).
+RULE_KEYS: Tuple[str, ...] = ("no_repeat_ngram_size", "forced_first_id", "forced_last_id")
 
 
 def get_sampler(name: str, **kwargs: Any):
@@ -129,14 +131,3 @@ def sampler_of_settings(name: str, settings: Mapping[str, Any]):
                               min_p=settings["min_p"], beam_width=settings["beam_width"],
                               length_penalty=settings["length_penalty"], scoring=settings["beam_scoring"],
                               early_stopping=settings["early_stopping"])
-
-
-#: The settings that are rules on tokens, for every strategy (:class:`lmkit.decoding.constraints.Constraints`).
-RULE_KEYS: Tuple[str, ...] = ("no_repeat_ngram_size", "forced_first_id", "forced_last_id")
-
-
-def rules_of_settings(settings: Mapping[str, Any]):
-    """The :class:`~lmkit.decoding.constraints.Constraints` of :func:`resolve_settings`' ``settings``
-    (``decode(..., rules=)``)."""
-    from lmkit.decoding.constraints import Constraints
-    return Constraints(**{key: settings.get(key, DEFAULTS[key]) for key in RULE_KEYS})

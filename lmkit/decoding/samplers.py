@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.decoding.config import check_setting
+from lmkit.decoding.checks import check_setting
 from lmkit.decoding.sampler import Sampler
 
 __all__ = ["GreedySampler", "RandomSampler", "TopKSampler", "TopPSampler"]

@@ -54,7 +54,7 @@ class ModelFolder:
     Attributes:
       path: the folder.
       hugging_face: a Hugging Face folder (``config.json`` with a ``model_type``); else an lmkit run.
-      conditional: it holds an encoder-decoder (a run trained on pairs, a BART folder).
+      conditional: it holds an encoder-decoder (a run trained on pairs, a Hugging Face encoder-decoder's folder).
     """
 
     path: str
@@ -133,7 +133,7 @@ class ModelFolder:
             from lmkit.models.build import load_pretrained
             self.check_checkpoint(checkpoint)
             model, tokenizer, hf_config = load_pretrained(self.path, tokenizer)  # reads the tokenizer when None
-            source = tokenizer.source_side() if self.conditional else None  # BART ends a source with </s>
+            source = tokenizer.source_side() if self.conditional else None  # its sources end with the end token
             config, description = None, f"{hf_config['model_type']} (Hugging Face folder)"
         else:
             from lmkit.core.layout import resolve_checkpoint
@@ -168,7 +168,7 @@ def _holds_encoder_decoder(path: str, hugging_face: bool) -> bool:
 
 def is_seq2seq_run(model_dir: str) -> bool:
     """Whether ``model_dir`` holds an encoder-decoder: a run whose config.json says data = "pairs", or a
-    Hugging Face folder of an encoder-decoder family (BART)."""
+    Hugging Face folder of an encoder-decoder family."""
     return open_folder(model_dir).conditional
 
 
@@ -176,7 +176,7 @@ def source_tokenizer_of_run(model_dir: str, share_vocab: bool) -> Any:
     """The source side's tokenizer: the run's own one, or the one in ``<model_dir>/source_tokenizer``."""
     from lmkit.core.layout import SOURCE_TOKENIZER_DIR
     from lmkit.data.tokenizers import load_tokenizer, tokenizer_of_run
-    if share_vocab:  # the same ids; a BART folder's tokenizer ends sources with </s>
+    if share_vocab:  # the same ids; a pretrained folder's may end sources with its end token
         return tokenizer_of_run(model_dir).source_side()
     return load_tokenizer(os.path.join(model_dir, SOURCE_TOKENIZER_DIR))
 

@@ -7,7 +7,7 @@ On top of :func:`lmkit.decoding.decode` (token ids, one compiled loop)
   is written like any other token; a sample ends at its budget of new
   tokens, at a stop string, or at an end-of-document token where the model
   has one (a Hugging Face folder's ``eos_token_id``, every id of its
-  ``generation_config.json``: GPT-2's ``<|endoftext|>``, Llama 3's
+  ``generation_config.json``: ``<|endoftext|>``, or an instruct model's
   ``<|end_of_text|>`` and ``<|eot_id|>``). ``stop_at_eos`` also ends a
   sample at its first line break (one line per sample);
 * **longer than the context**: a transformer that has filled its
@@ -16,7 +16,7 @@ On top of :func:`lmkit.decoding.decode` (token ids, one compiled loop)
   reused for every window); LSTMs carry their state and need no window;
 * **the prompt as encoded for the model**: a Hugging Face model reads the
   prompt's tokens as ``transformers``' ``tokenizer(prompt)`` gives them
-  (Llama's start token first; nothing before them for GPT-2 and Qwen2);
+  (the start token first where its tokenizer puts one, else nothing);
   lmkit's own models start after a line break, as every line of their
   training text does (``start_token`` changes either);
 * **stop strings**: ``stop=["\\n\\n"]`` ends a sample where the string first
@@ -118,9 +118,9 @@ def _start_id(tokenizer: Any, start_token: Optional[bool], unprompted: bool = Fa
     lmkit's own models start after a line break (``eos_id``), where every
     line of their training text starts. A Hugging Face model reads the prompt
     as ``transformers`` encodes it (``tokenizer(prompt)``): after the start
-    token its tokenizer puts first (Llama's ``<s>`` / ``<|begin_of_text|>``),
-    or as given where it puts none (GPT-2, Qwen2); ``start_token`` True puts
-    ``<|endoftext|>`` (GPT-2's document start) there instead, False nothing.
+    token its tokenizer puts first (``<s>``, ``<|begin_of_text|>``), or as
+    given where it puts none; ``start_token`` True puts ``<|endoftext|>`` (a
+    document's start) there instead, False nothing.
     Without a prompt (``unprompted``) a Hugging Face model starts a document
     with its start token, else ``<|endoftext|>`` (as ``generate()`` without
     inputs starts from the model's ``bos_token_id``): an empty prompt always

@@ -39,7 +39,7 @@ OnBatch = Callable[[int, int], None]
 
 
 def load_seq2seq(model_dir: str, checkpoint: Optional[str] = None) -> Generator:
-    """The encoder-decoder of a training run's folder or of a Hugging Face folder (BART), with its tokenizers:
+    """The encoder-decoder of a training run's folder or of a Hugging Face folder, with its tokenizers:
     :func:`lmkit.decoding.source.load_generator`, checked to be an encoder-decoder.
 
     Raises:

@@ -4,7 +4,6 @@ import sys
 
 import pytest
 
-from lmkit.cli.flags import one_line
 from lmkit.cli.train import build_parser, config_from_args
 from lmkit.config import ConfigError, load_config
 from tests.helpers import run
@@ -69,93 +68,6 @@ def test_bad_data_keys_name_the_key(overrides, message):
         load_config("config_small", overrides)
 
 
-def test_one_line_keeps_a_sample_on_its_line():
-    assert one_line("a\nb\x1ec\u2028d e") == "a\\nb\\x1ec\\u2028d e"
-    assert len(("x" + one_line("1\r\n2\x85")).splitlines()) == 1
-
-
-def _generate(folder, *flags):
-    """``lmkit generate`` in this process (a bad flag fails while the generation is planned, before any model)."""
-    from lmkit.cli import generate
-    return generate.main(["--model_dir", str(folder), *flags])
-
-
-@pytest.fixture(scope="module")
-def word_run(tmp_path_factory):
-    """A run folder as far as planning reads it: its config.json and a word tokenizer (no checkpoint)."""
-    from lmkit.data.tokenizers import train_tokenizer
-    folder = tmp_path_factory.mktemp("run")
-    (folder / "text.txt").write_text("the old cat sees a dog\n", encoding="utf-8")
-    train_tokenizer("word", str(folder / "text.txt"), str(folder))
-    config = load_config("config_small", {"data": "text", "train_file": str(folder / "text.txt"), "tokenizer": "word"})
-    (folder / "config.json").write_text(config.to_json(), encoding="utf-8")
-    return folder
-
-
-@pytest.mark.parametrize("flags, match", [
-    (["--stream", "--num_samples", "2"], "--stream writes one sample as it comes"),
-    (["--stream", "--strategy", "beam"], "--stream writes one sample as it comes"),
-    (["--strategy", "beam", "--repetition_penalty", "1.2"], "--repetition_penalty applies to the per-token strategies"),
-    (["--repetition_penalty", "0"], r"--repetition_penalty 0.0 must be > 0 \(1 = off\)"),
-    (["--min_new_tokens", "-1"], "--min_new_tokens -1 must be an integer >= 0"),
-    (["--max_new_tokens", "0"], "--max_new_tokens 0 must be an integer >= 1"),
-    (["--temperature", "0"], r"--temperature 0.0 must be > 0 \(use 1e-3 for near-greedy\)"),
-    (["--min_p", "1.5"], r"--min_p 1.5 must be in \[0, 1\]"),
-    (["--no_repeat_ngram_size", "-2"], "--no_repeat_ngram_size -2 must be an integer >= 0"),
-    (["--min_p", "0.1", "--strategy", "greedy"], "--min_p applies to --strategy top_p"),
-    (["--strategy", "beam", "--num_samples", "5"], "--num_samples 5 exceeds --beam_width 4: .*; use --beam_width 5"),
-    (["--system", "be brief"], "--system gives a chat's system turn; add --chat"),
-    (["--source_file", "s.txt"], "--source_file is for an encoder-decoder's run"),
-    (["--prompt", "the old", "--max_length", "2"], "--prompt 'the old' has 2 tokens, .*; use --max_length 3"),
-    (["--prompt", " "], r"--prompt ' ' is empty after tokenization; .* leave --prompt out"),
-    (["--stop", ""], r"--stop '' must be non-empty strings"),
-])
-def test_generate_flag_errors_name_the_flag_before_any_model_is_built(word_run, flags, match):
-    """Each error is a GenerationConfig's or the plan's, spelled as the flag; none needs TensorFlow or a checkpoint."""
-    from lmkit.core.errors import UsageError
-    with pytest.raises(UsageError, match=match):
-        _generate(word_run, *flags)
-
-
-@pytest.fixture(scope="module")
-def pairs_run(tmp_path_factory):
-    """An encoder-decoder's run folder as far as planning reads it (config.json, the word tokenizer)."""
-    from lmkit.data.tokenizers import train_tokenizer
-    folder = tmp_path_factory.mktemp("pairs")
-    (folder / "text.txt").write_text("s1 s2 s3\n", encoding="utf-8")
-    train_tokenizer("word", str(folder / "text.txt"), str(folder))
-    config = load_config("config_seq2seq", {"data": "pairs", "source_file": str(folder / "text.txt"),
-                                            "target_file": str(folder / "text.txt")})
-    (folder / "config.json").write_text(config.to_json(), encoding="utf-8")
-    return folder
-
-
-@pytest.mark.parametrize("flags, match", [
-    (["--batch_size", "0"], "--batch_size 0 must be an integer >= 1"),
-    (["--temperature", "0"], r"--temperature 0.0 must be > 0 \(use 1e-3 for near-greedy\)"),
-    (["--min_p", "0.1", "--strategy", "greedy"], "--min_p applies to --strategy top_p"),
-    (["--num_samples", "2"], "--num_samples 2: greedy decoding writes one output per source; use --strategy"),
-    (["--stop", "x"], "--stop applies to language models; .* holds an encoder-decoder"),
-    (["--stream"], "--stream applies to language models|--stream writes a language model's sample"),
-    (["--chat"], "--chat applies to language models; .* holds an encoder-decoder"),
-])
-def test_an_encoder_decoders_flags_are_checked_as_a_language_models(pairs_run, flags, match):
-    """The sampling and length flags have one set of ranges for both kinds of model (GenerationConfig's)."""
-    from lmkit.core.errors import UsageError
-    with pytest.raises(UsageError, match=match):
-        _generate(pairs_run, "--prompt", "s1 s2", *flags)
-
-
-def test_stop_flags_read_backslash_escapes():
-    import argparse
-
-    from lmkit.cli.flags import unescape
-    assert unescape("\\n\\n") == "\n\n" and unescape("ROMEO:") == "ROMEO:"
-    assert unescape("caf\u00e9\\t") == "caf\u00e9\t"
-    with pytest.raises(argparse.ArgumentTypeError, match="broken backslash escape"):
-        unescape("\\x4")
-
-
 def test_a_closed_output_ends_a_command_quietly_with_the_sigpipe_status():
     # `lmkit generate ... | head`: the reader leaves; no traceback, status 141 as after SIGPIPE.
     code = ("from lmkit.cli.common import OutputClosed, run_main\n"
@@ -182,16 +94,6 @@ def test_lora_flags_reach_the_config_with_a_pretrained_folder(tmp_path):
         8, 32.0, 0.1, "query,key,down")
     with pytest.raises(ConfigError, match="lora_rank = 4 adapts a pretrained model; pass --init_from"):
         config_from_args(build_parser().parse_args(["--train_file", "t.txt", "--lora_rank", "4"]))
-
-
-def test_evaluate_refuses_the_data_cache_for_a_ptb_run(tmp_path):
-    import json
-
-    from lmkit.cli import evaluate
-    from lmkit.core.errors import UsageError
-    (tmp_path / "config.json").write_text(json.dumps(load_config("config_small").to_dict()), encoding="utf-8")
-    with pytest.raises(UsageError, match=r"--data_cache is for runs on your own text, but .* trained on PTB"):
-        evaluate.main(["--model_dir", str(tmp_path), "--data_cache", "/tmp/x"])
 
 
 def test_help_shows_defaults_but_not_absent_ones():

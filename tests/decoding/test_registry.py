@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from lmkit.core.errors import UsageError
 from lmkit.decoding import (
     SAMPLER_NAMES,
     BeamSampler,
@@ -14,7 +13,7 @@ from lmkit.decoding import (
     TopPSampler,
     get_sampler,
 )
-from lmkit.decoding.registry import DEFAULTS, resolve_settings, rules_of_settings, sampler_of_settings
+from lmkit.decoding.registry import DEFAULTS, resolve_settings, sampler_of_settings
 
 
 def test_get_sampler_factory():
@@ -56,11 +55,3 @@ def test_resolve_settings_takes_given_then_preset_then_defaults():
     name, settings = resolve_settings(None, none, {"strategy": "beam", "beam_width": 5})
     assert name == "beam" and settings["beam_width"] == 5
     assert resolve_settings(None, none, default_strategy="greedy")[0] == "greedy"
-
-
-def test_the_rules_of_settings_are_constraints():
-    rules = rules_of_settings({"no_repeat_ngram_size": 3, "forced_last_id": 2})
-    assert (rules.no_repeat_ngram_size, rules.forced_first_id, rules.forced_last_id) == (3, None, 2)
-    assert not rules_of_settings({}).active
-    with pytest.raises(UsageError, match="no_repeat_ngram_size = -1 must be an integer >= 0"):
-        rules_of_settings({"no_repeat_ngram_size": -1})

@@ -279,7 +279,7 @@ def test_lmkit_generate_on_a_bart_folder_searches_as_its_generation_config_asks(
     # A flag overrides its own value (the flags planned as lmkit generate plans them, in this process).
     from lmkit.cli.flags import early_stopping
     from lmkit.cli.generate import build_parser, plan_of_flags
-    from lmkit.decoding.config import flag_spelling
+    from lmkit.decoding.checks import flag_spelling
 
     def resolved(*flags):
         plan = plan_of_flags(build_parser().parse_args(["--model_dir", folder, "--source_file", str(source_file),
