@@ -23,8 +23,8 @@ same greedy :func:`lmkit.decoding.decode` call runs two ways:
   same threads; skipped with a message when ``transformers`` or ``torch`` is
   not installed (``pip install -e '.[test-hf]'``).
 
-Past the context (``--sliding``, transformer only): :func:`lmkit.decoding.generation.
-generate_samples` writes 256 and 512 tokens from a model of 128 positions
+Past the context (``--sliding``, transformer only): :func:`lmkit.decoding.generate`
+writes 256 and 512 tokens from a model of 128 positions
 (the window slides by half of it, each window one call of the compiled
 loop); its tokens/sec is compared with the in-window XLA rate at 128
 (``sliding`` in the JSON).
@@ -168,13 +168,12 @@ def bench_sliding(model: Any, tokenizer: Any, sampler: Any, batch_size: int, len
                   repeats: int) -> Dict[str, Any]:
     """Tokens/sec of ``length - 1`` new tokens past the context (sliding windows) against one window's."""
     from lmkit import decoding
-    from lmkit.decoding.generation import generate_samples
     window = model.max_positions
     prompts = [[]] * batch_size  # the start token only
 
     def slide():
-        return generate_samples(model, tokenizer, prompts, max_new_tokens=[length - 1] * batch_size,
-                                sampler=sampler, seed=0)
+        return decoding.generate(model, prompts, tokenizer=tokenizer, max_new_tokens=length - 1, sampler=sampler,
+                                 seed=0, return_samples=True)
 
     def one_window():
         return decoding.decode(model, window, sampler, batch_size=batch_size, start_id=0, seed=0)
@@ -193,7 +192,7 @@ def bench_sliding(model: Any, tokenizer: Any, sampler: Any, batch_size: int, len
 
 
 class _StartToken:
-    """The least a tokenizer must be for generate_samples here: a start token, ids as text."""
+    """The least a tokenizer must be for generate() here: a start token, ids as text."""
 
     name, eos_id, bos_id, unk_id = "bench", 0, None, None
 

@@ -70,4 +70,4 @@ def test_fresh_venv_with_the_newest_tensorflow_trains_and_generates(wheel, tmp_p
     gen = run([lmkit, "generate", "--model_dir", "model", "--prompt", "the old", "--max_length", "20",
                "--seed", "0"], timeout=300, env=env, cwd=str(empty))
     assert gen.returncode == 0, gen.stderr[-3000:]
-    assert gen.stdout.startswith("[0.0] the old")
+    assert gen.stdout.startswith("the old")  # one sample: its text alone

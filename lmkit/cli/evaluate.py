@@ -8,9 +8,9 @@ The text is encoded with the run's own tokenizer (or PTB vocabulary) and read
 in order, ``--batch_size`` rows of ``--num_steps`` tokens at a time (a
 recurrent state carries across windows; a transformer starts each window
 afresh). --model_dir may also be a Hugging Face language model's folder
-(GPT-2, Llama, Qwen2, Mistral, Gemma, or one lmkit exported), read with its own
-tokenizer in windows of its max_positions, so a pretrained model and a run
-fine-tuned from it compare on the same text (pass the same --num_steps). Perplexity per word divides the
+(a family lmkit reads, or one lmkit exported), read with its own tokenizer in
+windows of its max_positions, so a pretrained model and a run fine-tuned
+from it compare on the same text (pass the same --num_steps). Perplexity per word divides the
 total negative log-likelihood by the whitespace-separated words of the same
 text (plus one per line, whose end is predicted too), so models with
 different tokenizers compare. Runs in one process. A run trained on your own
@@ -41,7 +41,8 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from lmkit.cli.common import add_beam_flags, check_model_dir, model_dir_parser, user_modules_importable
+from lmkit.cli.common import check_model_dir, model_dir_parser, user_modules_importable
+from lmkit.cli.flags import add_beam_flags, config_of_flags
 from lmkit.core.errors import UsageError
 from lmkit.core.layout import CONFIG_FILE, resolve_checkpoint
 from lmkit.core.progress import rate_progress, stderr_line
@@ -89,8 +90,8 @@ def _text_path(args: argparse.Namespace, config) -> str:
     if args.text_file is not None:
         return args.text_file
     split = args.split or "test"
-    if config.data == "text":
-        path = getattr(config, f"{split}_file")
+    if config.data.kind == "text":
+        path = getattr(config.data, f"{split}_file")
         if not path:
             raise UsageError(f"the run in {args.model_dir} had no {split}_file; pass --text_file")
         return path
@@ -140,8 +141,8 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
     else:
         config = TrainConfig.from_dict(read_config_dict(args.model_dir),
                                        source=f"{args.model_dir}/{CONFIG_FILE}")
-        if config.data == "text":  # the run's tokenizer, saved in model_dir, keys the cache
-            cache = cache_root(config.data_cache if args.data_cache is None else args.data_cache)
+        if config.data.kind == "text":  # the run's tokenizer, saved in model_dir, keys the cache
+            cache = cache_root(config.data.data_cache if args.data_cache is None else args.data_cache)
         elif args.data_cache is not None:
             raise UsageError(f"--data_cache is for runs on your own text, but {args.model_dir} trained on PTB "
                              "(its word ids are read in memory); leave it out")
@@ -153,8 +154,8 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
     named = "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"
     # checks the file (no TF yet), then encodes it or maps its cached ids
     set_doing(f"reading {path}" + ("" if cache is None else " (through the data cache)"))
-    if config is not None and config.data == "text":  # the run's records hold their text where its config says
-        path = Source(path, text_field=config.text_field, text_column=config.text_column,
+    if config is not None and config.data.kind == "text":  # the run's records hold their text where it says
+        path = Source(path, text_field=config.data.text_field, text_column=config.data.text_column,
                       dataset_split=DATASET_SPLITS[args.split or "test"])
     text = load_text_data(tokenizer, path, cache_dir=cache, log=stderr_line, names={"train": named})
     user_modules_importable()
@@ -169,8 +170,8 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
         num_steps, batch = args.num_steps or model.max_positions, args.batch_size or 8
     else:
         tokenizer, config = generator.tokenizer, generator.config
-        num_steps = args.num_steps or config.num_steps
-        batch = args.batch_size or config.eval_batch_size or config.batch_size
+        num_steps = args.num_steps or config.data.num_steps
+        batch = args.batch_size or config.data.eval_batch_size or config.data.batch_size
     limit = getattr(model, "max_positions", None)
     if args.num_steps is not None and limit is not None and args.num_steps > limit:
         raise UsageError(f"--num_steps {args.num_steps} exceeds the {limit} positions the model holds "
@@ -223,7 +224,7 @@ def _pair_paths(args: argparse.Namespace, config) -> "tuple[str, str]":
                          "and --target_file")
     split = args.split or "test"
     prefix = "" if split == "train" else f"{split}_"
-    source, target = getattr(config, f"{prefix}source_file"), getattr(config, f"{prefix}target_file")
+    source, target = getattr(config.data, f"{prefix}source_file"), getattr(config.data, f"{prefix}target_file")
     if not source:
         raise UsageError(f"the run in {args.model_dir} had no {prefix}source_file; pass --source_file and "
                          "--target_file")
@@ -238,13 +239,10 @@ def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     from lmkit.decoding.source import source_tokenizer_of_run
     from lmkit.decoding.transduction import score
 
-    for flag, value in (("--beam_width", args.beam_width), ("--max_new_tokens", args.max_new_tokens)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag} {value} must be >= 1")
     if args.data_cache is not None:
         raise UsageError(f"--data_cache is for language models; {args.model_dir} holds an encoder-decoder, whose "
                          "pairs are read in memory (their text is needed for BLEU anyway); leave it out")
-    hf_folder = folder.hugging_face  # BART: no run config, the tokenizers and sizes of the folder
+    hf_folder = folder.hugging_face  # no run config: the tokenizers and sizes of the folder
     config = None if hf_folder else TrainConfig.from_dict(read_config_dict(args.model_dir),
                                                           source=f"{args.model_dir}/{CONFIG_FILE}")
     checkpoint = args.checkpoint if hf_folder else resolve_checkpoint(args.model_dir, args.checkpoint)
@@ -252,7 +250,7 @@ def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     sources, references = read_pairs(source_path, target_path)  # checks the files: no TF yet
     if not hf_folder:
         tokenizer = folder.tokenizer()
-        source_tokenizer = source_tokenizer_of_run(args.model_dir, config.share_vocab)
+        source_tokenizer = source_tokenizer_of_run(args.model_dir, config.data.share_vocab)
     user_modules_importable()
 
     from lmkit import distributed as dist
@@ -265,63 +263,59 @@ def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     if hf_folder:
         tokenizer, source_tokenizer = generator.tokenizer, generator.source_tokenizer
     # Perplexity over the pairs the model can read; BLEU and exact match over every line.
-    max_source = generator.model.source_positions.max_positions if hf_folder else config.max_source_positions
+    max_source = (generator.model.source_positions.max_positions if hf_folder
+                  else config.model.get("max_source_positions"))
     pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
                          max_source_length=max_source, max_target_length=generator.model.max_positions - 1)
-    batch = args.batch_size or (32 if hf_folder else config.eval_batch_size or config.batch_size)
+    batch = args.batch_size or (32 if hf_folder else config.data.eval_batch_size or config.data.batch_size)
     total, tokens = PairEvaluator(generator.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)
-    outputs, sampler, decoding = _decode_pairs(args, generator, sources, source_path, batch)
+    outputs, plan = _decode_pairs(args, generator, sources, source_path, batch)
     if args.output:
         from lmkit.core.fileio import atomic_write_text
         atomic_write_text(args.output, "".join(text.replace("\n", " ") + "\n" for text in outputs))
     scores = score(outputs, references)
     report = {"model_dir": args.model_dir, "source_file": source_path, "target_file": target_path,
               "pairs": len(sources), "scored_pairs": len(pairs), "target_tokens": tokens,
-              "loss_per_token": loss, "perplexity": perplexity(loss), "strategy": args.strategy,
-              **({"beam_width": sampler.beam_width, "length_penalty": sampler.length_penalty,
-                  "beam_scoring": sampler.scoring} if args.strategy == "beam" else {}),
-              "decoding": decoding, **scores}
+              "loss_per_token": loss, "perplexity": perplexity(loss), **_decoding(plan.settings), **scores}
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         skipped = "" if len(pairs) == len(sources) else f" of {len(pairs)} readable pairs ({pairs.report.summary()})"
         print(f"{target_path}: perplexity {report['perplexity']:.2f} per token ({tokens} target tokens{skipped}), "
               f"BLEU {scores['bleu']:.2f}, exact match {100 * scores['exact_match']:.1f}% of {len(sources)} "
-              f"({args.strategy})", flush=True)
+              f"({plan.settings.strategy})", flush=True)
     return 0
 
 
 def _decode_pairs(args: argparse.Namespace, generator: Any, sources: Sequence[str], source_path: str,
-                  batch: int) -> Tuple[List[str], Any, Dict[str, Any]]:
-    """``(outputs, sampler, settings)``: each source decoded as ``lmkit generate`` decodes it (the flags, else
-    what the model folder's generation_config.json asks for: beam search or not, its rules on tokens and its
-    lengths, fitted to the decoder; else greedy), ``batch`` sources side by side.
-
-    Decoding stays deterministic: a folder that asks for sampling is decoded greedily (with its rules and
-    lengths). The settings (the sampler's, the rules, ``min_new_tokens`` / ``max_new_tokens``) go into
-    the report.
-    """
+                  batch: int) -> Tuple[List[str], Any]:
+    """``(outputs, plan)``: each source decoded as ``lmkit generate`` decodes it (the flags, else what the model
+    folder's generation_config.json asks for: beam search or not, its rules on tokens and its lengths, fitted
+    to the decoder; else greedy), ``batch`` sources side by side. Decoding stays deterministic: a folder that
+    asks for sampling is decoded greedily (with its rules and lengths)."""
     import sys
 
-    from lmkit.cli.generate import build_sampler, fit_lengths, generation_config, preset_note, resolve_flags
-    from lmkit.decoding.config import LENGTH_KEYS, GenerationConfig
-    from lmkit.decoding.generation import generate
-    from lmkit.decoding.registry import RULE_KEYS
+    from lmkit.decoding.checks import flag_spelling
+    from lmkit.decoding.plan import plan_generation
 
-    preset, args.preset_source = generator.folder.generation_config()
-    if preset.strategy not in (None, "beam"):  # sampling: its rules and lengths, decoded greedily
-        preset = GenerationConfig.from_dict({key: value for key, value in preset.given().items()
-                                             if key in (*LENGTH_KEYS, *RULE_KEYS)})
-    resolve_flags(args, preset, "greedy")
-    fit_lengths(args, generator.model.max_positions)
-    sampler = build_sampler(args)
-    note = preset_note(args, sampler)
+    with flag_spelling():
+        plan = plan_generation(generator, sources, config_of_flags(args, batch_size=batch), deterministic=True)
+    note = plan.note()
     if note:
         sys.stderr.write(note + "\n")
-    decoding = {**sampler.get_config(), **{key: getattr(args, key) for key in RULE_KEYS},
-                "min_new_tokens": args.min_new_tokens, "max_new_tokens": args.max_new_tokens}
     update = rate_progress(stderr_line, f"decoding {source_path}", len(sources), unit="sources", every=5.0)
-    samples = generate(generator, sources, generation_config(args).replace(batch_size=batch), sampler=sampler,
-                       on_batch=lambda done, _: update(done), return_samples=True)
-    return [sample.text for sample in samples], sampler, decoding
+    samples = plan.run(on_batch=lambda done, _: update(done))
+    return [sample.text for sample in samples], plan
+
+
+def _decoding(settings: Any) -> Dict[str, Any]:
+    """The report's ``strategy``, beam search's settings, and ``decoding``: the strategy's settings, the rules on
+    tokens and the lengths."""
+    from lmkit.decoding.registry import RULE_KEYS
+    sampler = settings.sampler().get_config()
+    beam = {"beam_width": settings.beam_width, "length_penalty": settings.length_penalty,
+            "beam_scoring": settings.beam_scoring} if settings.strategy == "beam" else {}
+    return {"strategy": settings.strategy, **beam,
+            "decoding": {**sampler, **{key: getattr(settings, key) for key in RULE_KEYS},
+                         "min_new_tokens": settings.min_new_tokens, "max_new_tokens": settings.max_new_tokens}}

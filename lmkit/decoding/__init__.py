@@ -1,22 +1,24 @@
-"""Text generation: one entry point, one config, one decode loop, pluggable samplers, beam search as a sampler.
+"""Text generation: one entry point for text, one for token ids, one config, pluggable samplers.
+
+The public entry points (``docs/generation.md``):
 
 * :func:`generate` (:mod:`lmkit.decoding.generation`): text in, text out, for language models and
-  encoder-decoders, from a run folder, a Hugging Face folder or a model object;
-* :class:`GenerationConfig` (:mod:`lmkit.decoding.config`): every setting of a generation, resolved
-  as given, then the model folder's ``generation_config.json``, then lmkit's defaults;
-* :mod:`lmkit.decoding.source`: which model a folder holds (:func:`load_generator`);
-* :mod:`lmkit.decoding.text` / :mod:`lmkit.decoding.transduction`: a language model's prompts and an
-  encoder-decoder's sources (BLEU: :func:`lmkit.decoding.transduction.score`);
-* :func:`decode` (:mod:`lmkit.decoding.loop`): token ids in, token ids out;
-* :mod:`lmkit.decoding.sampler`: the :class:`Sampler` interface and the loop;
-* :mod:`lmkit.decoding.samplers`: greedy, sampling, top-k, top-p;
-* :mod:`lmkit.decoding.beam`: :class:`BeamSampler` (overrides the loop; ``scoring="transformers"``
-  runs :mod:`lmkit.decoding.beam_hf`);
-* :mod:`lmkit.decoding.constraints`: :class:`Constraints`, rules on tokens for every strategy;
-* :mod:`lmkit.decoding.registry`: names -> samplers (:func:`get_sampler`). See ``docs/generation.md``.
+  encoder-decoders, from a run folder, a Hugging Face folder or a model object; prompts may be texts,
+  token ids or chat conversations;
+* :func:`decode` (:mod:`lmkit.decoding.loop`): token ids in, token ids out, with any sampler;
+* :class:`GenerationConfig` (:mod:`lmkit.decoding.config`): every setting of a generation, checked when
+  it is built, resolved as given, then the model folder's ``generation_config.json``, then lmkit's defaults;
+* the samplers: :class:`GreedySampler`, :class:`RandomSampler`, :class:`TopKSampler`,
+  :class:`TopPSampler` (:mod:`lmkit.decoding.samplers`) and :class:`BeamSampler`
+  (:mod:`lmkit.decoding.beam`, the one beam search), all :class:`Sampler` s, by name through
+  :func:`get_sampler`;
+* :func:`load_generator` (:mod:`lmkit.decoding.source`): a folder's model with its tokenizers, loaded once.
 
-Importing this package does not import TensorFlow; the names load their
-module on first use.
+Their parts: :mod:`~lmkit.decoding.prompts` (a prompt or a conversation encoded),
+:mod:`~lmkit.decoding.plan` (a generation checked before any model is built), :mod:`~lmkit.decoding.text`
+and :mod:`~lmkit.decoding.transduction` (a language model's and an encoder-decoder's decoding),
+:mod:`~lmkit.decoding.constraints` (rules on tokens). Importing this package does not import TensorFlow;
+the names load their module on first use.
 """
 
 from __future__ import annotations
@@ -39,28 +41,19 @@ __all__ = [
     "Sampler",
     "TopKSampler",
     "TopPSampler",
-    "beam_search",
     "decode",
+    "encode_prompt",
     "generate",
     "get_sampler",
-    "gnmt_length_penalty",
     "load_generator",
-    "prepare_prompts",
 ]
 
 _HOMES = {
-    "BeamSampler": "beam", "BeamSearchResult": "beam", "beam_search": "beam",
-    "gnmt_length_penalty": "beam", "Constraints": "constraints",
-    "DecodeResult": "prompts", "prepare_prompts": "prompts",
-    "GreedySampler": "samplers", "RandomSampler": "samplers", "TopKSampler": "samplers",
-    "TopPSampler": "samplers",
+    "BeamSampler": "beam", "BeamSearchResult": "beam", "Constraints": "constraints", "DecodeResult": "batch",
+    "GreedySampler": "samplers", "RandomSampler": "samplers", "TopKSampler": "samplers", "TopPSampler": "samplers",
     "SAMPLERS": "registry", "SAMPLER_NAMES": "registry", "get_sampler": "registry",
-    "Sampler": "sampler",
-    "decode": "loop",
-    "GenerationConfig": "config",
-    "Generation": "text",
-    "Generator": "source", "load_generator": "source",
-    "generate": "generation",
+    "Sampler": "sampler", "decode": "loop", "GenerationConfig": "config", "Generation": "text",
+    "Generator": "source", "load_generator": "source", "encode_prompt": "prompts", "generate": "generation",
 }
 
 

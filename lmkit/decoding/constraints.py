@@ -1,14 +1,14 @@
 """Rules on the next token that a model folder's generation settings ask for (``decode(..., rules=)``).
 
 :class:`Constraints` holds what ``transformers``' ``generate`` calls logits
-processors and a ``generation_config.json`` sets for encoder-decoders such as
-BART's summarizers: no n-gram twice (``no_repeat_ngram_size``), a forced
+processors and a ``generation_config.json`` sets for encoder-decoders (a
+summarizer's): no n-gram twice (``no_repeat_ngram_size``), a forced
 first token (``forced_bos_token_id``) and a forced end at the last position
 (``forced_eos_token_id``); with the decode's ``min_new_tokens`` (its
 ``min_length``, counted without the decoder's prompt) no end before that
 many new tokens. ``vocab_limit`` is the model's, not a setting: text
 generation sets it to the tokenizer's size when the model's vocabulary is
-padded past it (nanoGPT's 50,304 ids for GPT-2's 50,257), whose extra ids
+padded past it (50,304 ids for a tokenizer's 50,257), whose extra ids
 name no text. :meth:`Constraints.apply` turns
 the log-probabilities (or logits) of the next token of every hypothesis of
 beam search, or of every row of the per-token loop, into those of the allowed
@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
+from lmkit.decoding.checks import check_setting
 
 __all__ = ["Constraints", "is_end"]
 
@@ -34,18 +35,6 @@ def is_end(tokens: tf.Tensor, ends: Tuple[int, ...]) -> tf.Tensor:
     if not ends:
         return tf.zeros_like(tokens, tf.bool)
     return tf.reduce_any(tf.equal(tokens[..., tf.newaxis], tf.constant(ends, tokens.dtype)), axis=-1)
-
-
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UsageError(f"{name} = {value!r} must be an integer >= 0 (0 = off)")
-    return value
-
-
-def _check_id(name: str, value: Any) -> Optional[int]:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise UsageError(f"{name} = {value!r} must be a token id (an integer >= 0) or None")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +55,12 @@ class Constraints:
     vocab_limit: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check_count("no_repeat_ngram_size", self.no_repeat_ngram_size)
-        _check_id("forced_first_id", self.forced_first_id)
-        _check_id("forced_last_id", self.forced_last_id)
-        _check_id("vocab_limit", self.vocab_limit)
+        check_setting("no_repeat_ngram_size", self.no_repeat_ngram_size)
+        check_setting("forced_first_id", self.forced_first_id)
+        check_setting("forced_last_id", self.forced_last_id)
+        limit = self.vocab_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise UsageError(f"vocab_limit = {limit!r} must be the number of ids the tokenizer has (>= 1) or None")
 
     @property
     def active(self) -> bool:

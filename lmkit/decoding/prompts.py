@@ -1,186 +1,108 @@
-"""Prompts in, results out: the arguments and the output every sampler shares.
+"""A language model's prompt as the model reads it: a text, token ids or a conversation, encoded in one place.
 
-:func:`prepare_prompts` checks the decoding arguments and pads the prompts
-into one array; :class:`DecodeResult` is what a decode returns. NumPy only.
+    from lmkit.decoding.prompts import encode_prompt
+    encode_prompt(tokenizer, "ROMEO:")                                   # a text
+    encode_prompt(tokenizer, [{"role": "user", "content": "Hi"}], template="models/chat-model")  # a conversation
+
+A text is encoded by the model's tokenizer (its line breaks are text); a
+conversation is laid out by the chat template of the model's folder and
+encoded whole, its special tokens read as tokens
+(:func:`lmkit.hub.chat.encode_chat`, as ``transformers``'
+``apply_chat_template`` encodes it); token ids pass as they are. None (or
+``""``) is the empty prompt: a sample from the start of a line. Used by
+:func:`lmkit.generate` and ``lmkit generate``; a server or a chat fine-tune
+takes the same functions. No TensorFlow.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import random
-from typing import Any, List, Optional, Sequence, Tuple, Union
-
-import numpy as np
+import numbers
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from lmkit.core.errors import UsageError
+from lmkit.decoding.checks import spelled
 
-__all__ = ["DecodeResult", "EndIds", "PromptBatch", "check_seed", "end_ids", "prepare_prompts"]
+__all__ = ["Prompt", "as_prompts", "encode_prompt", "is_conversation", "prompt_text", "unknown_words",
+           "unknown_words_warning"]
 
-#: What ends a sequence: None, one token id, or several (a Hugging Face ``generation_config.json``
-#: may list an end of text and an end of turn).
-EndIds = Union[None, int, Sequence[int]]
-
-
-# eq=False: the fields are arrays, which have no single truth value.
-@dataclasses.dataclass(frozen=True, eq=False)
-class DecodeResult:
-    """Output of :func:`decode` (NumPy arrays).
-
-    Attributes:
-      ids: int32 `[batch, max_length]`, prompt then generated tokens, then
-        ``pad_id`` after ``<eos>``.
-      lengths: int32 `[batch]`, tokens before the padding (prompt and the
-        ``<eos>`` included).
-      prompt_lengths: int32 `[batch]`, tokens of ``ids`` that came from the prompt.
-      log_probs: float32 `[batch]`, the model's log-probability of the generated
-        tokens (not the prompt), from the untempered softmax.
-      seed: the seed used (drawn at random when none was given), so a sampled
-        output can be reproduced; None for beam search.
-    """
-
-    ids: np.ndarray
-    lengths: np.ndarray
-    prompt_lengths: np.ndarray
-    log_probs: np.ndarray
-    seed: Optional[int]
-
-    def sequences(self, include_prompt: bool = True) -> List[List[int]]:
-        """The unpadded sequences as lists of ids."""
-        out = []
-        for row, length, start in zip(self.ids, self.lengths, self.prompt_lengths):
-            out.append(row[0 if include_prompt else start:length].tolist())
-        return out
+#: One prompt: a text, token ids, a conversation (``[{"role": ..., "content": ...}, ...]``), or None (empty).
+Prompt = Union[None, str, Sequence[int], Sequence[Mapping[str, str]]]
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class PromptBatch:
-    """The prompts of one decode, padded, with what ends and pads each row: what a sampler's
-    :meth:`~lmkit.decoding.sampler.Sampler.generate` decodes.
-
-    Attributes:
-      ids: int32 `[batch, max_length]`, each prompt padded with ``pad_id``.
-      lengths: int32 `[batch]`, the prompts' lengths.
-      pad_id: the token after the end of a sequence.
-      ends: the ids that end a sequence (none: each row runs to ``max_length``).
-      min_new_tokens: int32 `[batch]`, tokens each row generates before an end may be chosen.
-    """
-
-    ids: np.ndarray
-    lengths: np.ndarray
-    pad_id: int
-    ends: Tuple[int, ...] = ()
-    min_new_tokens: Optional[np.ndarray] = None
-
-    @property
-    def max_length(self) -> int:
-        """The length of every output row, the prompt included."""
-        return int(self.ids.shape[1])
-
-    @property
-    def holds_ends(self) -> bool:
-        """Whether some row must generate tokens before an end id may come."""
-        return bool(self.ends) and self.min_new_tokens is not None and bool(np.any(self.min_new_tokens > 0))
+def is_conversation(value: Any) -> bool:
+    """Whether ``value`` is a conversation: a non-empty list of message dicts."""
+    return (isinstance(value, (list, tuple)) and bool(value)
+            and all(isinstance(message, Mapping) for message in value))
 
 
-def check_seed(seed: Optional[int]) -> int:
-    """``seed``, or one drawn at random when None.
+def _is_ids(value: Any) -> bool:
+    return all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in value)
+
+
+def as_prompts(inputs: Union[Prompt, Sequence[Prompt]]) -> List[Prompt]:
+    """``inputs`` as a list of prompts: one prompt (a text, token ids, a conversation, None) becomes a list of it."""
+    if inputs is None or isinstance(inputs, str) or is_conversation(inputs):
+        return [inputs]
+    inputs = list(inputs)
+    if inputs and _is_ids(inputs):
+        return [inputs]  # one prompt's token ids
+    return inputs
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """The prompt as a message shows it: its text (a conversation's last message)."""
+    if is_conversation(prompt):
+        return str(prompt[-1].get("content", ""))  # type: ignore[index, union-attr]
+    return "" if prompt is None else prompt if isinstance(prompt, str) else f"<{len(prompt)} token ids>"
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, template: Any = None) -> List[int]:
+    """The token ids the model reads for ``prompt`` (its start token not included).
+
+    Args:
+      tokenizer: the model's tokenizer.
+      prompt: a text, token ids, a conversation, or None / ``""`` (the empty prompt: no ids).
+      template: a conversation's chat template (:class:`lmkit.hub.chat.ChatTemplate`, or the folder holding it).
 
     Raises:
-      UsageError: not an integer in [0, 2**63).
+      UsageError: a text of whitespace alone or one that encodes to nothing, a conversation without a template,
+        ids that are not integers.
     """
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**31)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
-        raise UsageError(f"seed = {seed!r} must be an integer in [0, 2**63)")
-    return int(seed)
-
-
-def end_ids(eos_id: EndIds) -> Tuple[int, ...]:
-    """``eos_id`` as a tuple of distinct ids, in the order given (None: the empty tuple).
-
-    Raises:
-      UsageError: not an id, or an empty list.
-    """
-    if eos_id is None:
-        return ()
-    if isinstance(eos_id, (list, tuple, np.ndarray)):
-        ids = list(eos_id)
+    if prompt is None or (isinstance(prompt, str) and not prompt):
+        return []
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt) if prompt.strip() else []  # its line breaks are text
         if not ids:
-            raise UsageError("eos_id = [] names no token; pass None for no end token")
-    else:
-        ids = [eos_id]
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise UsageError(f"eos_id = {eos_id!r} must be a token id or a list of them")
-    return tuple(dict.fromkeys(int(i) for i in ids))
+            raise UsageError(f"{spelled('prompt')} {prompt!r} is empty after tokenization; give at least one word, "
+                             f"or leave {spelled('prompt')} out to start at the beginning of a line")
+        return list(ids)
+    if is_conversation(prompt):
+        if template is None:
+            raise UsageError("a conversation is laid out by its model's chat template: give a Hugging Face chat "
+                             "model's folder (or a run fine-tuned from one), or the prompt as text")
+        from lmkit.hub.chat import encode_chat
+        return encode_chat(tokenizer, prompt, template)
+    if not isinstance(prompt, Sequence) or not _is_ids(prompt):
+        raise UsageError(f"prompt {prompt!r} must be a text, token ids or a conversation "
+                         "([{'role': 'user', 'content': ...}])")
+    return [int(i) for i in prompt]
 
 
-def prepare_prompts(model: Any,
-                    max_length: int,
-                    *,
-                    batch_size: Optional[int],
-                    prompts: Optional[Sequence[Sequence[int]]],
-                    eos_id: EndIds,
-                    start_id: Optional[int],
-                    pad_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray, int]:
-    """Checks the decoding arguments and pads the prompts into one array.
+def unknown_words(tokenizer: Any, prompt: Prompt) -> List[str]:
+    """The words of a text prompt that a word vocabulary lacks (read as its unknown word); none for others."""
+    vocab = getattr(tokenizer, "vocab", None) if getattr(tokenizer, "name", None) == "word" else None
+    if vocab is None or not isinstance(prompt, str):
+        return []
+    return [word for word in prompt.split() if word not in vocab]
 
-    Returns:
-      ``(prompt_ids, prompt_lengths, pad_id)``: int32 `[batch, max_length]`
-      prompts padded with ``pad_id``, int32 `[batch]` their lengths, and the
-      resolved ``pad_id``.
 
-    Raises:
-      UsageError: naming the bad argument.
-    """
-    vocab_size = int(model.vocab_size)
-
-    def check_id(name: str, value: Optional[int]) -> None:
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < vocab_size:
-            raise UsageError(f"{name} = {value!r} is not a token id of the model "
-                             f"(vocab_size {vocab_size}); use an id in [0, {vocab_size})")
-
-    ends = end_ids(eos_id)
-    for end in ends:
-        check_id("eos_id", end)
-    check_id("start_id", start_id)
-    check_id("pad_id", pad_id)
-    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
-        raise UsageError(f"max_length = {max_length!r} must be an integer >= 1")
-    first_end = ends[0] if ends else None
-    if pad_id is None:
-        pad_id = 0 if first_end is None else first_end
-
-    if prompts is None:
-        if batch_size is None:
-            raise UsageError("give batch_size or prompts")
-        first = first_end if start_id is None else start_id
-        if first is None:
-            raise UsageError("without prompts every sequence needs a first token; "
-                             "pass start_id (or eos_id, whose first id is then used as the start)")
-        rows = [[first]] * int(batch_size)
-    else:
-        if isinstance(prompts, (str, bytes)) or any(isinstance(p, (int, np.integer)) for p in prompts):
-            raise UsageError("prompts must be a list of token-id lists, one per sequence; "
-                             "wrap a single prompt: prompts=[[...]]")
-        rows = [([] if start_id is None else [start_id]) + [int(i) for i in p] for p in prompts]
-        if batch_size is not None and batch_size != len(rows):
-            raise UsageError(f"batch_size = {batch_size} but {len(rows)} prompts were given; "
-                             f"drop batch_size or pass one prompt per sequence")
-        for b, row in enumerate(rows):
-            if not row:
-                raise UsageError(f"prompt {b} is empty; give it a first token or pass start_id")
-            if len(row) > max_length:
-                raise UsageError(f"prompt {b} has {len(row)} tokens (start_id included), more than "
-                                 f"max_length = {max_length}; raise max_length")
-            for i in row:
-                check_id(f"prompt {b} token", i)
-    if not rows:
-        raise UsageError(f"batch_size = {len(rows)} must be >= 1")
-    prompt_ids = np.full((len(rows), max_length), pad_id, dtype=np.int32)
-    for b, row in enumerate(rows):
-        prompt_ids[b, :len(row)] = row
-    prompt_lengths = np.array([len(r) for r in rows], dtype=np.int32)
-    return prompt_ids, prompt_lengths, int(pad_id)
+def unknown_words_warning(number: int, words: Sequence[str], tokenizer: Any, folder: Optional[str]) -> str:
+    """``prompt 1: 'The' (try 'the'), 'zzz' not in the vocabulary of runs/x (9999 words); read as <unk>``."""
+    vocab = tokenizer.vocab
+    parts = []
+    for word in dict.fromkeys(words):  # unique, in order
+        hint = f" (try {word.lower()!r})" if word.lower() != word and word.lower() in vocab else ""
+        parts.append(f"{word!r}{hint}")
+    where = f" of {folder}" if folder else ""
+    return (f"prompt {number}: {', '.join(parts)} not in the vocabulary{where} ({len(vocab)} words); read as "
+            f"{vocab.id_to_token(vocab.unk_id)}")

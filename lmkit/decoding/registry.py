@@ -14,8 +14,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from lmkit.core.errors import UsageError
 from lmkit.core.registry import import_object, lookup
 
-__all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "RULE_KEYS", "SCORED_BY", "get_sampler", "resolve_settings",
-           "rules_of_settings", "sampler_from_flags", "sampler_of_settings"]
+__all__ = ["SAMPLERS", "SAMPLER_NAMES", "DEFAULTS", "RULE_KEYS", "SCORED_BY", "SCORINGS", "get_sampler",
+           "resolve_settings", "sampler_from_flags", "sampler_of_settings"]
 
 SAMPLERS: Dict[str, str] = {
     "greedy": "lmkit.decoding.samplers:GreedySampler",
@@ -26,15 +26,24 @@ SAMPLERS: Dict[str, str] = {
 }
 SAMPLER_NAMES: Tuple[str, ...] = tuple(SAMPLERS)
 
+#: How beam search scores a finished hypothesis: GNMT's length normalization (lmkit's) or ``transformers``'.
+SCORINGS: Tuple[str, ...] = ("gnmt", "transformers")
+#: Beam search's ``early_stopping`` where none is given or preset: lmkit's search stops only when nothing can
+#: improve (``"never"``, the canonical search), ``transformers``' as ``transformers`` does (False).
+EARLY_STOPPING: Dict[str, Any] = {"gnmt": "never", "transformers": False}
+
 #: The settings a caller leaves out (None) and a model folder does not give. ``top_k`` is the
-#: ``top_k`` strategy's; lmkit's ``top_p`` takes the whole nucleus unless a ``top_k`` is given.
+#: ``top_k`` strategy's; lmkit's ``top_p`` takes the whole nucleus unless a ``top_k`` is given;
+#: ``early_stopping`` is the scoring's own (:data:`EARLY_STOPPING`).
 DEFAULTS: Dict[str, Any] = {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "min_p": None, "beam_width": 4,
                             "length_penalty": 0.6, "repetition_penalty": 1.0, "beam_scoring": "gnmt",
-                            "early_stopping": False, "no_repeat_ngram_size": 0, "forced_first_id": None,
+                            "early_stopping": None, "no_repeat_ngram_size": 0, "forced_first_id": None,
                             "forced_last_id": None}
 #: What a beam search's ``length_penalty`` and ``early_stopping`` mean depends on its scoring: a preset's
 #: values of these are taken only for the preset's own scoring.
 SCORED_BY: Tuple[str, ...] = ("length_penalty", "early_stopping")
+#: The settings that are rules on tokens, for every strategy (:class:`lmkit.decoding.constraints.Constraints`).
+RULE_KEYS: Tuple[str, ...] = ("no_repeat_ngram_size", "forced_first_id", "forced_last_id")
 
 
 def get_sampler(name: str, **kwargs: Any):
@@ -94,6 +103,8 @@ def resolve_settings(strategy: Optional[str], given: Mapping[str, Any],
         if value is None and not (key == "top_k" and name == "top_p"):
             value = default
         settings[key] = value
+    if settings["early_stopping"] is None:
+        settings["early_stopping"] = EARLY_STOPPING.get(settings["beam_scoring"], False)
     return name, settings
 
 
@@ -120,14 +131,3 @@ def sampler_of_settings(name: str, settings: Mapping[str, Any]):
                               min_p=settings["min_p"], beam_width=settings["beam_width"],
                               length_penalty=settings["length_penalty"], scoring=settings["beam_scoring"],
                               early_stopping=settings["early_stopping"])
-
-
-#: The settings that are rules on tokens, for every strategy (:class:`lmkit.decoding.constraints.Constraints`).
-RULE_KEYS: Tuple[str, ...] = ("no_repeat_ngram_size", "forced_first_id", "forced_last_id")
-
-
-def rules_of_settings(settings: Mapping[str, Any]):
-    """The :class:`~lmkit.decoding.constraints.Constraints` of :func:`resolve_settings`' ``settings``
-    (``decode(..., rules=)``)."""
-    from lmkit.decoding.constraints import Constraints
-    return Constraints(**{key: settings.get(key, DEFAULTS[key]) for key in RULE_KEYS})

@@ -34,8 +34,8 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from lmkit.decoding.batch import DecodeResult, PromptBatch, check_seed
 from lmkit.decoding.constraints import is_end
-from lmkit.decoding.prompts import DecodeResult, PromptBatch, check_seed
 
 __all__ = ["Sampler", "pick_loop"]
 

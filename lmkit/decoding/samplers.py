@@ -16,17 +16,14 @@ from typing import Any, Dict, Optional, Tuple
 
 import tensorflow as tf
 
-from lmkit.core.errors import UsageError
+from lmkit.decoding.checks import check_setting
 from lmkit.decoding.sampler import Sampler
 
 __all__ = ["GreedySampler", "RandomSampler", "TopKSampler", "TopPSampler"]
 
 
 def _check_temperature(temperature: float) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0:
-        raise UsageError(f"temperature = {temperature!r} must be a number > 0; "
-                         f"use a small value such as 1e-3 for near-greedy output")
-    return float(temperature)
+    return float(check_setting("temperature", temperature))
 
 
 class GreedySampler(Sampler):
@@ -66,9 +63,7 @@ class TopKSampler(Sampler):
     """
 
     def __init__(self, k: int = 10, temperature: float = 1.0) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise UsageError(f"k = {k!r} must be an integer >= 1; use k = 1 for greedy decoding")
-        self.k = k
+        self.k = int(check_setting("top_k", 0 if k is None else k))
         self.temperature = _check_temperature(temperature)
 
     def get_config(self) -> Dict[str, Any]:
@@ -107,16 +102,12 @@ class TopPSampler(Sampler):
 
     def __init__(self, p: float = 0.9, temperature: float = 1.0, k: Optional[int] = None,
                  min_p: Optional[float] = None) -> None:
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
-            raise UsageError(f"p = {p!r} must be in (0, 1]; use p = 1.0 to keep every token")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise UsageError(f"k = {k!r} must be None (no limit) or an integer >= 1")
-        if min_p is not None and (isinstance(min_p, bool) or not isinstance(min_p, (int, float))
-                                  or not 0.0 <= min_p <= 1.0):
-            raise UsageError(f"min_p = {min_p!r} must be in [0, 1] (0 or None: off)")
+        check_setting("top_p", p)
+        check_setting("top_k", k)
+        check_setting("min_p", min_p)
         self.p = float(p)
         self.temperature = _check_temperature(temperature)
-        self.k = k
+        self.k = None if k is None else int(k)
         self.min_p = float(min_p) if min_p else None
 
     def get_config(self) -> Dict[str, Any]:

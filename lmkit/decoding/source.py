@@ -23,13 +23,28 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from lmkit.core.errors import UsageError
 from lmkit.decoding.config import GenerationConfig
 
-__all__ = ["Generator", "ModelFolder", "is_seq2seq_run", "load_generator", "open_folder",
+__all__ = ["Generator", "ModelFolder", "is_seq2seq_run", "load_generator", "open_folder", "run_sections",
            "source_tokenizer_of_run"]
+
+
+def run_sections(path: str) -> Dict[str, Dict[str, Any]]:
+    """A run folder's ``config.json`` by section (``{"data": {"num_steps": 64, ...}, ...}``), however an lmkit
+    wrote it (flat, as 0.x did, or in sections); keys this lmkit does not know are left out. No TensorFlow.
+
+    Raises:
+      UsageError: no config.json, or one that is not JSON.
+    """
+    from lmkit.config.spelling import DEPRECATED, FLAT_KEYS, LEGACY_BACKEND_KEY, SECTIONS, spell
+    from lmkit.core.layout import CONFIG_FILE, read_config_dict
+    stored = read_config_dict(path)
+    known = {k: v for k, v in stored.items()
+             if k in FLAT_KEYS or k in SECTIONS or k in DEPRECATED or k == LEGACY_BACKEND_KEY}
+    return spell(known, f"{path}/{CONFIG_FILE}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +54,7 @@ class ModelFolder:
     Attributes:
       path: the folder.
       hugging_face: a Hugging Face folder (``config.json`` with a ``model_type``); else an lmkit run.
-      conditional: it holds an encoder-decoder (a run trained on pairs, a BART folder).
+      conditional: it holds an encoder-decoder (a run trained on pairs, a Hugging Face encoder-decoder's folder).
     """
 
     path: str
@@ -73,10 +88,9 @@ class ModelFolder:
         (``init_from``) while it is there; None for a run trained from scratch."""
         if self.hugging_face:
             return self.path
-        from lmkit.core.layout import read_config_dict
         from lmkit.hub.folders import is_hf_folder
         try:
-            source = read_config_dict(self.path).get("init_from")
+            source = run_sections(self.path)["checkpoints"].get("init_from")
         except (UsageError, OSError, ValueError):
             return None
         return source if isinstance(source, str) and is_hf_folder(source) else None
@@ -99,11 +113,10 @@ class ModelFolder:
         """
         if self.hugging_face:
             return None
-        from lmkit.core.layout import read_config_dict
-        config = read_config_dict(self.path)
-        if config.get("init_from"):
+        sections = run_sections(self.path)
+        if sections["checkpoints"].get("init_from"):
             return None
-        steps = config.get("num_steps")
+        steps = sections["data"].get("num_steps")
         return int(steps) if isinstance(steps, int) and steps > 0 else None
 
     def load(self, checkpoint: Optional[str] = None, tokenizer: Any = None) -> "Generator":
@@ -120,14 +133,14 @@ class ModelFolder:
             from lmkit.models.build import load_pretrained
             self.check_checkpoint(checkpoint)
             model, tokenizer, hf_config = load_pretrained(self.path, tokenizer)  # reads the tokenizer when None
-            source = tokenizer.source_side() if self.conditional else None  # BART ends a source with </s>
+            source = tokenizer.source_side() if self.conditional else None  # its sources end with the end token
             config, description = None, f"{hf_config['model_type']} (Hugging Face folder)"
         else:
             from lmkit.core.layout import resolve_checkpoint
             from lmkit.train.checkpoint import load_model
             model, tokenizer, config = load_model(self.path, resolve_checkpoint(self.path, checkpoint))
-            source = source_tokenizer_of_run(self.path, config.share_vocab) if self.conditional else None
-            description = config.model
+            source = source_tokenizer_of_run(self.path, config.data.share_vocab) if self.conditional else None
+            description = config.model.name
         return Generator(model, tokenizer, source, config=config, folder=self, description=description)
 
 
@@ -147,15 +160,15 @@ def _holds_encoder_decoder(path: str, hugging_face: bool) -> bool:
             return bool(converter_of(path).conditional)
         except UsageError:  # a family lmkit does not read: loading it says so
             return False
-    from lmkit.core.layout import CONFIG_FILE, read_config_dict
+    from lmkit.core.layout import CONFIG_FILE
     if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
         return False
-    return read_config_dict(path).get("data") == "pairs"
+    return run_sections(path)["data"].get("kind") == "pairs"
 
 
 def is_seq2seq_run(model_dir: str) -> bool:
     """Whether ``model_dir`` holds an encoder-decoder: a run whose config.json says data = "pairs", or a
-    Hugging Face folder of an encoder-decoder family (BART)."""
+    Hugging Face folder of an encoder-decoder family."""
     return open_folder(model_dir).conditional
 
 
@@ -163,7 +176,7 @@ def source_tokenizer_of_run(model_dir: str, share_vocab: bool) -> Any:
     """The source side's tokenizer: the run's own one, or the one in ``<model_dir>/source_tokenizer``."""
     from lmkit.core.layout import SOURCE_TOKENIZER_DIR
     from lmkit.data.tokenizers import load_tokenizer, tokenizer_of_run
-    if share_vocab:  # the same ids; a BART folder's tokenizer ends sources with </s>
+    if share_vocab:  # the same ids; a pretrained folder's may end sources with its end token
         return tokenizer_of_run(model_dir).source_side()
     return load_tokenizer(os.path.join(model_dir, SOURCE_TOKENIZER_DIR))
 
@@ -208,26 +221,14 @@ class Generator:
         """:meth:`ModelFolder.trained_context` of its run (None for any other model)."""
         return None if self.folder is None else self.folder.trained_context()
 
-    def settings(self, config: GenerationConfig, own_sampler: bool = False) -> GenerationConfig:
-        """``config`` resolved for this model: each value given, else its folder's (:attr:`preset`; not
-        with a sampler of the caller's own), else lmkit's default; the strategy defaults to ``top_p``
-        for a language model and ``greedy`` for an encoder-decoder, whose lengths from the folder are
-        fitted to its decoder (:meth:`GenerationConfig.fit_decoder`)."""
-        preset = None if own_sampler else self.preset
-        resolved, used = config.resolve(preset, "greedy" if self.conditional else "top_p")
-        if self.conditional:
-            resolved, _ = resolved.fit_decoder(self.model.max_positions, used)
-        return resolved
-
 
 def load_generator(source: Any, *, checkpoint: Optional[str] = None, tokenizer: Any = None) -> Generator:
     """The :class:`Generator` of ``source``.
 
     Args:
-      source: a model folder (an lmkit run or a Hugging Face folder: GPT-2, Llama, Qwen2, Mistral, Gemma,
-        BART), a :class:`ModelFolder`, a :class:`Generator`, an encoder-decoder's run object
-        (:class:`lmkit.decoding.transduction.Seq2SeqRun`), a ``(model, tokenizer)`` pair, or a model
-        object (then pass ``tokenizer``).
+      source: a model folder (an lmkit run or a Hugging Face folder), a :class:`ModelFolder`, a
+        :class:`Generator` (an encoder-decoder's: ``Generator(model, tokenizer, source_tokenizer)``), a
+        ``(model, tokenizer)`` pair, or a language model object (then pass ``tokenizer``).
       checkpoint: a run's ``ckpt-<step>`` folder (default the newest).
       tokenizer: the tokenizer of a model object.
 
@@ -243,8 +244,6 @@ def load_generator(source: Any, *, checkpoint: Optional[str] = None, tokenizer: 
         raise UsageError("checkpoint= is for a training run's folder, not a model object")
     if isinstance(source, Generator):
         return source
-    if hasattr(source, "source_tokenizer") and hasattr(source, "model"):  # a Seq2SeqRun
-        return Generator(source.model, source.tokenizer, source.source_tokenizer, config=source.config)
     if isinstance(source, tuple) and len(source) == 2 and tokenizer is None:
         source, tokenizer = source
     if tokenizer is None:

@@ -7,7 +7,7 @@ On top of :func:`lmkit.decoding.decode` (token ids, one compiled loop)
   is written like any other token; a sample ends at its budget of new
   tokens, at a stop string, or at an end-of-document token where the model
   has one (a Hugging Face folder's ``eos_token_id``, every id of its
-  ``generation_config.json``: GPT-2's ``<|endoftext|>``, Llama 3's
+  ``generation_config.json``: ``<|endoftext|>``, or an instruct model's
   ``<|end_of_text|>`` and ``<|eot_id|>``). ``stop_at_eos`` also ends a
   sample at its first line break (one line per sample);
 * **longer than the context**: a transformer that has filled its
@@ -16,7 +16,7 @@ On top of :func:`lmkit.decoding.decode` (token ids, one compiled loop)
   reused for every window); LSTMs carry their state and need no window;
 * **the prompt as encoded for the model**: a Hugging Face model reads the
   prompt's tokens as ``transformers``' ``tokenizer(prompt)`` gives them
-  (Llama's start token first; nothing before them for GPT-2 and Qwen2);
+  (the start token first where its tokenizer puts one, else nothing);
   lmkit's own models start after a line break, as every line of their
   training text does (``start_token`` changes either);
 * **stop strings**: ``stop=["\\n\\n"]`` ends a sample where the string first
@@ -118,9 +118,9 @@ def _start_id(tokenizer: Any, start_token: Optional[bool], unprompted: bool = Fa
     lmkit's own models start after a line break (``eos_id``), where every
     line of their training text starts. A Hugging Face model reads the prompt
     as ``transformers`` encodes it (``tokenizer(prompt)``): after the start
-    token its tokenizer puts first (Llama's ``<s>`` / ``<|begin_of_text|>``),
-    or as given where it puts none (GPT-2, Qwen2); ``start_token`` True puts
-    ``<|endoftext|>`` (GPT-2's document start) there instead, False nothing.
+    token its tokenizer puts first (``<s>``, ``<|begin_of_text|>``), or as
+    given where it puts none; ``start_token`` True puts ``<|endoftext|>`` (a
+    document's start) there instead, False nothing.
     Without a prompt (``unprompted``) a Hugging Face model starts a document
     with its start token, else ``<|endoftext|>`` (as ``generate()`` without
     inputs starts from the model's ``bos_token_id``): an empty prompt always
@@ -211,12 +211,7 @@ def _cut_at_stop(tokenizer: Any, prompt: List[int], generated: List[int], prompt
 def _window(model: Any, context: Optional[int]) -> Optional[int]:
     """The positions a transformer reads before its window slides (None: an RNN, no limit)."""
     window = getattr(model, "max_positions", None)
-    if context is not None:
-        if isinstance(context, bool) or not isinstance(context, int) or context < 2:
-            raise UsageError(f"context = {context!r} must be an integer >= 2 (positions the model reads)")
-        if window is not None:
-            window = min(window, context)
-    return window
+    return window if context is None or window is None else min(window, context)
 
 
 class _Samples:
@@ -225,10 +220,10 @@ class _Samples:
 
     def __init__(self, model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], budgets: Sequence[int],
                  config: GenerationConfig, beam: bool) -> None:
-        from lmkit.decoding.prompts import check_seed
+        from lmkit.decoding.batch import check_seed
         self.model, self.tokenizer, self.config, self.beam = model, tokenizer, config, beam
         self.prompts = [list(p) for p in prompts]
-        self.stop = check_stop_strings(config.stop, tokenizer) if config.stop else []
+        self.stop = list(config.stop or ())  # checked when the generation was planned
         self.start_id = _start_id(tokenizer, config.start_token, unprompted=bool(prompts) and not any(prompts))
         if self.start_id is None and any(not p for p in prompts):
             raise UsageError("an empty prompt needs a start token, and this tokenizer has none; give a prompt")
@@ -255,9 +250,6 @@ class _Samples:
             self.rows = [r[max(0, len(r) - self.window + 1):] for r in self.rows]
         self.seed = None if beam else check_seed(config.seed)
         self.prompt_texts = [tokenizer.decode(p) for p in self.prompts]
-        min_new = config.min_new_tokens
-        if not isinstance(min_new, int) or min_new < 0:
-            raise UsageError(f"min_new_tokens = {min_new!r} must be an integer >= 0")
 
     def _started(self, ids: List[int]) -> List[int]:
         return ([] if self.start_id is None else [self.start_id]) + ids
@@ -312,30 +304,26 @@ class _Samples:
 
 def continue_prompts(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], budgets: Sequence[int],
                      config: GenerationConfig, *, sampler: Any = None, stream: Any = None) -> List[Generation]:
-    """Samples from token-id prompts; the language model's half of :func:`lmkit.decoding.generate`.
+    """Samples from token-id prompts: the language model's half of :func:`lmkit.decoding.generate`, which plans
+    its arguments (:func:`lmkit.decoding.plan.plan_generation`).
 
     Args:
       model: a language model; tokenizer: its tokenizer.
-      prompts: token ids of each prompt (may be empty: start at a line start).
-      budgets: tokens to generate for each prompt (at most).
-      config: a resolved :class:`GenerationConfig` (:meth:`GenerationConfig.resolve`): its
-        ``num_samples`` (beam search: the best hypotheses of one search), ``seed``, ``stop``,
-        ``stop_at_eos``, ``start_token``, ``repetition_penalty``, ``min_new_tokens`` (holds back the end
-        tokens: the end of a document, and ``stop_at_eos``'s line break), ``context`` (the positions a
-        transformer reads before its window slides, at most its ``max_positions``), ``jit_compile``
-        and its rules on tokens. Past a slide the n-grams are those of the window, the forced first
-        token is not forced again, and a forced last token is forced only where no window slides. A
-        model with more ids than its tokenizer (a padded vocabulary) never picks the ids past it.
+      prompts: token ids of each prompt (may be empty: start at a line start); budgets: new tokens of each.
+      config: a resolved :class:`GenerationConfig`: ``num_samples`` (beam search: the best hypotheses of one
+        search), ``seed``, ``stop``, ``stop_at_eos``, ``start_token``, ``repetition_penalty``,
+        ``min_new_tokens``, ``context`` (positions read before the window slides), ``jit_compile`` and the
+        rules on tokens (past a slide: the window's n-grams, no forced first token again, a forced last
+        token only where no window slides). A model with more ids than its tokenizer never picks those.
       sampler: the strategy (default the config's).
-      stream: a function that takes text (e.g. ``sys.stdout.write``): the one sample is written to it
-        while it is generated, the prompt first (the loop then runs without XLA).
+      stream: a function that takes text: the one sample is written to it as it comes (no XLA then).
 
     Returns:
       The samples in prompt order, then sample order.
 
     Raises:
-      UsageError: an empty prompt with no start token, beam search past the model's context, a bad stop
-        string, streaming more than one sample.
+      UsageError: an empty prompt with no start token, beam search past the model's context, streaming more
+        than one sample.
     """
     from lmkit.decoding.beam import BeamSampler
     sampler = config.sampler() if sampler is None else sampler

@@ -1,15 +1,16 @@
 """Sources in, targets out: an encoder-decoder over many sources, and its outputs scored.
 
     from lmkit.decoding import generate
-    from lmkit.decoding.transduction import load_seq2seq, score, transduce_samples
+    from lmkit.decoding.transduction import load_seq2seq, score
     outputs = generate("runs/reverse", ["a b c", "d e"], strategy="beam", beam_width=4)
     score(outputs, ["c b a", "e d"])  # {"bleu": ..., "exact_match": ...}
     run = load_seq2seq("runs/reverse")  # loaded once, decoded many times
-    transduce_samples(run, ["a b c"], num_samples=3, strategy="top_p", seed=0)  # [[3 outputs]]
+    generate(run, ["a b c"], num_samples=3, strategy="top_p", seed=0)  # 3 outputs
 
 :func:`transduce_sources` is what :func:`lmkit.decoding.generate` runs for an
 encoder-decoder (``lmkit generate --source_file``, ``lmkit evaluate
---source_file``): the sources are tokenized with the model's source
+--source_file``), its settings planned and checked
+(:func:`lmkit.decoding.plan.plan_generation`): the sources are tokenized with the model's source
 tokenizer, sorted by length and decoded ``batch_size`` at a time (each batch
 padded to a length bucket of :func:`lmkit.data.paired.padded_length`, so the
 compiled loop sees few shapes), every row starting from the target's start id
@@ -17,40 +18,28 @@ and ending at its end id; the outputs come back in the order of the sources,
 ``num_samples`` per source (sampled, or the best of one beam search). Any
 strategy of :mod:`lmkit.decoding` decodes. :func:`score` computes corpus BLEU
 with sacrebleu (the standard implementation; ``pip install
-"lmkit[seq2seq]"``) and exact match. :func:`transduce` and
-:func:`transduce_samples` give the texts alone.
+"lmkit[seq2seq]"``) and exact match.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from lmkit.core.errors import UsageError
 from lmkit.decoding.config import GenerationConfig
-from lmkit.decoding.source import Generator, load_generator, open_folder
+from lmkit.decoding.source import Generator, open_folder
 from lmkit.decoding.text import Generation
 
-__all__ = ["Seq2SeqRun", "load_seq2seq", "score", "transduce", "transduce_samples", "transduce_sources"]
+__all__ = ["load_seq2seq", "score", "transduce_sources"]
 
 #: ``on_batch(done, total)``: rows decoded so far (a source times its samples), after every batch.
 OnBatch = Callable[[int, int], None]
 
 
-@dataclasses.dataclass
-class Seq2SeqRun:
-    """A trained encoder-decoder with its tokenizers (a :class:`lmkit.decoding.source.Generator` serves too)."""
-
-    model: Any
-    source_tokenizer: Any
-    tokenizer: Any  # the target side's
-    config: Any
-
-
 def load_seq2seq(model_dir: str, checkpoint: Optional[str] = None) -> Generator:
-    """The encoder-decoder of a training run's folder or of a Hugging Face folder (BART), with its tokenizers:
+    """The encoder-decoder of a training run's folder or of a Hugging Face folder, with its tokenizers:
     :func:`lmkit.decoding.source.load_generator`, checked to be an encoder-decoder.
 
     Raises:
@@ -63,37 +52,13 @@ def load_seq2seq(model_dir: str, checkpoint: Optional[str] = None) -> Generator:
     return folder.load(checkpoint)
 
 
-def _check_counts(config: GenerationConfig) -> None:
-    for name, value, low in (("batch_size", config.batch_size, 1), ("num_samples", config.num_samples, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise UsageError(f"{name} = {value!r} must be a positive integer")
-    min_new = config.min_new_tokens
-    if isinstance(min_new, bool) or not isinstance(min_new, int) or min_new < 0:
-        raise UsageError(f"min_new_tokens = {min_new!r} must be an integer >= 0")
-
-
-def _strategy(config: GenerationConfig, sampler: Any) -> Tuple[str, int]:
-    """``(strategy, beam width)`` of ``sampler``, or of the config's when it is None."""
+def _strategy(config: GenerationConfig, sampler: Any) -> str:
+    """The strategy of ``sampler``, or the config's when it is None (``"sample"`` for any per-token random one)."""
     if sampler is None:
-        return config.strategy, config.beam_width
+        return config.strategy
     from lmkit.decoding.beam import BeamSampler
     from lmkit.decoding.samplers import GreedySampler
-    if isinstance(sampler, BeamSampler):
-        return "beam", sampler.beam_width
-    return ("greedy" if isinstance(sampler, GreedySampler) else "sample"), config.beam_width
-
-
-def _new_tokens(model: Any, config: GenerationConfig) -> int:
-    """The most target tokens an output may have (the end id included), checked against the decoder."""
-    limit = model.max_positions - 1
-    new_tokens = limit if config.max_new_tokens is None else config.max_new_tokens
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or not 1 <= new_tokens <= limit:
-        raise UsageError(f"max_new_tokens = {config.max_new_tokens!r} must be in [1, {limit}]: the decoder holds "
-                         f"max_positions = {model.max_positions} positions, the start id included")
-    if config.min_new_tokens >= new_tokens:
-        raise UsageError(f"min_new_tokens = {config.min_new_tokens} leaves no room for the end id within "
-                         f"max_new_tokens = {new_tokens}")
-    return new_tokens
+    return "beam" if isinstance(sampler, BeamSampler) else "greedy" if isinstance(sampler, GreedySampler) else "sample"
 
 
 def _encoded(generator: Any, sources: Sequence[str]) -> List[List[int]]:
@@ -110,7 +75,7 @@ def _encoded(generator: Any, sources: Sequence[str]) -> List[List[int]]:
 def transduce_sources(generator: Any, sources: Sequence[str], config: GenerationConfig, *, sampler: Any = None,
                       on_batch: Optional[OnBatch] = None) -> List[Generation]:
     """``num_samples`` outputs per source, sources in order: the encoder-decoder's half of
-    :func:`lmkit.decoding.generate`.
+    :func:`lmkit.decoding.generate`, which plans and checks its settings.
 
     With a sampling strategy each source is decoded ``num_samples`` times (as rows of the same batches,
     each with its own random draws: batch ``b`` uses ``seed + b``); with beam search the outputs are the
@@ -121,30 +86,19 @@ def transduce_sources(generator: Any, sources: Sequence[str], config: Generation
     Args:
       generator: a :class:`lmkit.decoding.source.Generator` of an encoder-decoder.
       sources: the source texts (one line each).
-      config: a resolved :class:`GenerationConfig`; ``max_new_tokens`` bounds an output (the end id
-        included; default the decoder's ``max_positions - 1``), ``batch_size`` sources go side by side.
+      config: a resolved :class:`GenerationConfig`, fitted to the decoder (:meth:`GenerationConfig.fit_decoder`):
+        ``max_new_tokens`` bounds an output (the end id included; default the decoder's
+        ``max_positions - 1``), ``batch_size`` sources go side by side, ``seed`` (drawn when planned).
       sampler: the strategy (default the config's).
       on_batch: ``on_batch(rows done, rows in all)`` after every batch (progress).
 
     Raises:
-      UsageError: a bad setting (``num_samples`` above 1 with greedy, or above ``beam_width``), or a
-        source longer than the model reads (naming its line).
+      UsageError: a source longer than the model reads (naming its line).
     """
-    _check_counts(config)
-    strategy, beam_width = _strategy(config, sampler)
+    strategy = _strategy(config, sampler)
     beam, num_samples = strategy == "beam", config.num_samples
-    if num_samples > 1 and strategy == "greedy":
-        raise UsageError(f"num_samples = {num_samples}: greedy decoding writes one output per source; "
-                         "use a sampling strategy (sample, top_k, top_p) or beam")
-    if beam and num_samples > beam_width:
-        raise UsageError(f"num_samples = {num_samples} exceeds beam_width = {beam_width}: beam search keeps "
-                         f"beam_width hypotheses; use beam_width = {num_samples}")
-    new_tokens = _new_tokens(generator.model, config)
     sampler = config.sampler() if sampler is None else sampler
-    seed = config.seed
-    if seed is None and not beam and strategy != "greedy":
-        from lmkit.decoding.prompts import check_seed
-        seed = check_seed(None)
+    seed = None if beam or strategy == "greedy" else config.seed
     encoded = _encoded(generator, sources)
     found: List[List[List[int]]] = [[] for _ in encoded]  # each source's outputs' ids
     copies = 1 if beam else num_samples  # rows per source
@@ -154,22 +108,27 @@ def transduce_sources(generator: Any, sources: Sequence[str], config: Generation
     for b, start in enumerate(range(0, len(todo), batch_size)):
         rows = todo[start:start + batch_size]
         result = _decode_batch(generator, [encoded[i] for i in rows], config, sampler,
-                               new_tokens, None if beam or seed is None else seed + b)
+                               None if seed is None else seed + b)
         for row, i in enumerate(rows):
-            if beam and num_samples > 1:
-                best = [result.beam_ids[row, k, 1:result.beam_lengths[row, k]].tolist()
-                        for k in range(num_samples) if result.beam_scores[row, k] > -float("inf")]
-                found[i].extend(best or [result.ids[row, 1:result.lengths[row]].tolist()])
-            else:
-                found[i].append(result.ids[row, 1:result.lengths[row]].tolist())
+            found[i].extend(_outputs(result, row, num_samples if beam else 1))
         if on_batch is not None:
             on_batch(min(start + batch_size, len(todo)), len(todo))
     outputs = [[[]] * num_samples if not ids else found[i] for i, ids in enumerate(encoded)]
-    return _generations(generator.tokenizer, outputs, None if beam or strategy == "greedy" else seed)
+    return _generations(generator.tokenizer, outputs, seed)
+
+
+def _outputs(result: Any, row: int, best: int) -> List[List[int]]:
+    """Row ``row``'s output ids (after the start id): a beam search's ``best`` finished hypotheses, else its one."""
+    if best > 1:
+        found = [result.beam_ids[row, k, 1:result.beam_lengths[row, k]].tolist()
+                 for k in range(best) if result.beam_scores[row, k] > -float("inf")]
+        if found:
+            return found
+    return [result.ids[row, 1:result.lengths[row]].tolist()]
 
 
 def _decode_batch(generator: Any, batch: List[List[int]], config: GenerationConfig, sampler: Any,
-                  new_tokens: int, seed: Optional[int]) -> Any:
+                  seed: Optional[int]) -> Any:
     """One batch of sources decoded (padded to ``batch_size`` rows: one batch shape, one compiled loop)."""
     import tensorflow as tf
 
@@ -177,6 +136,7 @@ def _decode_batch(generator: Any, batch: List[List[int]], config: GenerationConf
     from lmkit.decoding.loop import decode
 
     model, special = generator.model, SpecialIds.of(generator.tokenizer)
+    new_tokens = model.max_positions - 1 if config.max_new_tokens is None else config.max_new_tokens
     filled = batch + [batch[0]] * (config.batch_size - len(batch))
     source, lengths = pad_rows([np.asarray(ids, np.int32) for ids in filled], special.pad,
                                padded_length(max(len(ids) for ids in filled)))
@@ -200,39 +160,6 @@ def _generations(tokenizer: Any, outputs: List[List[List[int]]], seed: Optional[
                                   prompt_length=0, prompt_text="", stopped_by="eos" if ended else "length",
                                   seed=seed))
     return out
-
-
-def _run(run: Any, sources: Sequence[str], config: Optional[GenerationConfig], sampler: Any,
-         on_batch: Optional[OnBatch], options: Dict[str, Any]) -> List[Generation]:
-    generator = load_generator(run)
-    settings = generator.settings((config or GenerationConfig()).replace(**options), own_sampler=sampler is not None)
-    return transduce_sources(generator, sources, settings, sampler=sampler, on_batch=on_batch)
-
-
-def transduce(run: Any, sources: Sequence[str], config: Optional[GenerationConfig] = None, *, sampler: Any = None,
-              on_batch: Optional[OnBatch] = None, **options: Any) -> List[str]:
-    """One output text per source text, in the sources' order (:func:`transduce_sources`' first samples).
-
-    Args:
-      run: a :class:`Seq2SeqRun` or :class:`lmkit.decoding.source.Generator` of an encoder-decoder.
-      sources: the source texts.
-      config: a :class:`GenerationConfig` (default greedy); ``**options`` override its fields
-        (``strategy="beam", beam_width=4``).
-      sampler: a sampler built already; it wins over the config's strategy.
-      on_batch: called with ``(sources done, sources in all)`` after every batch (progress).
-    """
-    samples = _run(run, sources, config, sampler, on_batch, options)
-    return [s.text for s in samples if s.sample_index == 0]
-
-
-def transduce_samples(run: Any, sources: Sequence[str], config: Optional[GenerationConfig] = None, *,
-                      sampler: Any = None, on_batch: Optional[OnBatch] = None, **options: Any) -> List[List[str]]:
-    """``num_samples`` output texts per source text, in the sources' order (arguments as :func:`transduce`'s;
-    ``on_batch`` counts rows, a source times its samples)."""
-    grouped: List[List[str]] = [[] for _ in sources]
-    for sample in _run(run, sources, config, sampler, on_batch, options):
-        grouped[sample.prompt_index].append(sample.text)
-    return grouped
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, Any]:

@@ -1,4 +1,9 @@
-"""Chat templates: a Hugging Face folder's Jinja template turns messages into the prompt text.
+"""Chat templates: a Hugging Face folder's Jinja template turns messages into the prompt text and its ids.
+
+    from lmkit.hub.chat import encode_chat, render_chat
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = render_chat(messages, "models/qwen2.5-0.5b-instruct")            # the prompt, as text
+    ids = encode_chat(tokenizer, messages, "models/qwen2.5-0.5b-instruct")  # and as the model reads it
 
 Chat models are trained on conversations laid out by one template each
 (``<|im_start|>user ...<|im_end|>`` for Qwen, ``<|start_header_id|>`` for
@@ -16,11 +21,14 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from lmkit.core.errors import UsageError
 
-__all__ = ["ChatTemplate", "read_chat_template"]
+__all__ = ["ChatTemplate", "Messages", "check_messages", "encode_chat", "read_chat_template", "render_chat"]
+
+#: A conversation: ``[{"role": "system" | "user" | "assistant", "content": text}, ...]``.
+Messages = Sequence[Mapping[str, str]]
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -117,4 +125,60 @@ def read_chat_template(folder: str) -> ChatTemplate:
     if isinstance(template, str) and template:
         return ChatTemplate(template, special, config_path)
     raise UsageError(f"{folder} has no chat template (neither {TEMPLATE_FILE} nor chat_template in "
-                     f"{TOKENIZER_CONFIG}); --chat needs a chat model's folder, or leave --chat out")
+                     f"{TOKENIZER_CONFIG}); a conversation needs a chat model's folder (or a run fine-tuned from one)")
+
+
+def _template(template: Union[ChatTemplate, str, "os.PathLike[str]"]) -> ChatTemplate:
+    return template if isinstance(template, ChatTemplate) else read_chat_template(os.fspath(template))
+
+
+def check_messages(messages: Any) -> List[Dict[str, str]]:
+    """``messages`` as a list of ``{"role", "content"}`` dicts of text.
+
+    Raises:
+      UsageError: naming the first message that is not one.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise UsageError(f"messages = {messages!r} must be a non-empty list of {{'role': ..., 'content': ...}} dicts")
+    for number, message in enumerate(messages):
+        if not (isinstance(message, Mapping) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise UsageError(f"message {number} = {message!r} must be a dict with a 'role' and a 'content' text, "
+                             "e.g. {'role': 'user', 'content': 'Hi'}")
+    return [dict(message) for message in messages]
+
+
+def render_chat(messages: Messages, template: Union[ChatTemplate, str, "os.PathLike[str]"],
+                add_generation_prompt: bool = True) -> str:
+    """The text of a conversation as ``template`` lays it out (``transformers``' ``apply_chat_template``).
+
+    Args:
+      messages: ``[{"role": ..., "content": ...}, ...]``.
+      template: a :class:`ChatTemplate`, or a Hugging Face folder holding one (:func:`read_chat_template`).
+      add_generation_prompt: end with the opening of the assistant's turn (to generate it).
+
+    Raises:
+      UsageError: a malformed message, a folder without a template, or the template refusing the messages.
+    """
+    return _template(template).render(check_messages(messages), add_generation_prompt)
+
+
+def encode_chat(tokenizer: Any, messages: Messages, template: Union[ChatTemplate, str, "os.PathLike[str]"],
+                add_generation_prompt: bool = True) -> List[int]:
+    """The token ids of :func:`render_chat`'s text, encoded whole, the template's special tokens read as tokens:
+    ``apply_chat_template(..., tokenize=True)``'s ids.
+
+    Args:
+      tokenizer: a Hugging Face tokenizer (:class:`lmkit.hub.tokenizer.HFTokenizer`, as a chat model's folder
+        or a run fine-tuned from one has).
+
+    Raises:
+      UsageError: what :func:`render_chat` raises, or a tokenizer of lmkit's own (it has no special tokens).
+    """
+    text = render_chat(messages, template, add_generation_prompt)
+    hf = getattr(tokenizer, "hf", None)
+    if hf is None:
+        raise UsageError(f"a chat template's text is encoded by its model's Hugging Face tokenizer, not by a "
+                         f"{getattr(tokenizer, 'name', type(tokenizer).__name__)} tokenizer; use a chat model's "
+                         "folder or a run fine-tuned from one")
+    return list(hf.encode(text, add_special_tokens=False).ids)

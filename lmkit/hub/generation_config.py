@@ -86,7 +86,7 @@ def generation_preset(folder: str) -> Dict[str, Any]:
     ``length_penalty`` (default 1.0) and ``early_stopping`` (default false).
     Whatever the strategy, the rules on tokens it sets come too
     (``no_repeat_ngram_size``, ``forced_bos_token_id`` as ``forced_first_id``,
-    ``forced_eos_token_id`` as ``forced_last_id``; :func:`lmkit.decoding.registry.rules_of_settings`),
+    ``forced_eos_token_id`` as ``forced_last_id``; :func:`lmkit.decoding.config.rules_of_settings`),
     and an encoder-decoder's folder (BART's) also gives its
     ``min_length`` and ``max_length`` as ``min_new_tokens`` and
     ``max_new_tokens`` (its decoder starts from one token, which
@@ -179,16 +179,19 @@ def model_generation_preset(model_dir: str) -> Tuple[Dict[str, Any], Optional[st
     """``(preset, folder)``: the :func:`generation_preset` a model folder samples with, and the folder whose
     ``generation_config.json`` gave it.
 
-    A Hugging Face folder's own; a run fine-tuned from one (``init_from``), that folder's, while it is
-    there (``--chat`` reads its template from it too); else ``({}, None)``: lmkit's defaults.
+    A Hugging Face folder's own; a run fine-tuned from one (``checkpoints.init_from``), that folder's, while
+    it is there (its chat template is read from it too); else ``({}, None)``: lmkit's defaults.
+    (:meth:`lmkit.decoding.source.ModelFolder.generation_config` answers the same for generation.)
     """
     if is_hf_folder(model_dir):
         return generation_preset(model_dir), model_dir
     from lmkit.core.layout import read_config_dict
     try:
-        source = read_config_dict(model_dir).get("init_from")
+        stored = read_config_dict(model_dir)
     except (UsageError, OSError, ValueError):
         return {}, None
+    checkpoints = stored.get("checkpoints")  # by section; a 0.x run's config.json is flat
+    source = checkpoints.get("init_from") if isinstance(checkpoints, dict) else stored.get("init_from")
     if isinstance(source, str) and is_hf_folder(source):
         return generation_preset(source), source
     return {}, None

@@ -121,7 +121,7 @@ def test_flags_that_do_not_fit_an_encoder_decoder_are_named(trained, task):
         (lmkit("generate", "--model_dir", model_dir),
          "holds an encoder-decoder: give --source_file .* or --prompt TEXT"),
         (lmkit("generate", "--model_dir", model_dir, "--prompt", "s1", "--num_samples", "2"),
-         "--num_samples 2: greedy decoding writes one output per source; add --strategy"),
+         "--num_samples 2: greedy decoding writes one output per source; use --strategy"),
         (lmkit("generate", "--model_dir", model_dir, "--prompt", "s1", "--max_new_tokens", "40"),
          "--max_new_tokens 40 exceeds what the decoder holds: 15"),
         (lmkit("evaluate", "--model_dir", model_dir, "--source_file", task["test_src"]),

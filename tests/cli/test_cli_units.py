@@ -4,7 +4,6 @@ import sys
 
 import pytest
 
-from lmkit.cli.generate import one_line
 from lmkit.cli.train import build_parser, config_from_args
 from lmkit.config import ConfigError, load_config
 from tests.helpers import run
@@ -69,53 +68,6 @@ def test_bad_data_keys_name_the_key(overrides, message):
         load_config("config_small", overrides)
 
 
-def test_one_line_keeps_a_sample_on_its_line():
-    assert one_line("a\nb\x1ec\u2028d e") == "a\\nb\\x1ec\\u2028d e"
-    assert len(("x" + one_line("1\r\n2\x85")).splitlines()) == 1
-
-
-@pytest.mark.parametrize("flags, match", [
-    (["--stream", "--num_samples", "2"], "--stream writes one sample as it comes"),
-    (["--stream", "--strategy", "beam"], "--stream writes one sample as it comes"),
-    (["--strategy", "beam", "--repetition_penalty", "1.2"], "--repetition_penalty applies to the per-token strategies"),
-    (["--repetition_penalty", "0"], "--repetition_penalty 0.0 must be > 0"),
-    (["--min_new_tokens", "-1"], "--min_new_tokens -1 must be >= 0"),
-    (["--max_new_tokens", "0"], "--max_new_tokens 0 must be >= 1"),
-])
-def test_generate_flag_errors_name_the_flag(tmp_path, flags, match):
-    from lmkit.cli import generate
-    from lmkit.core.errors import UsageError
-    args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), *flags])
-    with pytest.raises(UsageError, match=match):
-        generate.check_args(args)
-
-
-@pytest.mark.parametrize("flags, match", [
-    (["--batch_size", "0"], "--batch_size 0 must be >= 1"),
-    (["--temperature", "0"], r"--temperature 0.0 must be > 0 \(use 1e-3 for near-greedy\)"),
-    (["--min_p", "1.5"], r"--min_p 1.5 must be in \[0, 1\]"),
-    (["--no_repeat_ngram_size", "-2"], "--no_repeat_ngram_size -2 must be >= 0"),
-    (["--min_p", "0.1", "--strategy", "greedy"], "--min_p applies to --strategy top_p"),
-])
-def test_an_encoder_decoders_flags_are_checked_as_a_language_models(tmp_path, flags, match):
-    """The sampling and length flags have one set of ranges for both kinds of model (check_limits)."""
-    from lmkit.cli import generate
-    from lmkit.core.errors import UsageError
-    args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), "--source_file", "s.txt", *flags])
-    with pytest.raises(UsageError, match=match):
-        generate.check_transduction_args(args)
-    if flags[0] != "--batch_size":  # the same error for a language model
-        args = generate.build_parser().parse_args(["--model_dir", str(tmp_path), *flags])
-        with pytest.raises(UsageError, match=match):
-            generate.check_args(args)
-
-
-def test_stop_flags_read_backslash_escapes():
-    from lmkit.cli.generate import _unescape
-    assert _unescape("\\n\\n") == "\n\n" and _unescape("ROMEO:") == "ROMEO:"
-    assert _unescape("caf\u00e9\\t") == "caf\u00e9\t"
-
-
 def test_a_closed_output_ends_a_command_quietly_with_the_sigpipe_status():
     # `lmkit generate ... | head`: the reader leaves; no traceback, status 141 as after SIGPIPE.
     code = ("from lmkit.cli.common import OutputClosed, run_main\n"
@@ -144,16 +96,6 @@ def test_lora_flags_reach_the_config_with_a_pretrained_folder(tmp_path):
         config_from_args(build_parser().parse_args(["--train_file", "t.txt", "--lora_rank", "4"]))
 
 
-def test_evaluate_refuses_the_data_cache_for_a_ptb_run(tmp_path):
-    import json
-
-    from lmkit.cli import evaluate
-    from lmkit.core.errors import UsageError
-    (tmp_path / "config.json").write_text(json.dumps(load_config("config_small").to_dict()), encoding="utf-8")
-    with pytest.raises(UsageError, match=r"--data_cache is for runs on your own text, but .* trained on PTB"):
-        evaluate.main(["--model_dir", str(tmp_path), "--data_cache", "/tmp/x"])
-
-
 def test_help_shows_defaults_but_not_absent_ones():
     """--help writes each flag's default, but no "(default: None)" where the help says what leaving it out
     does (generate's sampling flags, which a Hugging Face folder's generation_config.json may fill)."""
@@ -165,4 +107,5 @@ def test_help_shows_defaults_but_not_absent_ones():
         assert "(default: None)" not in text and "(default: False)" not in text
     text = " ".join(generate_parser().format_help().split())
     assert "top_p's p (default 0.9)" in text and "(default: 32)" in text  # --batch_size keeps its default
+    assert "(default: 1)" in text  # --num_samples
     assert "default 0, or an encoder-decoder folder's min_length - 1)" in text  # --min_new_tokens says its own

@@ -1,4 +1,4 @@
-"""Beam search against brute-force enumeration of every sequence in NumPy."""
+"""lmkit.decoding.beam: the one beam search, against brute-force enumeration of every sequence in NumPy."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.decoding import GreedySampler, beam_search, decode, gnmt_length_penalty
+from lmkit.decoding import BeamSampler, GreedySampler, decode
+from lmkit.decoding.beam import gnmt_length_penalty
 
 from .fakes import PrefixModel, TinyAttention, TinyRNN
+
+
+def beam_search(model, max_length, beam_width=4, *, length_penalty=0.0, **options):
+    """lmkit's own search (GNMT scoring): ``decode`` with a :class:`BeamSampler`."""
+    return decode(model, max_length, BeamSampler(beam_width, length_penalty), **options)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -157,8 +163,8 @@ def test_prompt_filling_max_length_is_returned():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(beam_width=0), "beam_width = 0"),
-    (dict(length_penalty="0.6"), "length_penalty = '0.6'"),
+    (dict(beam_width=0), "beam_width = 0 must be an integer >= 1"),
+    (dict(length_penalty="0.6"), "length_penalty = '0.6' must be a number"),
     (dict(prompts=[[5]]), "prompt 0 token = 5"),
 ])
 def test_bad_arguments(kwargs, message):

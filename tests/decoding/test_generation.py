@@ -1,5 +1,5 @@
 """lmkit.generate / lmkit.decoding.generation: the one entry point, for a language model and an encoder-decoder,
-with a GenerationConfig, its fields as keywords, or both."""
+with a GenerationConfig, its fields as keywords, or both; 0.2's keywords name their replacements."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import tensorflow as tf
 import lmkit
 from lmkit.core.errors import UsageError
 from lmkit.data.tokenizers import train_tokenizer
-from lmkit.decoding import GenerationConfig, GreedySampler, generate
-from lmkit.decoding.transduction import Seq2SeqRun, transduce, transduce_samples
+from lmkit.decoding import GenerationConfig, Generator, GreedySampler, generate
 from lmkit.models.bart.model import TransformerSeq2Seq
 
 from .test_text import TEXT, tiny
@@ -34,32 +33,28 @@ def test_python_api_from_a_model_object(tokenizer):
     assert samples[0].continuation == samples[0].text[2:]
     with pytest.raises(UsageError, match="needs tokenizer="):
         lmkit.generate(model, "ab")
-    with pytest.raises(UsageError, match="strategy 'nucleus' is not one of"):
+    with pytest.raises(UsageError, match="strategy = 'nucleus' is not one of"):
         lmkit.generate(model, "ab", tokenizer=tokenizer, strategy="nucleus")
     with pytest.raises(UsageError, match="beam search cannot go past the model's context of 8"):
         lmkit.generate(model, "ab", tokenizer=tokenizer, strategy="beam", max_new_tokens=20)
 
 
-
-
 def test_beam_search_keeps_the_whole_context_unless_told(tmp_path, monkeypatch):
     """Beam search cannot slide: a run's trained length is no limit for it, an explicit context is."""
-    from lmkit.decoding import generation, source
+    from lmkit.decoding import generation, source, text
 
     model = tiny("transformer", 30, max_positions=16)
     seen = []
     folder = source.ModelFolder(str(tmp_path), hugging_face=False, conditional=False)
     monkeypatch.setattr(source.ModelFolder, "trained_context", lambda self: 8)
-    monkeypatch.setattr(generation, "load_generator",
-                        lambda path, **_: source.Generator(model, _Chars(), folder=folder))
-    real = generation.continue_prompts
-    monkeypatch.setattr(generation, "continue_prompts",
-                        lambda *a, **k: seen.append(a[4].context) or real(*a, **k))
-    generation.generate(str(tmp_path), "ab", strategy="beam", max_new_tokens=10)
-    generation.generate(str(tmp_path), "ab", strategy="greedy", max_new_tokens=10)
+    generator = source.Generator(model, _Chars(), folder=folder)
+    real = text.continue_prompts
+    monkeypatch.setattr(text, "continue_prompts", lambda *a, **k: seen.append(a[4].context) or real(*a, **k))
+    generation.generate(generator, "ab", strategy="beam", max_new_tokens=10)
+    generation.generate(generator, "ab", strategy="greedy", max_new_tokens=10)
     assert seen == [None, 8]
     with pytest.raises(UsageError, match="beam search cannot go past the model's context of 8 tokens"):
-        generation.generate(str(tmp_path), "ab", strategy="beam", max_new_tokens=10, context=8)
+        generation.generate(generator, "ab", strategy="beam", max_new_tokens=10, context=8)
 
 
 class _Chars:
@@ -88,8 +83,13 @@ def test_a_config_and_its_fields_as_keywords_are_one_thing(tokenizer):
     assert generate((model, tokenizer), "ab", config, max_new_tokens=12) == by_keywords[:1]
     own = generate(model, "ab", tokenizer=tokenizer, sampler=GreedySampler(), max_new_tokens=12)
     assert own == by_keywords[:1]
-    with pytest.warns(DeprecationWarning, match="generate\\(sampler=...\\)"):
-        assert generate(model, "ab", tokenizer=tokenizer, strategy=GreedySampler(), max_new_tokens=12) == own
+    # 0.2's spellings are errors that name the keyword to use.
+    with pytest.raises(UsageError, match=r"strategy = GreedySampler\(\) is not one of .*; pass a Sampler object as "
+                                         r"generate\(sampler=...\)"):
+        generate(model, "ab", tokenizer=tokenizer, strategy=GreedySampler(), max_new_tokens=12)
+    with pytest.raises(UsageError, match=r"generate\(prompts=...\) was removed in lmkit 0.3; pass them as "
+                                         r"generate\(source, inputs\)"):
+        generate(model, tokenizer=tokenizer, prompts=["ab"])
     with pytest.raises(UsageError, match="unknown key 'top_q'; did you mean 'top_p'"):
         generate(model, "ab", tokenizer=tokenizer, top_q=0.5)
     sampled = generate(model, "ab", tokenizer=tokenizer, strategy="sample", max_new_tokens=5, return_samples=True)
@@ -107,23 +107,24 @@ def seq2seq(tmp_path_factory):
     model = TransformerSeq2Seq(source_vocab_size=words.vocab_size, vocab_size=words.vocab_size, hidden_size=16,
                                num_layers=1, num_heads=2, max_positions=8, max_source_positions=8,
                                share_embeddings=True, init_scale=0.5)
-    return Seq2SeqRun(model, words, words, None)
+    return Generator(model, words, words)
 
 
 def test_an_encoder_decoder_decodes_its_sources_through_the_same_entry_point(seq2seq):
-    """generate() on an encoder-decoder: greedy by default, one output per source (as transduce), and with
-    num_samples the samples of each source, tagged by source and sample."""
+    """generate() on an encoder-decoder: greedy by default, one output per source (each as it is alone), and
+    with num_samples the samples of each source, tagged by source and sample."""
     sources = ["a b c", "", "d e"]
-    assert generate(seq2seq, sources) == transduce(seq2seq, sources)
-    assert generate(seq2seq, "a b c", strategy="beam", beam_width=3) == transduce(seq2seq, ["a b c"], strategy="beam",
-                                                                                   beam_width=3)
+    greedy = generate(seq2seq, sources)
+    assert len(greedy) == 3 and greedy[1] == "" and [generate(seq2seq, s)[0] for s in sources] == greedy
+    assert generate(seq2seq, "a b c", strategy="beam", beam_width=1) == greedy[:1]  # width 1 is greedy
     samples = generate(seq2seq, sources, GenerationConfig(strategy="sample", num_samples=2, seed=4),
                        return_samples=True)
     assert [(s.prompt_index, s.sample_index) for s in samples] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
-    assert [s.text for s in samples] == [t for texts in transduce_samples(seq2seq, sources, strategy="sample",
-                                                                          num_samples=2, seed=4) for t in texts]
+    assert [s.text for s in samples] == generate(seq2seq, sources, strategy="sample", num_samples=2, seed=4)
     assert all(s.seed == 4 and s.prompt_text == "" and s.continuation == s.text for s in samples)
     with pytest.raises(UsageError, match="an encoder-decoder decodes texts"):
         generate(seq2seq, [[1, 2]])
     with pytest.raises(UsageError, match="an encoder-decoder's outputs come a batch at a time"):
         generate(seq2seq, "a", stream=print)
+    with pytest.raises(UsageError, match="stop applies to language models; the model holds an encoder-decoder"):
+        generate(seq2seq, "a", stop=["x"])

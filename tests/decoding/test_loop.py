@@ -1,4 +1,4 @@
-"""The decode loop: <eos>, padding, prompts, seeds, the cache, argument checks."""
+"""lmkit.decoding.loop (decode): <eos>, padding, prompts, seeds, the cache, argument checks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from lmkit.decoding import (
     RandomSampler,
     TopKSampler,
     TopPSampler,
-    beam_search,
     decode,
 )
 
@@ -174,9 +173,9 @@ def test_decode_hands_a_beam_sampler_to_beam_search():
     model = PrefixModel(vocab_size=4, max_length=5, seed=3)
     through_decode = decode(model, 5, BeamSampler(beam_width=3, length_penalty=0.5),
                             prompts=[[1], [2, 2]], eos_id=0)
-    direct = beam_search(model, 5, 3, length_penalty=0.5, prompts=[[1], [2, 2]], eos_id=0)
     assert isinstance(through_decode, BeamSearchResult)
-    np.testing.assert_array_equal(through_decode.beam_ids, direct.beam_ids)
+    by_name = decode(model, 5, prompts=[[1], [2, 2]], eos_id=0, strategy="beam", beam_width=3, length_penalty=0.5)
+    np.testing.assert_array_equal(through_decode.beam_ids, by_name.beam_ids)  # the config's strategy
     with pytest.raises(ValueError, match="beam search is deterministic"):
         decode(model, 5, BeamSampler(), batch_size=1, eos_id=0, seed=3)
 
@@ -191,8 +190,8 @@ def test_decode_hands_a_beam_sampler_to_beam_search():
     (dict(prompts=[[1]], batch_size=2), "batch_size = 2 but 1 prompts"),
     (dict(batch_size=1, eos_id=8), "eos_id = 8"),
     (dict(batch_size=1, eos_id=[1, 8]), "eos_id = 8"),
-    (dict(batch_size=1, eos_id=[]), r"eos_id = \[\] names no token"),
-    (dict(batch_size=1, eos_id=[1, "2"]), r"eos_id = \[1, '2'\] must be a token id or a list"),
+    (dict(batch_size=1, eos_id=[]), r"eos_id = \[\] must be a token id or a non-empty list of them"),
+    (dict(batch_size=1, eos_id=[1, "2"]), r"eos_id = \[1, '2'\] must be a token id or a non-empty list"),
     (dict(batch_size=1, eos_id=1, seed=-1), r"seed = -1 must be an integer in \[0, 2\*\*63\)"),
     (dict(batch_size=1, eos_id=1, max_length=0), "max_length = 0"),
 ])

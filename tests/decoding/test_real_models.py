@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lmkit.decoding import GreedySampler, TopPSampler, beam_search, decode, gnmt_length_penalty
+from lmkit.decoding import BeamSampler, GreedySampler, TopPSampler, decode
+from lmkit.decoding.beam import gnmt_length_penalty
 from lmkit.models import build_model
 
 VOCAB = 11
@@ -18,7 +19,7 @@ EOS = 0
 def tiny_model(kind: str, vocab_size: int = VOCAB):
     config = {"model": kind, "vocab_size": vocab_size, "hidden_size": 8, "num_layers": 2,
               # A wide init spreads the logits, so float rounding cannot flip an argmax.
-              "init_scale": 0.8, "keep_prob": 1.0}
+              "init_scale": 0.8}
     if kind == "transformer":
         config.update(num_heads=2, max_positions=12)
     return build_model(config)
@@ -73,7 +74,7 @@ def enumerate_best(model, prompt, max_length, alpha):
 def test_wide_beam_equals_brute_force(kind):
     model = tiny_model(kind, vocab_size=4)
     prompts = [[1], [2, 3]]
-    result = beam_search(model, 4, 27, length_penalty=0.6, prompts=prompts, eos_id=EOS)
+    result = decode(model, 4, BeamSampler(27, 0.6), prompts=prompts, eos_id=EOS)
     for b, prompt in enumerate(prompts):
         score, ids = enumerate_best(model, prompt, 4, 0.6)
         assert result.sequences()[b] == ids
@@ -84,7 +85,7 @@ def test_wide_beam_equals_brute_force(kind):
 def test_every_beam_scores_its_own_sequence(kind):
     # Beams are reordered every step; a wrong reorder_state shows up here.
     model = tiny_model(kind)
-    result = beam_search(model, 9, 3, length_penalty=1.0, prompts=PROMPTS, eos_id=EOS)
+    result = decode(model, 9, BeamSampler(3, 1.0), prompts=PROMPTS, eos_id=EOS)
     for b, prompt in enumerate(PROMPTS):
         for k in range(3):
             ids, length = result.beam_ids[b, k], int(result.beam_lengths[b, k])

@@ -22,7 +22,7 @@ VOCAB = 60
 def models():
     dist.init(backend="local")
     tf.random.set_seed(3)
-    common = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, init_scale=0.5, keep_prob=1.0)
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, init_scale=0.5)
     return {"lstm": build_model({"model": "lstm", **common}),
             "transformer": build_model({"model": "transformer", "num_heads": 4, "max_positions": 40, **common})}
 
@@ -45,11 +45,13 @@ def test_xla_gives_the_tokens_of_the_plain_loop(models, model_name, name, kwargs
     assert (runs[0].ids[:, 8:] != 0).any()  # it generated something
 
 
-@pytest.mark.parametrize("model_name", ["lstm", "transformer"])
-def test_xla_beam_search_equals_the_plain_loop(models, model_name):
+@pytest.mark.parametrize("model_name, scoring, early_stopping", [("lstm", "gnmt", None),
+                                                                 ("transformer", "gnmt", None),
+                                                                 ("transformer", "transformers", False)])
+def test_xla_beam_search_equals_the_plain_loop(models, model_name, scoring, early_stopping):
     model = models[model_name]
-    runs = [decoding.beam_search(model, 20, beam_width=3, length_penalty=0.6, prompts=PROMPTS, eos_id=3,
-                                 jit_compile=jit) for jit in (False, True)]
+    sampler = decoding.BeamSampler(3, 0.6, scoring=scoring, early_stopping=early_stopping)
+    runs = [decoding.decode(model, 20, sampler, prompts=PROMPTS, eos_id=3, jit_compile=jit) for jit in (False, True)]
     np.testing.assert_array_equal(runs[1].beam_ids, runs[0].beam_ids)
     np.testing.assert_allclose(runs[1].beam_scores, runs[0].beam_scores, rtol=1e-4, atol=1e-4)
 
@@ -83,5 +85,5 @@ def test_a_second_call_with_other_prompts_is_not_compiled_again(models):
 def test_xla_needs_the_cache():
     with pytest.raises(UsageError, match="jit_compile=True needs compiled=True and use_cache=True"):
         decoding.decode(build_model({"model": "lstm", "vocab_size": 10, "hidden_size": 4, "num_layers": 1,
-                                     "init_scale": 0.1, "keep_prob": 1.0}), 5, batch_size=1, start_id=1,
+                                     "init_scale": 0.1}), 5, batch_size=1, start_id=1,
                         use_cache=False, jit_compile=True)

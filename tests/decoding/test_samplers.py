@@ -9,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 from lmkit.decoding import (
-    SAMPLER_NAMES,
     BeamSampler,
     GreedySampler,
     RandomSampler,
@@ -17,7 +16,6 @@ from lmkit.decoding import (
     TopKSampler,
     TopPSampler,
     decode,
-    get_sampler,
 )
 
 from .fakes import TableModel, check_decidable_nucleus
@@ -192,26 +190,14 @@ def test_a_custom_sampler_plugs_into_the_loop(compiled):
                                                [6, 6, 6, 3, 4, 5, 6, 7, 0, 1, 2]])
 
 
-def test_get_sampler_factory():
-    assert SAMPLER_NAMES == ("greedy", "sample", "top_k", "top_p", "beam")
-    assert get_sampler("greedy") == GreedySampler()
-    assert get_sampler("sample", temperature=0.5) == RandomSampler(0.5)
-    assert get_sampler("top_k", k=5) == TopKSampler(5)
-    assert get_sampler("top_p", p=0.8, temperature=0.7) == TopPSampler(0.8, 0.7)
-    beam = get_sampler("beam", beam_width=3, length_penalty=0.6)
-    assert isinstance(beam, BeamSampler) and beam.beam_width == 3 and beam.length_penalty == 0.6
-    with pytest.raises(ValueError, match="unknown sampler 'top-k'.*did you mean 'top_k'.*choices: greedy"):
-        get_sampler("top-k")
-    with pytest.raises(ValueError, match="does not accept"):
-        get_sampler("greedy", k=3)
-
-
 @pytest.mark.parametrize("build, message", [
-    (lambda: TopKSampler(k=0), "k = 0"),
-    (lambda: TopPSampler(p=0.0), "p = 0.0"),
-    (lambda: TopPSampler(p=1.5), "p = 1.5"),
-    (lambda: RandomSampler(temperature=0.0), "temperature = 0.0"),
-    (lambda: BeamSampler(beam_width=0), "beam_width = 0"),
+    (lambda: TopKSampler(k=0), "top_k = 0 must be an integer >= 1"),
+    (lambda: TopPSampler(p=0.0), r"top_p = 0.0 must be in \(0, 1\]"),
+    (lambda: TopPSampler(p=1.5), r"top_p = 1.5 must be in \(0, 1\]"),
+    (lambda: RandomSampler(temperature=0.0), "temperature = 0.0 must be > 0"),
+    (lambda: BeamSampler(beam_width=0), "beam_width = 0 must be an integer >= 1"),
+    (lambda: BeamSampler(scoring="bleu"), "beam_scoring = 'bleu' must be one of gnmt, transformers"),
+    (lambda: BeamSampler(early_stopping="always"), "early_stopping = 'always' must be true, false or"),
 ])
 def test_sampler_arguments_are_checked(build, message):
     with pytest.raises(ValueError, match=message):
@@ -256,29 +242,5 @@ def test_top_p_with_k_draws_within_the_top_k():
     model = constant_model([0.05, 0.4, 0.05, 0.3, 0.05, 0.05, 0.05, 0.05])
     drawn = counts(decode(model, 20, TopPSampler(p=1.0, k=2), batch_size=30, start_id=0, seed=3), 1)
     assert set(drawn) == {1, 3}
-    with pytest.raises(ValueError, match="k = 0 must be None"):
+    with pytest.raises(ValueError, match="top_k = 0 must be an integer >= 1"):
         TopPSampler(k=0)
-
-
-def test_resolve_settings_takes_given_then_preset_then_defaults():
-    from lmkit.decoding.registry import DEFAULTS, resolve_settings, sampler_of_settings
-    none = dict.fromkeys(DEFAULTS)
-    # Nothing given, nothing preset: lmkit's top_p 0.9 over the whole nucleus.
-    name, settings = resolve_settings(None, none)
-    assert name == "top_p" and settings == {**DEFAULTS, "top_k": None}
-    assert sampler_of_settings(name, settings) == TopPSampler(0.9, 1.0)
-    assert resolve_settings("top_k", none)[1]["top_k"] == 40  # top_k's own default
-    # A folder's sampling preset fills what is not given; a given value wins.
-    preset = {"strategy": "top_p", "temperature": 0.6, "top_k": 50, "top_p": 0.95, "repetition_penalty": 1.1}
-    name, settings = resolve_settings(None, {**none, "top_p": 0.5}, preset)
-    assert sampler_of_settings(name, settings) == TopPSampler(0.5, 0.6, k=50)
-    assert settings["repetition_penalty"] == 1.1
-    # A strategy given wins over the preset's; the preset's values still fill the gaps, as in transformers.
-    name, settings = resolve_settings("top_k", none, preset)
-    assert sampler_of_settings(name, settings) == TopKSampler(50, 0.6)
-    # Beam search leaves out a preset repetition penalty (it refuses one), not a given one.
-    assert resolve_settings("beam", none, preset)[1]["repetition_penalty"] == 1.0
-    assert resolve_settings("beam", {**none, "repetition_penalty": 1.2}, preset)[1]["repetition_penalty"] == 1.2
-    name, settings = resolve_settings(None, none, {"strategy": "beam", "beam_width": 5})
-    assert name == "beam" and settings["beam_width"] == 5
-    assert resolve_settings(None, none, default_strategy="greedy")[0] == "greedy"

@@ -1,12 +1,26 @@
-"""lmkit.decoding.transduction: sources decoded in batches come back in order, whatever the batch; BLEU and
-exact match."""
+"""lmkit.decoding.transduction (an encoder-decoder's half of lmkit.generate): sources decoded in batches come
+back in order, whatever the batch; several samples per source; BLEU and exact match."""
 import pytest
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
 from lmkit.data.tokenizers import train_tokenizer
-from lmkit.decoding.transduction import Seq2SeqRun, score, transduce
+from lmkit.decoding import Generator, generate
+from lmkit.decoding.transduction import score
 from lmkit.models.bart.model import TransformerSeq2Seq
+
+
+def transduce(run, sources, **options):
+    """One output text per source."""
+    return generate(run, sources, **options)
+
+
+def transduce_samples(run, sources, **options):
+    """``num_samples`` output texts per source, grouped by source."""
+    grouped = [[] for _ in sources]
+    for sample in generate(run, sources, return_samples=True, **options):
+        grouped[sample.prompt_index].append(sample.text)
+    return grouped
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +33,7 @@ def run(tmp_path_factory):
     model = TransformerSeq2Seq(source_vocab_size=tokenizer.vocab_size, vocab_size=tokenizer.vocab_size,
                                hidden_size=16, num_layers=1, num_heads=2, max_positions=8, max_source_positions=8,
                                share_embeddings=True, init_scale=0.5)
-    return Seq2SeqRun(model, tokenizer, tokenizer, None)
+    return Generator(model, tokenizer, tokenizer)
 
 
 SOURCES = ["a b c", "", "d", "e f g h a", "b b", "c"]
@@ -42,9 +56,9 @@ def test_outputs_follow_the_sources_whatever_the_batching(run):
 def test_bad_settings_and_long_sources_are_named(run):
     with pytest.raises(UsageError, match="source 2 has 9 tokens, more than the model reads"):
         transduce(run, ["a", "a b c d e f g h a"])
-    with pytest.raises(UsageError, match=r"max_new_tokens = 8 must be in \[1, 7\]"):
+    with pytest.raises(UsageError, match=r"max_new_tokens = 8 exceeds what the decoder holds: 7 \(max_positions 8"):
         transduce(run, ["a"], max_new_tokens=8)
-    with pytest.raises(UsageError, match="batch_size = 0 must be a positive integer"):
+    with pytest.raises(UsageError, match="batch_size = 0 must be an integer >= 1"):
         transduce(run, ["a"], batch_size=0)
 
 
@@ -61,7 +75,6 @@ def test_score_is_sacrebleu_and_exact_match():
 
 
 def test_several_samples_per_source(run):
-    from lmkit.decoding.transduction import transduce_samples
     sampled = transduce_samples(run, SOURCES, num_samples=3, strategy="sample", seed=5, batch_size=4)
     assert [len(s) for s in sampled] == [3] * len(SOURCES)
     assert sampled[1] == ["", "", ""]  # an empty source
@@ -78,10 +91,9 @@ def test_several_samples_per_source(run):
 
 
 def test_bad_sample_counts_are_named(run):
-    from lmkit.decoding.transduction import transduce_samples
     with pytest.raises(UsageError, match="greedy decoding writes one output per source"):
         transduce_samples(run, ["a"], num_samples=2)
     with pytest.raises(UsageError, match="num_samples = 4 exceeds beam_width = 3"):
         transduce_samples(run, ["a"], num_samples=4, strategy="beam", beam_width=3)
-    with pytest.raises(UsageError, match="num_samples = 0 must be a positive integer"):
+    with pytest.raises(UsageError, match="num_samples = 0 must be an integer >= 1"):
         transduce_samples(run, ["a"], num_samples=0, strategy="sample")

@@ -1,4 +1,5 @@
-"""Chat templates (lmkit.hub.chat, lmkit generate --chat) against transformers' apply_chat_template."""
+"""Chat templates (lmkit.hub.chat: render_chat, encode_chat; lmkit generate --chat, a conversation as generate()'s
+prompt) against transformers' apply_chat_template."""
 import json
 import os
 import shutil
@@ -6,7 +7,7 @@ import shutil
 import pytest
 
 from lmkit.core.errors import UsageError
-from lmkit.hub.chat import read_chat_template
+from lmkit.hub.chat import encode_chat, read_chat_template, render_chat
 from tests.models.llama.test_convert import _lmkit, make_llama_folder
 
 pytestmark = pytest.mark.transformers
@@ -34,13 +35,16 @@ def test_the_prompt_and_its_ids_equal_transformers(folder, system):
     reference = AutoTokenizer.from_pretrained(folder)
     template = read_chat_template(folder)
     messages = template.messages("the cat sat on\nthe mat", system)
-    text = template.render(messages)
+    text = render_chat(messages, template)
     assert text == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == render_chat(messages, folder)  # the folder's template, read from it
     assert text.startswith("<|endoftext|>" if system is None else "<|im_start|>system\nBe brief.")
-    ids = read_tokenizer(folder).hf.encode(text, add_special_tokens=False).ids
+    ids = encode_chat(read_tokenizer(folder), messages, template)
     expected = reference.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     assert ids == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
     assert template.eos_token == "<|im_end|>"
+    assert render_chat(messages, template, add_generation_prompt=False) == reference.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=False)
 
 
 def test_a_template_in_tokenizer_config_is_read_and_errors_are_named(folder, tmp_path):
@@ -53,7 +57,12 @@ def test_a_template_in_tokenizer_config_is_read_and_errors_are_named(folder, tmp
     assert read_chat_template(legacy).render([{"role": "user", "content": "hi"}]) == \
         read_chat_template(folder).render([{"role": "user", "content": "hi"}])
     with pytest.raises(UsageError, match=r"the chat template refused the messages: unknown role tool"):
-        read_chat_template(legacy).render([{"role": "tool", "content": "x"}])
+        render_chat([{"role": "tool", "content": "x"}], legacy)
+    with pytest.raises(UsageError, match=r"message 0 = \{'role': 'user'\} must be a dict with a 'role' and a"):
+        render_chat([{"role": "user"}], legacy)
+    own = type("Chars", (), {"name": "char"})()  # one of lmkit's own tokenizers: no special tokens
+    with pytest.raises(UsageError, match="encoded by its model's Hugging Face tokenizer, not by a char tokenizer"):
+        encode_chat(own, [{"role": "user", "content": "hi"}], legacy)
     json.dump(config, open(config_path, "w"))
     with pytest.raises(UsageError, match=r"has no chat template \(neither chat_template\.jinja nor chat_template in "
                                          r"tokenizer_config\.json\)"):
@@ -61,22 +70,27 @@ def test_a_template_in_tokenizer_config_is_read_and_errors_are_named(folder, tmp
 
 
 def test_generate_with_chat_stops_at_the_end_of_the_turn(folder):
-    from lmkit.cli import generate
-    args = generate.build_parser("lmkit generate").parse_args(["--model_dir", folder, "--chat", "--prompt", "hi"])
-    _, prompts, _ = generate.check_args(args)
-    assert args.stop == ["<|im_end|>"]  # the template's eos_token ends the assistant's turn
-    assert args.start_token is False  # the template writes the start token itself: none is put before it
+    """A conversation as generate()'s prompt (lmkit generate --chat): laid out by the folder's template, encoded
+    as transformers encodes it, ended by the template's end of turn; planned without building the model."""
+    from lmkit.decoding.plan import plan_generation
+    conversation = [{"role": "user", "content": "hi"}]
+    plan = plan_generation(folder, [conversation])
+    assert plan.settings.stop == ("<|im_end|>",)  # the template's eos_token ends the assistant's turn
+    assert plan.settings.start_token is False  # the template writes the start token itself: none is put before it
     from transformers import AutoTokenizer
-    expected = AutoTokenizer.from_pretrained(folder).apply_chat_template([{"role": "user", "content": "hi"}],
-                                                                         tokenize=True, add_generation_prompt=True)
-    assert prompts[0] == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    expected = AutoTokenizer.from_pretrained(folder).apply_chat_template(conversation, tokenize=True,
+                                                                         add_generation_prompt=True)
+    assert plan.ids[0] == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+    assert plan_generation(folder, conversation).ids == plan.ids  # one conversation, or a list of them
+    with pytest.raises(UsageError, match="a conversation is laid out by its model's chat template"):
+        plan_generation((object(), object()), conversation)
 
 
 def test_generate_with_chat_lays_out_the_turn(folder):
     res = _lmkit("generate", "--model_dir", folder, "--chat", "--system", "Be brief.", "--prompt", "the cat",
                  "--strategy", "greedy", "--max_new_tokens", "8", "--one_line")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.startswith("[0.0] <|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nthe cat"
-                                 "<|im_end|>\\n<|im_start|>assistant\\n"), res.stdout
+    assert res.stdout.startswith("<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nthe cat"
+                                 "<|im_end|>\\n<|im_start|>assistant\\n"), res.stdout  # one sample: its text alone
     res = _lmkit("generate", "--model_dir", folder, "--system", "x", "--prompt", "the cat")
     assert res.returncode == 2 and "--system gives a chat's system turn; add --chat" in res.stderr

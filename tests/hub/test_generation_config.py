@@ -144,57 +144,59 @@ def test_generation_preset_without_a_file_and_with_bad_values(tmp_path):
 
 
 def parsed(*argv):
-    from lmkit.cli.generate import build_parser, check_args
-    args = build_parser().parse_args(list(argv))
-    check_args(args)
-    return args
+    """``lmkit generate``'s flags planned as the command plans them (no model built)."""
+    from lmkit.cli.generate import build_parser, plan_of_flags
+    return plan_of_flags(build_parser().parse_args(list(argv)))
 
 
 def test_generate_flags_take_the_folders_preset_and_override_it(tmp_path):
     folder = str(tmp_path / "llama")
     make_llama_folder(folder)
     base = ["--model_dir", folder, "--prompt", "the cat"]
+
+    def settings(*flags):
+        resolved = parsed(*base, *flags).settings
+        return resolved.strategy, resolved.top_p, resolved.top_k, resolved.temperature
     # The folder's save_pretrained wrote ids only: lmkit's top_p 0.9 over the whole nucleus.
-    args = parsed(*base)
-    assert (args.strategy, args.top_p, args.top_k, args.temperature) == ("top_p", 0.9, None, 1.0)
-    assert args.preset_used == {}
+    plan = parsed(*base)
+    assert settings() == ("top_p", 0.9, None, 1.0) and plan.used == {}
     write_generation_config(folder, do_sample=True, temperature=0.6, top_p=0.9, repetition_penalty=1.1,
                             eos_token_id=0)
-    args = parsed(*base)
-    assert (args.strategy, args.top_p, args.top_k, args.temperature, args.repetition_penalty) == \
-        ("top_p", 0.9, 50, 0.6, 1.1)
-    args = parsed(*base, "--top_k", "5", "--temperature", "1.0")
-    assert (args.strategy, args.top_p, args.top_k, args.temperature) == ("top_p", 0.9, 5, 1.0)
-    assert args.preset_used == {"strategy": "top_p", "top_p": 0.9, "repetition_penalty": 1.1}
-    args = parsed(*base, "--strategy", "beam")  # a beam search leaves the preset's penalty out
-    assert (args.strategy, args.beam_width, args.repetition_penalty) == ("beam", 4, 1.0)
+    assert settings() == ("top_p", 0.9, 50, 0.6) and parsed(*base).settings.repetition_penalty == 1.1
+    plan = parsed(*base, "--top_k", "5", "--temperature", "1.0")
+    assert settings("--top_k", "5", "--temperature", "1.0") == ("top_p", 0.9, 5, 1.0)
+    assert plan.used == {"strategy": "top_p", "top_p": 0.9, "repetition_penalty": 1.1}
+    plan = parsed(*base, "--strategy", "beam")  # a beam search leaves the preset's penalty out
+    assert (plan.settings.strategy, plan.settings.beam_width, plan.settings.repetition_penalty) == ("beam", 4, 1.0)
     write_generation_config(folder, num_beams=3)
-    args = parsed(*base, "--num_samples", "3")
-    assert (args.strategy, args.beam_width) == ("beam", 3)
-    with pytest.raises(UsageError, match=r"not to --strategy beam \(chosen by .*generation_config.json's num_beams"):
+    plan = parsed(*base, "--num_samples", "3")
+    assert (plan.settings.strategy, plan.settings.beam_width) == ("beam", 3)
+    with pytest.raises(UsageError, match=r"not to --strategy beam \(chosen by the model folder's generation_config"):
         parsed(*base, "--repetition_penalty", "1.3")
-    assert parsed(*base, "--repetition_penalty", "1.3", "--strategy", "greedy").strategy == "greedy"
+    assert parsed(*base, "--repetition_penalty", "1.3", "--strategy", "greedy").settings.strategy == "greedy"
     # min_p: the folder's, a flag's, and refused where the strategy would ignore it
-    from lmkit.cli.generate import build_sampler, preset_note
     write_generation_config(folder, do_sample=True, min_p=0.1, top_p=1.0)
-    args = parsed(*base)
-    sampler = build_sampler(args)
-    assert (args.strategy, sampler.min_p, sampler.p) == ("top_p", 0.1, 1.0)
-    assert "min_p 0.1" in preset_note(args, sampler)
-    assert build_sampler(parsed(*base, "--min_p", "0.3")).min_p == 0.3
-    assert build_sampler(parsed(*base, "--min_p", "0")).min_p is None
-    assert parsed(*base, "--strategy", "greedy").strategy == "greedy"  # the folder's min_p goes unused there
+    plan = parsed(*base)
+    sampler = plan.settings.sampler()
+    assert (plan.settings.strategy, sampler.min_p, sampler.p) == ("top_p", 0.1, 1.0)
+    assert "min_p 0.1" in plan.note()
+    assert parsed(*base, "--min_p", "0.3").settings.sampler().min_p == 0.3
+    assert parsed(*base, "--min_p", "0").settings.sampler().min_p is None
+    assert parsed(*base, "--strategy", "greedy").settings.strategy == "greedy"  # the folder's min_p goes unused there
+    assert "min_p" not in (parsed(*base, "--strategy", "greedy").note() or "")
     with pytest.raises(UsageError, match=r"--min_p applies to --strategy top_p \(with --top_p 1.0 for min-p "
                                          r"sampling alone\), not to --strategy top_k"):
         parsed(*base, "--min_p", "0.2", "--strategy", "top_k")
     with pytest.raises(UsageError, match=r"--min_p 1.2 must be in \[0, 1\]"):
         parsed(*base, "--min_p", "1.2")
     write_generation_config(folder, num_beams=3)
-    args = parsed(*base, "--min_new_tokens", "2")  # beam search holds the end back too
-    assert (args.strategy, args.min_new_tokens, args.beam_scoring, args.length_penalty) == \
-        ("beam", 2, "transformers", 1.0)
-    args = parsed(*base, "--beam_scoring", "gnmt")  # lmkit's search: its own alpha, not transformers' exponent
-    assert (args.beam_scoring, args.length_penalty, args.early_stopping) == ("gnmt", 0.6, False)
+    resolved = parsed(*base, "--min_new_tokens", "2").settings  # beam search holds the end back too
+    assert (resolved.strategy, resolved.min_new_tokens, resolved.beam_scoring, resolved.length_penalty,
+            resolved.early_stopping) == ("beam", 2, "transformers", 1.0, False)
+    resolved = parsed(*base, "--beam_scoring", "gnmt").settings  # lmkit's search: its alpha and its early stopping
+    assert (resolved.beam_scoring, resolved.length_penalty, resolved.early_stopping) == ("gnmt", 0.6, "never")
+    resolved = parsed(*base, "--beam_scoring", "gnmt", "--early_stopping", "true").settings  # an option of either
+    assert (resolved.beam_scoring, resolved.early_stopping) == ("gnmt", True)
 
 
 def test_lmkit_generate_samples_as_the_folders_generation_config_asks(tmp_path):
@@ -216,9 +218,9 @@ def test_lmkit_generate_samples_as_the_folders_generation_config_asks(tmp_path):
     res = _lmkit("generate", "--model_dir", folder, "--prompt", prompt, "--max_new_tokens", "12", "--one_line",
                  "--seed", "5")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.strip() == "[0.0] " + tokenizer.decode(expected).replace("\n", "\\n"), res.stdout
+    assert res.stdout.strip() == tokenizer.decode(expected).replace("\n", "\\n"), res.stdout  # one sample: its text
     assert (f"{folder}/generation_config.json: strategy top_p, temperature 0.7, top_k 1, top_p 1.0 "
-            "(as transformers' generate; a flag overrides each)") in res.stderr
+            "(as transformers' generate; a value given overrides each)") in res.stderr
     [sample] = lmkit.generate(folder, prompt, max_new_tokens=12, seed=5, return_samples=True)
     assert sample.ids == expected
     # With the folder's choice overridden, the note names what is left of it.
@@ -249,8 +251,9 @@ def test_a_run_fine_tuned_from_a_folder_samples_as_the_folder_asks(tmp_path):
     assert greedy.returncode == 0 and preset.returncode == 0, greedy.stderr[-2000:] + preset.stderr[-2000:]
     assert preset.stdout == greedy.stdout
     assert f"{folder}/generation_config.json: strategy top_p, temperature 1.0, top_k 1, top_p 1.0" in preset.stderr
-    args = parsed("--model_dir", run_dir, "--prompt", "the cat")
-    assert (args.strategy, args.top_k, args.preset_source) == ("top_p", 1, folder)
+    plan = parsed("--model_dir", run_dir, "--prompt", "the cat")
+    assert (plan.settings.strategy, plan.settings.top_k, plan.preset_source) == ("top_p", 1, folder)
     shutil.rmtree(folder)
-    args = parsed("--model_dir", run_dir, "--prompt", "the cat")
-    assert (args.strategy, args.top_k, args.top_p, args.preset_source) == ("top_p", None, 0.9, None)
+    plan = parsed("--model_dir", run_dir, "--prompt", "the cat")
+    assert (plan.settings.strategy, plan.settings.top_k, plan.settings.top_p, plan.preset_source) == \
+        ("top_p", None, 0.9, None)

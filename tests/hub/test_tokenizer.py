@@ -240,14 +240,13 @@ def test_generation_never_picks_the_padded_ids(made, tmp_path):
     """A model with more ids than its tokenizer (a quarter of them padding): those ids name no text (decoding one
     is an error), so sampling never chooses them; an untrained model would pick one in 60 draws but for 1e-7."""
     from lmkit import decoding
-    from lmkit.decoding.generation import generate_samples
     from lmkit.models import build_model
     tokenizer = train_tokenizer(f"hf:{made['folders']['json']}", made["corpus"], str(tmp_path / "run"))
     model = build_model(dict(model="gpt2", vocab_size=400, hidden_size=16, num_layers=1, num_heads=2, ffn_dim=32,
                              max_positions=32, init_scale=0.001))
     prompt = tokenizer.encode("the cat")
-    samples, _ = generate_samples(model, tokenizer, [prompt], max_new_tokens=[20],
-                                  sampler=decoding.get_sampler("sample"), seed=0, num_samples=3)
+    samples = decoding.generate(model, [prompt], tokenizer=tokenizer, max_new_tokens=20,
+                                sampler=decoding.get_sampler("sample"), seed=0, num_samples=3, return_samples=True)
     assert [len(s.ids) for s in samples] == [len(prompt) + 20] * 3
     assert max(max(s.ids) for s in samples) < tokenizer.vocab_size == 300
     with pytest.raises(DataError, match="id 350 is out of range for the hf tokenizer of 300 ids"):

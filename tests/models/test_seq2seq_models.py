@@ -63,9 +63,9 @@ def test_decoding_with_a_condition_agrees_across_loops_and_rows_decode_as_alone(
     np.testing.assert_array_equal(single[0], runs[0][1])
     # Beam search gathers the condition with the hypotheses; width 1 without an end token is greedy.
     greedy = decoding.decode(model, 8, prompts=prompts, condition=memory).ids
-    beam = decoding.beam_search(model, 8, beam_width=1, prompts=prompts, condition=memory)
+    beam = decoding.decode(model, 8, decoding.BeamSampler(1), prompts=prompts, condition=memory)
     np.testing.assert_array_equal(beam.ids, greedy)
-    wide = decoding.beam_search(model, 8, beam_width=3, prompts=prompts, condition=memory)
+    wide = decoding.decode(model, 8, decoding.BeamSampler(3), prompts=prompts, condition=memory)
     assert wide.ids.shape == (2, 8) and np.all(wide.scores >= beam.scores - 1e-5)  # never worse
 
 

@@ -1,4 +1,4 @@
-"""transformers' beam search and rules on tokens (lmkit.decoding.beam_hf, lmkit.decoding.constraints) against
+"""transformers' beam search and rules on tokens (lmkit.decoding.beam's scoring="transformers", constraints) against
 transformers' generate on a tiny random BART, and a BART folder's generation_config.json read as transformers
 reads it (lmkit generate --source_file)."""
 import argparse
@@ -272,46 +272,41 @@ def test_lmkit_generate_on_a_bart_folder_searches_as_its_generation_config_asks(
     assert (report["strategy"], report["beam_scoring"], report["decoding"]["no_repeat_ngram_size"],
             report["decoding"]["min_new_tokens"], report["decoding"]["max_new_tokens"]) == \
         ("beam", "transformers", 2, 4, 11)
-    # A flag overrides its own value (the flags resolved as lmkit generate resolves them, in this process).
-    from lmkit.cli.generate import (
-        _early_stopping,
-        build_parser,
-        build_rules,
-        build_sampler,
-        check_transduction_args,
-        fit_lengths,
-    )
+    # A flag overrides its own value (the flags planned as lmkit generate plans them, in this process).
+    from lmkit.cli.flags import early_stopping
+    from lmkit.cli.generate import build_parser, plan_of_flags
+    from lmkit.decoding.checks import flag_spelling
 
     def resolved(*flags):
-        args = build_parser().parse_args(["--model_dir", folder, "--source_file", str(source_file), *flags])
-        check_transduction_args(args)
-        return args, build_sampler(args), build_rules(args)
+        plan = plan_of_flags(build_parser().parse_args(["--model_dir", folder, "--source_file", str(source_file),
+                                                        *flags]))
+        return plan, plan.settings.sampler(), plan.settings.rules()
 
-    args, sampler, rules = resolved("--beam_scoring", "gnmt", "--no_repeat_ngram_size", "0")
+    plan, sampler, rules = resolved("--beam_scoring", "gnmt", "--no_repeat_ngram_size", "0")
     assert (sampler.scoring, sampler.length_penalty, sampler.early_stopping, rules.no_repeat_ngram_size,
-            rules.forced_first_id, args.min_new_tokens) == ("gnmt", 0.6, False, 0, 0, 4)
-    assert "length_penalty" not in args.preset_used and "no_repeat_ngram_size" not in args.preset_used
-    args, sampler, _ = resolved("--strategy", "greedy", "--max_new_tokens", "3")
-    assert (args.strategy, args.max_new_tokens, type(sampler).__name__) == ("greedy", 3, "GreedySampler")
-    fit_lengths(args, 24)  # the file's min_length (4 new tokens) past --max_new_tokens 3: the end comes last
-    assert (args.max_new_tokens, args.min_new_tokens) == (3, 2)
-    args, _, _ = resolved("--min_new_tokens", "1")
-    fit_lengths(args, 9)  # the file's max_length (11 new tokens) past the decoder's 8; a flag stays as given
-    assert (args.max_new_tokens, args.min_new_tokens) == (8, 1)
-    with pytest.raises(UsageError, match="--max_new_tokens 30 exceeds what the decoder holds: 23"):
-        fit_lengths(resolved("--max_new_tokens", "30")[0], 24)
-    assert [_early_stopping(text) for text in ("true", "False", "never")] == [True, False, "never"]
+            rules.forced_first_id, plan.settings.min_new_tokens) == ("gnmt", 0.6, "never", 0, 0, 4)
+    assert "length_penalty" not in plan.used and "no_repeat_ngram_size" not in plan.used
+    plan, sampler, _ = resolved("--strategy", "greedy", "--max_new_tokens", "3")
+    assert (plan.settings.strategy, plan.settings.max_new_tokens, type(sampler).__name__) == ("greedy", 3,
+                                                                                              "GreedySampler")
+    fitted, _ = plan.settings.fit_decoder(24, plan.used)  # the file's min_length (4 new tokens) past 3: ends last
+    assert (fitted.max_new_tokens, fitted.min_new_tokens) == (3, 2)
+    plan, _, _ = resolved("--min_new_tokens", "1")
+    fitted, _ = plan.settings.fit_decoder(9, plan.used)  # the file's max_length (11 new tokens) past the decoder's 8
+    assert (fitted.max_new_tokens, fitted.min_new_tokens) == (8, 1)  # a flag stays as given
+    with pytest.raises(UsageError, match="--max_new_tokens 30 exceeds what the decoder holds: 23"), flag_spelling():
+        resolved("--max_new_tokens", "30")[0].settings.fit_decoder(24, {})
+    assert [early_stopping(text) for text in ("true", "False", "never")] == [True, False, "never"]
     with pytest.raises(argparse.ArgumentTypeError, match="'maybe' is not one of true, false, never"):
-        _early_stopping("maybe")  # (lmkit's parser exits with status 2 on it: not in this process)
-    with pytest.raises(UsageError, match="early_stopping = True is a setting of transformers' beam search"):
-        resolved("--beam_scoring", "gnmt", "--early_stopping", "true")
+        early_stopping("maybe")  # (lmkit's parser exits with status 2 on it: not in this process)
+    plan, sampler, _ = resolved("--beam_scoring", "gnmt", "--early_stopping", "true")  # an option of either search
+    assert (sampler.scoring, sampler.early_stopping) == ("gnmt", True)
 
 
 @pytest.mark.parametrize("settings, message", [
     (dict(scoring="bleu"), "scoring = 'bleu' must be one of gnmt, transformers"),
     (dict(scoring="transformers", early_stopping=1), "early_stopping = 1 must be true, false or \"never\""),
     (dict(scoring="transformers", early_stopping="always"), "early_stopping = 'always' must be"),
-    (dict(early_stopping=True), "early_stopping = True is a setting of transformers' beam search"),
 ])
 def test_bad_beam_settings_are_named(settings, message):
     with pytest.raises(UsageError, match=message):

@@ -353,8 +353,8 @@ def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, 
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(r"first call \(compiling the decode loop included\) [\d.]+ s; compiled: \d+ tokens in "
                      r"[\d.]+ s, \d+ tokens/sec", res.stderr), res.stderr[-2000:]
-    line = res.stdout.strip().splitlines()[-1]
-    assert line.startswith("[0.0] " + PROMPTS[0]) and len(line) > len("[0.0] " + PROMPTS[0])
+    line = res.stdout.strip().splitlines()[-1]  # one sample: its text alone
+    assert line.startswith(PROMPTS[0]) and len(line) > len(PROMPTS[0])
 
 
 def test_lora_on_gpt2_starts_as_the_base_and_exports_merged(folder, loaded, tmp_path):
