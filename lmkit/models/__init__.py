@@ -9,11 +9,11 @@ import path, ``model = "my_pkg.my_module:MyLM"``; it is stored in the run's
 script. The registry is :mod:`lmkit.models.registry`.
 
 :func:`build_model` turns a ``model_config`` (``TrainConfig.model_config()``
-or ``model.get_config()``) into a model: every key is a constructor argument
-of the class, except ``keep_prob`` (the constructors take
-``dropout = 1 - keep_prob``). Keys checked against the constructor: an
-unknown key is an error naming the closest known one; a key that only
-another built-in model takes is ignored, so one config dict serves all.
+or ``model.get_config()``) into a model: ``model`` is the name, every other
+key a constructor argument of the class. Keys checked against the
+constructor: an unknown key is an error naming the closest known one; a key
+that only another built-in model takes is ignored, so one config dict
+serves all.
 
 Importing this package does not import TensorFlow; the classes load on
 first use.

@@ -1,18 +1,19 @@
-"""The language-model protocol of lmkit.models and build_model."""
+"""The language-model protocol of lmkit.models: every built-in language model honours it (shapes, cached steps,
+reordered states, dropout only while training), built from a config's model section."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from lmkit.config import TrainConfig
-from lmkit.models import LanguageModel, RNNLanguageModel, TransformerLanguageModel, build_model
+from lmkit.models import RNNLanguageModel, TransformerLanguageModel, build_model
 
 VOCAB = 13
 KINDS = ["lstm", "gru", "transformer"]
 
 
 def _config(model, **overrides):
-    values = dict(model=model, vocab_size=VOCAB, hidden_size=8, num_layers=2, init_scale=0.3, keep_prob=1.0,
+    values = dict(model=model, vocab_size=VOCAB, hidden_size=8, num_layers=2, init_scale=0.3, dropout=0.0,
                   batch_size=4, num_steps=6, num_epochs=1, learning_rate=1.0, max_grad_norm=5.0,
                   num_heads=2, max_positions=16)
     values.update(overrides)
@@ -24,9 +25,9 @@ def _ids(batch, time, seed=0):
 
 
 def test_attention_dropout_from_a_config_keeps_the_rest_of_the_dropout():
-    """model_params = {"attention_dropout": 0.0}: no dropout on the attention probabilities (what lets a fused
-    attention kernel take training windows), the model's other dropout as keep_prob says; stored with the run."""
-    config = _config("transformer", keep_prob=0.8, model_params={"attention_dropout": 0.0})
+    """attention_dropout=0.0 in the model section: no dropout on the attention probabilities (what lets a fused
+    attention kernel take training windows), the model's other dropout as dropout says; stored with the run."""
+    config = _config("transformer", dropout=0.2, **{"model.attention_dropout": 0.0})
     model = build_model(config.model_config())
     assert model.dropout == pytest.approx(0.2) and model.attention_dropout == 0.0
     for layer in model.decoder.layers:
@@ -34,45 +35,23 @@ def test_attention_dropout_from_a_config_keeps_the_rest_of_the_dropout():
         assert layer.dropout == pytest.approx(0.2)
     assert model.get_config()["attention_dropout"] == 0.0
     assert build_model(model.get_config()).decoder.layers[1].attention.dropout == 0.0
-    plain = build_model(_config("transformer", keep_prob=0.8).model_config())
+    plain = build_model(_config("transformer", dropout=0.2).model_config())
     assert "attention_dropout" not in plain.get_config() and plain.attention_dropout is None
     assert plain.decoder.layers[0].attention.dropout == pytest.approx(0.2)  # None: the model's dropout
     with pytest.raises(Exception, match="attention_dropout"):
-        build_model(_config("transformer", model_params={"attention_dropout": 1.5}).model_config())
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_build_model_from_train_config(kind):
-    config = _config(kind, keep_prob=0.8)
-    model = build_model(config.model_config())
-    assert isinstance(model, LanguageModel) and model.vocab_size == VOCAB
-    assert model.stateful == (kind != "transformer")
-    assert model.dropout == pytest.approx(0.2)
-    assert model.embedder.embeddings.shape == (VOCAB, 8)  # embedding_dim 0 -> hidden_size
-    if kind == "transformer":
-        assert isinstance(model, TransformerLanguageModel)
-        assert model.decoder.ffn_dim == 32  # ffn_dim 0 -> 4 * hidden_size
-    else:
-        assert isinstance(model, RNNLanguageModel) and model.decoder.cell_type == kind
-    # get_config() is a model_config: it rebuilds the same variables, and agrees with TrainConfig.
-    config_back = model.get_config()
-    twin = build_model(config_back)
-    assert [(v.name, v.shape) for v in twin.variables] == [(v.name, v.shape) for v in model.variables]
-    expected = config.model_config()
-    expected.update(embedding_dim=8, ffn_dim=32)
-    assert {k: expected[k] for k in config_back} == config_back
+        build_model(_config("transformer", **{"model.attention_dropout": 1.5}).model_config())
 
 
 def test_attention_blocks_from_a_config_train_the_same_model():
-    # model_params = {"attention_blocks": 4}: stored with the run, and the same logits and gradients.
-    blocked = build_model(_config("transformer", model_params={"attention_blocks": 4}).model_config())
+    # attention_blocks=4 in the model section: stored with the run, and the same logits and gradients.
+    blocked = build_model(_config("transformer", **{"model.attention_blocks": 4}).model_config())
     assert blocked.get_config()["attention_blocks"] == 4
     assert build_model(blocked.get_config()).decoder.layers[1].attention.attention_blocks == 4
     plain = build_model(_config("transformer").model_config())
     assert "attention_blocks" not in plain.get_config()  # "auto", the default
     assert plain.decoder.layers[0].attention.attention_blocks == "auto"
     # A run that opted out of the automatic blocks keeps its choice when it is loaded again.
-    one = build_model(_config("transformer", model_params={"attention_blocks": 1}).model_config())
+    one = build_model(_config("transformer", **{"model.attention_blocks": 1}).model_config())
     assert one.get_config()["attention_blocks"] == 1
     assert build_model(one.get_config()).decoder.layers[0].attention.attention_blocks == 1
     for a, b in zip(plain.variables, blocked.variables):
@@ -150,7 +129,7 @@ def test_transformer_prefill_then_step_equals_full_pass(run):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_dropout_only_while_training(kind):
-    model = build_model(_config(kind, keep_prob=0.5).model_config())
+    model = build_model(_config(kind, dropout=0.5).model_config())
     ids = _ids(2, 5)
     np.testing.assert_array_equal(model(ids)[0], model(ids, training=False)[0])
     assert not np.allclose(model(ids, training=True)[0], model(ids)[0])
@@ -164,20 +143,6 @@ def test_tie_weights_shares_the_table(kind):
     assert len(tied.trainable_variables) == len(untied.trainable_variables) - 1
     names = [v.name for v in tied.trainable_variables]
     assert len(names) == len(set(names))
-
-
-def test_build_model_errors():
-    base = _config("lstm").model_config()
-    with pytest.raises(ValueError, match="unknown model 'rnn'; use one of lstm, gru, transformer"):
-        build_model({**base, "model": "rnn"})
-    with pytest.raises(ValueError, match="unknown key 'hiden_size'; did you mean 'hidden_size'"):
-        build_model({**base, "hiden_size": 3})
-    with pytest.raises(ValueError, match="missing required key 'vocab_size'"):
-        build_model({k: v for k, v in base.items() if k != "vocab_size"})
-    with pytest.raises(ValueError, match="keep_prob 0.0 must be in"):
-        build_model({**base, "keep_prob": 0.0})
-    with pytest.raises(ValueError, match="hidden_size 10 is not divisible by num_heads 4; use a multiple of 4"):
-        build_model({**base, "model": "transformer", "hidden_size": 10, "num_heads": 4})
 
 
 def test_model_argument_errors():
@@ -195,7 +160,7 @@ def test_model_argument_errors():
 
 
 def test_training_accepts_python_bools_in_separate_functions():
-    model = build_model(_config("lstm", keep_prob=0.5).model_config())
+    model = build_model(_config("lstm", dropout=0.5).model_config())
     ids = _ids(2, 4)
     train = tf.function(lambda ids: model(ids, training=True)[0])
     evaluate = tf.function(lambda ids: model(ids, training=False)[0])
