@@ -4,17 +4,7 @@ import pytest
 
 from lmkit.config import ConfigError, TrainConfig, load_config
 from lmkit.models import LanguageModel, RNNLanguageModel, TransformerLanguageModel, build_model, registry
-
-VOCAB = 13
-KINDS = ["lstm", "gru", "transformer"]
-
-
-def _config(model, **overrides):
-    values = dict(model=model, vocab_size=VOCAB, hidden_size=8, num_layers=2, init_scale=0.3, dropout=0.0,
-                  batch_size=4, num_steps=6, num_epochs=1, learning_rate=1.0, max_grad_norm=5.0,
-                  num_heads=2, max_positions=16)
-    values.update(overrides)
-    return TrainConfig.from_dict(values)
+from tests.models.test_protocols import KINDS, VOCAB, _config
 
 
 def test_every_hugging_face_type_loads_as_a_model_its_family_declares():
