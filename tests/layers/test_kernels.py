@@ -307,7 +307,7 @@ def test_causal_attend_goes_to_the_scopes_kernel_where_it_applies(recorder):
 
 def _config(**changes):
     values = dict(model="transformer", vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, max_positions=8,
-                  batch_size=4, num_steps=8, num_epochs=1, learning_rate=0.01, optimizer="adam", keep_prob=1.0,
+                  batch_size=4, num_steps=8, num_epochs=1, learning_rate=0.01, optimizer="adam", dropout=0.0,
                   max_grad_norm=1.0, init_scale=0.1, seed=5)
     return TrainConfig.from_dict({**values, **changes})
 
@@ -384,8 +384,8 @@ def test_the_default_kernel_is_auto_and_a_cpu_run_keeps_the_matmuls_without_prob
     from lmkit.models import build_model
     from lmkit.train import Trainer
     assert ComputeConfig.__dataclass_fields__["attention_kernel"].default == "auto"
-    assert _config().attention_kernel == "auto"
-    assert _config(attention_kernel="matmul").attention_kernel == "matmul"
+    assert _config().compute.attention_kernel == "auto"
+    assert _config(attention_kernel="matmul").compute.attention_kernel == "matmul"
 
     def no_probe():
         raise AssertionError("a CPU run must not probe cuDNN")
@@ -397,7 +397,7 @@ def test_the_default_kernel_is_auto_and_a_cpu_run_keeps_the_matmuls_without_prob
     assert trainer.attention_kernel == "matmul"
     assert not any("attention_kernel" in line for line in lines)  # nothing to say without a GPU
     monkeypatch.setattr(KERNEL, "probe", lambda: None)  # a GPU run where cuDNN checks out takes it
-    assert attention_kernels.resolve(_config().attention_kernel, **GPU_RUN) == "cudnn"
+    assert attention_kernels.resolve(_config().compute.attention_kernel, **GPU_RUN) == "cudnn"
 
 
 # --- which lengths cuDNN takes on a GPU ---------------------------------------------------------------
@@ -486,4 +486,4 @@ def test_training_windows_with_attention_dropout_keep_the_matmuls_and_say_how_to
     assert kernel.applies(q, q, q, 0.0, True, None) is True
     (what, why), = kernel.declined.items()
     assert what == "training windows with attention dropout 0.1"
-    assert "keep_prob = 1.0" in why and "model_params = {'attention_dropout': 0.0}" in why
+    assert "dropout = 0.0" in why and "attention_dropout=0.0 in the model section" in why
