@@ -90,7 +90,7 @@ def _text_path(args: argparse.Namespace, config) -> str:
         return args.text_file
     split = args.split or "test"
     if config.data == "text":
-        path = getattr(config, f"{split}_file")
+        path = getattr(config.data, f"{split}_file")
         if not path:
             raise UsageError(f"the run in {args.model_dir} had no {split}_file; pass --text_file")
         return path
@@ -141,7 +141,7 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
         config = TrainConfig.from_dict(read_config_dict(args.model_dir),
                                        source=f"{args.model_dir}/{CONFIG_FILE}")
         if config.data == "text":  # the run's tokenizer, saved in model_dir, keys the cache
-            cache = cache_root(config.data_cache if args.data_cache is None else args.data_cache)
+            cache = cache_root(config.data.data_cache if args.data_cache is None else args.data_cache)
         elif args.data_cache is not None:
             raise UsageError(f"--data_cache is for runs on your own text, but {args.model_dir} trained on PTB "
                              "(its word ids are read in memory); leave it out")
@@ -154,7 +154,7 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
     # checks the file (no TF yet), then encodes it or maps its cached ids
     set_doing(f"reading {path}" + ("" if cache is None else " (through the data cache)"))
     if config is not None and config.data == "text":  # the run's records hold their text where its config says
-        path = Source(path, text_field=config.text_field, text_column=config.text_column,
+        path = Source(path, text_field=config.data.text_field, text_column=config.data.text_column,
                       dataset_split=DATASET_SPLITS[args.split or "test"])
     text = load_text_data(tokenizer, path, cache_dir=cache, log=stderr_line, names={"train": named})
     user_modules_importable()
@@ -169,8 +169,8 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
         num_steps, batch = args.num_steps or model.max_positions, args.batch_size or 8
     else:
         tokenizer, config = generator.tokenizer, generator.config
-        num_steps = args.num_steps or config.num_steps
-        batch = args.batch_size or config.eval_batch_size or config.batch_size
+        num_steps = args.num_steps or config.data.num_steps
+        batch = args.batch_size or config.data.eval_batch_size or config.data.batch_size
     limit = getattr(model, "max_positions", None)
     if args.num_steps is not None and limit is not None and args.num_steps > limit:
         raise UsageError(f"--num_steps {args.num_steps} exceeds the {limit} positions the model holds "
@@ -223,7 +223,7 @@ def _pair_paths(args: argparse.Namespace, config) -> "tuple[str, str]":
                          "and --target_file")
     split = args.split or "test"
     prefix = "" if split == "train" else f"{split}_"
-    source, target = getattr(config, f"{prefix}source_file"), getattr(config, f"{prefix}target_file")
+    source, target = getattr(config.data, f"{prefix}source_file"), getattr(config.data, f"{prefix}target_file")
     if not source:
         raise UsageError(f"the run in {args.model_dir} had no {prefix}source_file; pass --source_file and "
                          "--target_file")
@@ -252,7 +252,7 @@ def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     sources, references = read_pairs(source_path, target_path)  # checks the files: no TF yet
     if not hf_folder:
         tokenizer = folder.tokenizer()
-        source_tokenizer = source_tokenizer_of_run(args.model_dir, config.share_vocab)
+        source_tokenizer = source_tokenizer_of_run(args.model_dir, config.data.share_vocab)
     user_modules_importable()
 
     from lmkit import distributed as dist
@@ -265,10 +265,10 @@ def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     if hf_folder:
         tokenizer, source_tokenizer = generator.tokenizer, generator.source_tokenizer
     # Perplexity over the pairs the model can read; BLEU and exact match over every line.
-    max_source = generator.model.source_positions.max_positions if hf_folder else config.max_source_positions
+    max_source = generator.model.source_positions.max_positions if hf_folder else config.model["max_source_positions"]
     pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
                          max_source_length=max_source, max_target_length=generator.model.max_positions - 1)
-    batch = args.batch_size or (32 if hf_folder else config.eval_batch_size or config.batch_size)
+    batch = args.batch_size or (32 if hf_folder else config.data.eval_batch_size or config.data.batch_size)
     total, tokens = PairEvaluator(generator.model, batch, SpecialIds.of(tokenizer)).total_loss(pairs)
     loss = total / max(tokens, 1)
     outputs, sampler, decoding = _decode_pairs(args, generator, sources, source_path, batch)

@@ -167,8 +167,9 @@ def _chat_template(args: argparse.Namespace) -> Any:
     from lmkit.hub.chat import read_chat_template
     if open_folder(args.model_dir).hugging_face:
         return read_chat_template(args.model_dir)
+    from lmkit.config import stored_setting
     from lmkit.core.layout import read_config_dict
-    source = read_config_dict(args.model_dir).get("init_from")
+    source = stored_setting(read_config_dict(args.model_dir), "init_from")
     if not source:
         raise UsageError(f"--chat: {args.model_dir} is a run trained from scratch, which has no chat template; "
                          "--chat needs a Hugging Face chat model's folder or a run fine-tuned from one")

@@ -155,11 +155,11 @@ def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] =
     from lmkit.data.tokenizers import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 
     def train() -> None:
-        train_tokenizer(config.tokenizer, train_file or config.train_file, model_dir, cache_dir=cache_dir,
+        train_tokenizer(config.data.tokenizer, train_file or config.data.train_file, model_dir, cache_dir=cache_dir,
                         **config.tokenizer_options)
 
-    pretrained = config.tokenizer.startswith(PRETRAINED_PREFIX) or bool(config.init_from)
-    with doing(f"{'reading' if pretrained else 'training'} the {config.tokenizer} tokenizer (or finding the one "
+    pretrained = config.data.tokenizer.startswith(PRETRAINED_PREFIX) or bool(config.checkpoints.init_from)
+    with doing(f"{'reading' if pretrained else 'training'} the {config.data.tokenizer} tokenizer (or finding the one "
                "saved)"):
         _on_chief(train)
     here = os.path.isfile(os.path.join(model_dir, TOKENIZER_FILE))
@@ -196,11 +196,11 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
     if config.data == "pairs":
         return load_pair_data(config, model_dir, log)
     if config.data == "ptb":
-        data = load_ptb_everywhere(data_path, data_url, expected_vocab_size=config.vocab_size,
+        data = load_ptb_everywhere(data_path, data_url, expected_vocab_size=config.model["vocab_size"],
                                    verify=verify)
-        if len(data.vocab) != config.vocab_size:
+        if len(data.vocab) != config.model["vocab_size"]:
             raise UsageError(f"the data has {len(data.vocab)} words but the config says vocab_size = "
-                             f"{config.vocab_size}; set vocab_size = {len(data.vocab)}")
+                             f"{config.model['vocab_size']}; set vocab_size = {len(data.vocab)}")
         return RunData(data.train, data.valid, data.test, data.vocab, config)
 
     from lmkit.data.formats import DATASET_SPLITS
@@ -209,12 +209,12 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
     from lmkit.data.textfile import check_text_file
     from lmkit.data.token_cache import cache_root
 
-    specs = {name: spec for name, spec in zip(SPLITS, (config.train_file, config.valid_file,
-                                                       config.test_file)) if spec}
+    specs = {name: spec for name, spec in zip(SPLITS, (config.data.train_file, config.data.valid_file,
+                                                       config.data.test_file)) if spec}
 
     def resolve() -> Dict[str, List[str]]:
-        return {name: resolve_sources(spec, f"{name}_file", text_field=config.text_field,
-                                      text_column=config.text_column,
+        return {name: resolve_sources(spec, f"{name}_file", text_field=config.data.text_field,
+                                      text_column=config.data.text_column,
                                       dataset_split=DATASET_SPLITS[name])
                 for name, spec in specs.items()}
 
@@ -224,7 +224,7 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
         local = None  # this host does not see the files: rank 0 reads them (or says why not)
     readable = local is not None
     sources = _everywhere(readable, lambda: local if local is not None else resolve())
-    cache = cache_root(config.data_cache)
+    cache = cache_root(config.data.data_cache)
     # The evaluation files are checked before anything is written into the model folder; the
     # training files by the tokenizer's training or their encoding (not at all when cached).
     checked = sources if cache is None else {k: v for k, v in sources.items() if k != "train"}
@@ -241,12 +241,12 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
         cached = cached_text_everywhere(tokenizer, sources, cache, log)
         streams = {name: c.ids for name, c in cached.items()}
         counts = {name: c.words for name, c in cached.items()}
-    if config.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
-        check_vocabulary(tokenizer, config.vocab_size, config.init_from)
+    if config.checkpoints.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
+        check_vocabulary(tokenizer, config.model["vocab_size"], config.checkpoints.init_from)
         said = ""
     else:
         config, said = model_vocabulary(config, tokenizer)
-    name = config.tokenizer if config.tokenizer.startswith(PRETRAINED_PREFIX) else tokenizer.name
+    name = config.data.tokenizer if config.data.tokenizer.startswith(PRETRAINED_PREFIX) else tokenizer.name
     log(f"tokenizer: {name}, {tokenizer.vocab_size} ids, in {model_dir}{said}")
     words = {} if tokenizer.name == "word" else counts
     return RunData(streams["train"], streams.get("valid"), streams.get("test"), tokenizer, config, words)
@@ -262,13 +262,13 @@ def model_vocabulary(config: Any, tokenizer: Any) -> Tuple[Any, str]:
     GPT-2's 50,257, a multiple of 64 for speed); a smaller one becomes the tokenizer's, since every config
     states a ``vocab_size`` and no model can have fewer ids than its tokenizer.
     """
-    size, asked = int(tokenizer.vocab_size), int(config.vocab_size)
+    size, asked = int(tokenizer.vocab_size), int(config.model["vocab_size"])
     if asked == size:
         return config, ""
-    if asked > size and config.tokenizer.startswith(PRETRAINED_PREFIX):
+    if asked > size and config.data.tokenizer.startswith(PRETRAINED_PREFIX):
         return config, (f"; the model keeps the config's vocab_size = {asked}: ids {size}..{asked - 1} are padding, "
                         "never in the data nor generated")
-    if config.tokenizer.startswith(PRETRAINED_PREFIX):
+    if config.data.tokenizer.startswith(PRETRAINED_PREFIX):
         return config.replace(vocab_size=size), (f"; the model's vocab_size is the tokenizer's {size}, not the "
                                                  f"config's {asked} (a vocab_size >= {size} pads)")
     return config.replace(vocab_size=size), f" (the model's vocabulary; the config said vocab_size = {asked})"
@@ -364,12 +364,12 @@ def load_pair_data(config: Any, model_dir: str, log: Log = _chief_print) -> RunD
     from lmkit.data.textfile import check_text_file
     from lmkit.data.token_cache import cache_root
 
-    splits = {split: (getattr(config, source_key), getattr(config, target_key))
+    splits = {split: (getattr(config.data, source_key), getattr(config.data, target_key))
               for split, (source_key, target_key) in zip(("train", "valid", "test"), PAIR_FILE_KEYS)
-              if getattr(config, source_key)}
+              if getattr(config.data, source_key)}
     readable = all(os.path.isfile(path) for paths in splits.values() for path in paths)
 
-    cache = cache_root(config.data_cache)
+    cache = cache_root(config.data.data_cache)
 
     def read() -> Dict[str, Any]:  # checked before anything is written into the model folder
         lines = {}
@@ -387,7 +387,7 @@ def load_pair_data(config: Any, model_dir: str, log: Log = _chief_print) -> RunD
 
     lines = _everywhere(readable, read)
     source, target = splits["train"]
-    if config.share_vocab:
+    if config.data.share_vocab:
         tokenizer = tokenizer_everywhere(config, model_dir, cache, train_file=f"{source}{SEPARATOR}{target}")
         source_tokenizer = tokenizer.source_side()  # the same ids; a BART folder's ends sources with </s>
     else:
@@ -407,11 +407,11 @@ def load_pair_data(config: Any, model_dir: str, log: Log = _chief_print) -> RunD
     for split, (source_path, target_path) in splits.items():
         log(f"{split} pairs: {pairs[split].report.summary()} ({source_path}, {target_path}; at most "
             f"{config.source_length_limit} source and {config.target_length_limit} target tokens)")
-    if config.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
-        check_vocabulary(tokenizer, config.vocab_size, config.init_from)
+    if config.checkpoints.init_from:  # a pretrained model's vocabulary is fixed; the tokenizer must fit in it
+        check_vocabulary(tokenizer, config.model["vocab_size"], config.checkpoints.init_from)
     else:
         config = config.replace(vocab_size=tokenizer.vocab_size, source_vocab_size=source_tokenizer.vocab_size)
-    shared = "one tokenizer for both sides" if config.share_vocab else \
+    shared = "one tokenizer for both sides" if config.data.share_vocab else \
         f"source {source_tokenizer.vocab_size} ids in {os.path.join(model_dir, SOURCE_TOKENIZER_DIR)}"
     log(f"tokenizer: {tokenizer.name}, {tokenizer.vocab_size} ids, in {model_dir} ({shared})")
     return RunData(pairs["train"], pairs.get("valid"), pairs.get("test"), tokenizer, config,

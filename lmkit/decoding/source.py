@@ -73,10 +73,11 @@ class ModelFolder:
         (``init_from``) while it is there; None for a run trained from scratch."""
         if self.hugging_face:
             return self.path
+        from lmkit.config import stored_setting
         from lmkit.core.layout import read_config_dict
         from lmkit.hub.folders import is_hf_folder
         try:
-            source = read_config_dict(self.path).get("init_from")
+            source = stored_setting(read_config_dict(self.path), "init_from")
         except (UsageError, OSError, ValueError):
             return None
         return source if isinstance(source, str) and is_hf_folder(source) else None
@@ -99,11 +100,12 @@ class ModelFolder:
         """
         if self.hugging_face:
             return None
+        from lmkit.config import stored_setting
         from lmkit.core.layout import read_config_dict
         config = read_config_dict(self.path)
-        if config.get("init_from"):
+        if stored_setting(config, "init_from"):
             return None
-        steps = config.get("num_steps")
+        steps = stored_setting(config, "num_steps")
         return int(steps) if isinstance(steps, int) and steps > 0 else None
 
     def load(self, checkpoint: Optional[str] = None, tokenizer: Any = None) -> "Generator":
@@ -126,7 +128,7 @@ class ModelFolder:
             from lmkit.core.layout import resolve_checkpoint
             from lmkit.train.checkpoint import load_model
             model, tokenizer, config = load_model(self.path, resolve_checkpoint(self.path, checkpoint))
-            source = source_tokenizer_of_run(self.path, config.share_vocab) if self.conditional else None
+            source = source_tokenizer_of_run(self.path, config.data.share_vocab) if self.conditional else None
             description = config.model
         return Generator(model, tokenizer, source, config=config, folder=self, description=description)
 
@@ -147,10 +149,11 @@ def _holds_encoder_decoder(path: str, hugging_face: bool) -> bool:
             return bool(converter_of(path).conditional)
         except UsageError:  # a family lmkit does not read: loading it says so
             return False
+    from lmkit.config import stored_setting
     from lmkit.core.layout import CONFIG_FILE, read_config_dict
     if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
         return False
-    return read_config_dict(path).get("data") == "pairs"
+    return stored_setting(read_config_dict(path), "data") == "pairs"
 
 
 def is_seq2seq_run(model_dir: str) -> bool:

@@ -97,7 +97,7 @@ class Converter(abc.ABC):
         """
         keys = self.model_config(self.read_config(folder), folder)
         if not self.conditional:
-            check_window(config.num_steps, keys["max_positions"], self.positions_key, folder)
+            check_window(config.data.num_steps, keys["max_positions"], self.positions_key, folder)
         return fine_tuning_config(config, folder, keys, data="pairs" if self.conditional else "text",
                                   **self.train_settings)
 
@@ -110,16 +110,12 @@ def check_window(num_steps: int, max_positions: int, key: str, folder: str) -> N
 
 
 def fine_tuning_config(config: Any, folder: str, keys: Mapping[str, Any], **settings: Any) -> Any:
-    """``config`` with the model of ``folder``: its ``keys`` (``model`` and the constructor's) as the
-    TrainConfig fields of those names, the others in ``model_params``; the tokenizer the folder's,
+    """``config`` with the model of ``folder``: its ``keys`` (``model`` and the constructor's arguments) over
+    the config's model section (an argument the checkpoint does not set stays); the tokenizer the folder's,
     ``init_from`` the folder, and ``settings`` on top."""
     keys = dict(keys)
-    model = keys.pop("model")
-    fields = set(config.to_dict())
-    extra = {k: v for k, v in keys.items() if k not in fields}
-    return config.replace(model=model, init_from=os.path.abspath(folder), tokenizer="hf", embedding_dim=0,
-                          model_params={**config.model_params, **extra},
-                          **{k: v for k, v in keys.items() if k in fields}, **settings)
+    model = {"name": keys.pop("model"), "embedding_dim": 0, **keys}
+    return config.replace(model=model, init_from=os.path.abspath(folder), tokenizer="hf", **settings)
 
 
 def converter_table() -> Mapping[str, str]:

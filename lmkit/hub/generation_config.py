@@ -184,9 +184,10 @@ def model_generation_preset(model_dir: str) -> Tuple[Dict[str, Any], Optional[st
     """
     if is_hf_folder(model_dir):
         return generation_preset(model_dir), model_dir
+    from lmkit.config import stored_setting
     from lmkit.core.layout import read_config_dict
     try:
-        source = read_config_dict(model_dir).get("init_from")
+        source = stored_setting(read_config_dict(model_dir), "init_from")
     except (UsageError, OSError, ValueError):
         return {}, None
     if isinstance(source, str) and is_hf_folder(source):

@@ -106,7 +106,7 @@ def bart_model_config(config: Dict[str, Any]) -> Dict[str, Any]:
             "num_layers": config["encoder_layers"], "decoder_layers": config["decoder_layers"],
             "num_heads": config["encoder_attention_heads"], "ffn_dim": config["encoder_ffn_dim"],
             "max_source_positions": config["max_position_embeddings"],
-            "max_positions": config["max_position_embeddings"], "keep_prob": 1.0 - dropout,
+            "max_positions": config["max_position_embeddings"], "dropout": dropout,
             "pre_layer_norm": False, "share_embeddings": True, "tie_weights": True,
             "init_scale": float(config.get("init_std", 0.02)),
             "activation": _ACTIVATIONS[config.get("activation_function", "gelu")], "embedding_norm": True,
@@ -282,7 +282,7 @@ class BartConverter(Converter):
         return load_bart_weights(model, folder)
 
     def export(self, model: Any, tokenizer: Any, config: Any, output: str) -> List[str]:
-        return export_bart(model, config.init_from, output)
+        return export_bart(model, config.checkpoints.init_from, output)
 
     def framing(self, config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         return framing(config)

@@ -168,7 +168,7 @@ def config_json(model_config: Dict[str, Any]) -> Dict[str, Any]:
         "head_dim": c.get("head_dim") or hidden // heads, "max_position_embeddings": c["max_positions"],
         "rms_norm_eps": c["rms_norm_epsilon"], "rope_theta": c["rope_theta"], "rope_scaling": c.get("rope_scaling"),
         "tie_word_embeddings": bool(c["tie_weights"]), "hidden_act": activation, "hidden_activation": activation,
-        "attention_bias": bool(c.get("attention_bias")), "attention_dropout": round(1.0 - c.get("keep_prob", 1.0), 12),
+        "attention_bias": bool(c.get("attention_bias")), "attention_dropout": c.get("dropout", 0.0),
         "initializer_range": c.get("init_scale", 0.02), "torch_dtype": "float32", "dtype": "float32"}
 
 
@@ -205,10 +205,10 @@ class GemmaConverter(Converter):
         return load_gemma_weights(model, folder)
 
     def export(self, model: Any, tokenizer: Any, config: Any, output: str) -> List[str]:
-        if not config.init_from:  # trained from scratch: the config written from the model's keys
+        if not config.checkpoints.init_from:  # trained from scratch: the config written from the model's keys
             return export_gemma_from_scratch(model, tokenizer, output)
-        return export_gemma(model, config.init_from, output)  # a fine-tune: its source folder's config
+        return export_gemma(model, config.checkpoints.init_from, output)  # a fine-tune: its source folder's config
 
     def export_adapters(self, model: Any, config: Any, output: str) -> List[str]:
         # PEFT names a Gemma's projections as a Llama's (q_proj, v_proj, ...), and LoRA leaves the norms be
-        return export_llama_adapters(model, config.init_from, output)
+        return export_llama_adapters(model, config.checkpoints.init_from, output)

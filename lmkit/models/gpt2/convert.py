@@ -71,7 +71,7 @@ def gpt2_model_config(config: Dict[str, Any]) -> Dict[str, Any]:
     return {"model": "gpt2", "vocab_size": config["vocab_size"], "hidden_size": config["n_embd"],
             "num_layers": config["n_layer"], "num_heads": config["n_head"],
             "max_positions": config["n_positions"], "ffn_dim": config.get("n_inner") or 0,
-            "keep_prob": round(1.0 - dropout, 12), "init_scale": float(config.get("initializer_range", 0.02)),
+            "dropout": dropout, "init_scale": float(config.get("initializer_range", 0.02)),
             "layer_norm_epsilon": float(config.get("layer_norm_epsilon", 1e-5))}
 
 
@@ -195,7 +195,7 @@ def config_json(model: Any, dropout: float, ids: Dict[str, Any]) -> Dict[str, An
 
 def default_dropout(config: Optional[Any]) -> float:
     """The dropout an exported config.json states: the run's, or GPT-2's 0.1."""
-    return 0.1 if config is None else round(1.0 - float(config.keep_prob), 12)
+    return 0.1 if config is None else float(config.model["dropout"])
 
 
 class GPT2Converter(Converter):

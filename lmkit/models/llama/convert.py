@@ -126,7 +126,7 @@ def llama_model_config(config: Dict[str, Any], path: str = HF_CONFIG) -> Dict[st
         "qkv_bias": config["model_type"] == "qwen2" or attention_bias, "attention_output_bias": attention_bias,
         "rms_norm_epsilon": float(config.get("rms_norm_eps", 1e-6)),
         "tie_weights": bool(config.get("tie_word_embeddings", False)), "activation": "silu",
-        "keep_prob": round(1.0 - float(config.get("attention_dropout", 0.0) or 0.0), 12),
+        "dropout": float(config.get("attention_dropout", 0.0) or 0.0),
         "init_scale": float(config.get("initializer_range", 0.02)),
     }
 
@@ -233,7 +233,7 @@ def config_json(model_config: Dict[str, Any]) -> Dict[str, Any]:
         "head_dim": c.get("head_dim") or hidden // heads, "max_position_embeddings": c["max_positions"],
         "rms_norm_eps": c["rms_norm_epsilon"], "rope_theta": c["rope_theta"], "rope_scaling": c.get("rope_scaling"),
         "tie_word_embeddings": bool(c["tie_weights"]), "hidden_act": "silu",
-        "attention_dropout": round(1.0 - c.get("keep_prob", 1.0), 12), "initializer_range": c.get("init_scale", 0.02),
+        "attention_dropout": c.get("dropout", 0.0), "initializer_range": c.get("init_scale", 0.02),
         "torch_dtype": "float32", "dtype": "float32"}
     if family == "llama":
         config.update(attention_bias=bool(c.get("qkv_bias")) or bool(c.get("attention_output_bias")),
@@ -324,9 +324,9 @@ class LlamaConverter(Converter):
         return load_llama_weights(model, folder)
 
     def export(self, model: Any, tokenizer: Any, config: Any, output: str) -> List[str]:
-        if not config.init_from:  # trained from scratch: written in the family that holds it
+        if not config.checkpoints.init_from:  # trained from scratch: written in the family that holds it
             return export_llama_from_scratch(model, tokenizer, output)
-        return export_llama(model, config.init_from, output)  # a fine-tune: its source folder's family
+        return export_llama(model, config.checkpoints.init_from, output)  # a fine-tune: its source folder's family
 
     def export_adapters(self, model: Any, config: Any, output: str) -> List[str]:
-        return export_llama_adapters(model, config.init_from, output)
+        return export_llama_adapters(model, config.checkpoints.init_from, output)
