@@ -5,6 +5,7 @@ import pytest
 
 from lmkit.cli.train import build_parser, config_from_args
 from lmkit.config import ConfigError, load_config
+from lmkit.core.errors import UsageError
 from lmkit.optim import warmup_note
 
 
@@ -62,3 +63,25 @@ def test_a_short_plan_under_a_long_warmup_trains_and_says_so_once():
     assert warmup_note(config.replace(warmup_steps=19)) == ""  # shorter than the plan: warmup, then the decay
     assert warmup_note(load_config("config_tiny_transformer", {"data": "text", "train_file": "t.txt"})) == ""
     assert warmup_note(load_config("config_small")) == ""  # a plan in epochs
+
+
+def _from_flags(*argv):
+    return config_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_a_plan_flag_replaces_the_configs_plan_and_a_set_mixes_it():
+    epochs = load_config("config_transformer", {}).optimization
+    assert epochs.num_epochs > 0 and epochs.max_steps == 0
+    steps = _from_flags("--config", "config_transformer", "--max_steps", "300", "--warmup_steps", "30",
+                        "--min_lr", "1e-5", "--eval_every_steps", "50", "--eval_steps", "4")
+    opt = steps.optimization
+    assert (opt.num_epochs, opt.max_steps, opt.warmup_steps, opt.warmup_epochs) == (0, 300, 30, 0.0)
+    assert (opt.min_lr, steps.run.eval_every_steps, steps.run.eval_steps) == (1e-5, 50, 4)
+    back = _from_flags("--config", "config_transformer", "--set", "max_steps=5", "--num_epochs", "2").optimization
+    assert (back.num_epochs, back.max_steps) == (2, 0)
+    tokens = _from_flags("--config", "config_transformer", "--max_tokens", "1000000").optimization
+    assert (tokens.num_epochs, tokens.max_tokens) == (0, 1000000)
+    with pytest.raises(ConfigError, match="num_epochs = 10 and max_steps = 5 both plan"):
+        _from_flags("--config", "config_transformer", "--set", "max_steps=5")
+    with pytest.raises(UsageError, match="--num_epochs and --max_steps both plan the run's length; pass one"):
+        _from_flags("--config", "config_transformer", "--num_epochs", "1", "--max_steps", "5")
