@@ -92,7 +92,7 @@ def test_the_throughput_benchmark_drives_the_real_trainer_step(variant):
     runner = bench.LmkitRunner(cfg, ids, inputs, targets, variant=variant)
     assert runner.run(3) > 0
     assert len(runner.losses) == 3 and all(loss > 0 for loss in runner.losses)
-    assert runner.trainer.config.grad_accum_steps == (2 if variant == "lmkit_k2" else 1)
+    assert runner.trainer.config.optimization.grad_accum_steps == (2 if variant == "lmkit_k2" else 1)
 
 
 def test_ratio_spread_reports_every_round():
@@ -373,7 +373,7 @@ def test_the_device_inputs_variants_train_as_the_host_inputs_one():
     for variant in ("lmkit_bf16", "lmkit_bf16_devin", "lmkit_bf16_prefetch"):
         runner = train_throughput.LmkitRunner(cfg, ids, inputs, targets, variant)
         assert runner.device_inputs == (variant == "lmkit_bf16_devin")
-        assert runner.trainer.config.device_prefetch == (2 if variant == "lmkit_bf16_prefetch" else 0)
+        assert runner.trainer.config.compute.device_prefetch == (2 if variant == "lmkit_bf16_prefetch" else 0)
         runner.run(3)
         runner.run(2)  # a second timed run goes on from the next window
         losses[variant] = runner.losses
@@ -471,7 +471,7 @@ def test_the_attention_block_variants_build_blocked_models():
                                   "max_grad_norm": 1.0})
     for variant, precision in (("lmkit_blocks4", "float32"), ("lmkit_bf16_blocks4", "mixed_bfloat16")):
         cfg = base.replace(**train_throughput.LMKIT_VARIANTS[variant])
-        assert cfg.precision == precision
+        assert cfg.compute.precision == precision
         model = build_model(cfg.model_config())
         assert all(layer.attention.attention_blocks == 4 for layer in model.decoder.layers)
     assert ("lmkit_bf16_blocks4", "lmkit_bf16") in train_throughput.PAIRED_RATIOS

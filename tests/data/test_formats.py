@@ -197,7 +197,7 @@ def test_flags_and_config_keys_set_the_field_and_the_column():
     args = build_parser("lmkit train").parse_args(["--config", "config_tiny_transformer", "--train_file", "a.jsonl",
                                                    "--text_field", "body", "--text_column", "content"])
     config = config_from_args(args, distributed=False)
-    assert (config.data.text_field, config.text_column) == ("body", "content")
+    assert (config.data.text_field, config.data.text_column) == ("body", "content")
     flat = load_config("config_tiny_transformer", {"data": "text", "train_file": "a", "text_field": "t"})
     assert (flat.text_field, flat.data.text_field) == ("t", "t")
     dotted = load_config("config_tiny_transformer", {"data.kind": "text", "data.train_file": "a",

@@ -258,9 +258,10 @@ def test_generate_and_evaluate_a_bart_folder_on_the_command_line(tmp_path):
         assert json.load(f)["test_perplexity"] == pytest.approx(report["perplexity"], rel=1e-5)
     with open(os.path.join(frozen, "config.json"), encoding="utf-8") as f:
         saved = json.load(f)
-    assert saved["model"] == "transformer_seq2seq" and saved["data"] == "pairs" and saved["share_embeddings"]
-    assert saved["keep_prob"] == 1.0  # --set keep_prob wins over the folder's dropout (0.1)
-    assert saved["model_params"]["embedding_norm"] is True
+    model = saved["model"]  # config.json by section
+    assert model["name"] == "transformer_seq2seq" and saved["data"]["kind"] == "pairs" and model["share_embeddings"]
+    assert model["dropout"] == 0.0  # --set keep_prob wins over the folder's dropout (0.1)
+    assert model["embedding_norm"] is True
     # 12 steps of AdamW at 1e-3 on 24 pairs: the test perplexity falls, and the run generates and evaluates.
     res = _lmkit(*flags, "--model_dir", tuned, "--max_steps", "12", "--set", "learning_rate=1e-3")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -304,7 +305,7 @@ def test_lora_fine_tunes_a_bart_folder_and_exports_merged(tmp_path):
     model, _, _ = load_model(run)  # the base from the folder, the adapters from the run, merged
     assert lora_of(model) is None
     with open(os.path.join(run, "config.json"), encoding="utf-8") as f:
-        assert json.load(f)["lora_rank"] == 2
+        assert json.load(f)["adapters"]["lora_rank"] == 2
     # Which layers were adapted: the run unmerged, as `lmkit train` built it.
     built, _, _ = load_model(run, merge_adapters=False)
     paths = sorted(lora_of(built).adapters)

@@ -132,7 +132,7 @@ def test_fine_tune_on_two_workers_and_export_to_a_folder_transformers_loads(gemm
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     with open(os.path.join(run_dir, CONFIG_FILE)) as f:
         saved = json.load(f)
-    assert saved["model"] == "gemma" and saved["model_params"]["head_dim"] == 16
+    assert saved["model"]["name"] == "gemma" and saved["model"]["head_dim"] == 16  # config.json by section
     with open(os.path.join(run_dir, RESULTS_FILE)) as f:
         results = json.load(f)
     assert results["world_size"] == 2 and results["global_step"] >= 1

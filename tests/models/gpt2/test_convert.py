@@ -285,9 +285,9 @@ def test_the_checkpoints_dropout_unless_a_set_asks_for_another(folder):
     corpus = os.path.join(folder, "corpus.txt")
     flags = ["--init_from", folder, "--train_file", corpus, "--set", "num_steps=16"]
     config = config_from_args(build_parser().parse_args(flags))
-    assert config.keep_prob == 1.0 and config.hidden_size == 32  # the tiny GPT-2's pdrop 0.0 and n_embd
+    assert config.model["dropout"] == 0.0 and config.model["hidden_size"] == 32  # the tiny GPT-2's pdrop, n_embd
     config = config_from_args(build_parser().parse_args(flags + ["--set", "keep_prob=0.8"]))
-    assert config.keep_prob == 0.8 and config.hidden_size == 32
+    assert config.model["dropout"] == pytest.approx(0.2) and config.model["hidden_size"] == 32
 
 
 def test_a_download_without_a_network_is_one_clear_error(tmp_path):
@@ -328,7 +328,7 @@ def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, 
     from lmkit.train.checkpoint import load_model
     model_one, _, _ = load_model(one)
     model_two, tokenizer, config = load_model(two)
-    assert config.model == "gpt2" and config.init_from == os.path.abspath(folder)
+    assert config.model == "gpt2" and config.checkpoints.init_from == os.path.abspath(folder)
     pretrained, _, _ = load_pretrained(folder)
     moved = False
     for a, b, c in zip(model_two.trainable_variables, model_one.trainable_variables,

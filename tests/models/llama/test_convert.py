@@ -323,7 +323,7 @@ def test_generate_and_fine_tune_a_llama_folder_from_the_command_line(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     with open(os.path.join(two, "config.json")) as f:
         saved = json.load(f)
-    assert saved["model"] == "llama" and saved["model_params"]["num_kv_heads"] == 2
+    assert saved["model"]["name"] == "llama" and saved["model"]["num_kv_heads"] == 2  # config.json by section
     results = [json.load(open(os.path.join(d, "results.json"))) for d in (one, two)]
     assert [r["world_size"] for r in results] == [1, 2]
     from lmkit.train.checkpoint import load_model

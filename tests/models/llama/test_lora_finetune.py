@@ -58,7 +58,7 @@ def test_lora_fine_tune_on_two_workers_and_native_replicas_resumes_and_exports(t
     model_values = {k: n for k, n in values.items() if k.startswith("model/")}
     lora_model, _, config = load_model(two, merge_adapters=False)
     lora = lora_of(lora_model)
-    assert config.lora_rank == 4 and len(lora.adapters) == 6
+    assert config.adapters.lora_rank == 4 and len(lora.adapters) == 6
     assert model_values and all("/adapters/" in k for k in model_values), sorted(model_values)
     assert sum(model_values.values()) == lora.num_parameters()
     optimizer_values = sum(n for k, n in values.items() if k.startswith("optimizer/") and n > 1)
