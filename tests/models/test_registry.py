@@ -2,7 +2,7 @@
 folders; a model is built from its constructor's arguments, whose defaults a config leaves unstated."""
 import pytest
 
-from lmkit.config import ConfigError, TrainConfig, load_config
+from lmkit.config import TrainConfig, load_config
 from lmkit.models import LanguageModel, RNNLanguageModel, TransformerLanguageModel, build_model, registry
 from tests.models.test_protocols import KINDS, VOCAB, _config
 
@@ -46,17 +46,6 @@ def test_a_config_reads_the_constructors_defaults_for_what_it_does_not_state():
                                        "takes no such argument"):
         bare.model["forget_bias"]
     assert build_model(bare.model_config()).max_positions == 2048
-
-
-def test_each_family_checks_its_own_config():
-    with pytest.raises(ConfigError, match="num_steps = 20 exceeds max_positions = 16; raise max_positions"):
-        _config("transformer", num_steps=20)
-    with pytest.raises(ConfigError, match="embedding_dim = 5 must equal hidden_size = 8 when tie_weights = True"):
-        _config("lstm", embedding_dim=5, tie_weights=True)
-    with pytest.raises(ConfigError, match="embedding_dim = 5 must be 0 or hidden_size = 8"):
-        _config("transformer", embedding_dim=5)
-    assert _config("lstm", embedding_dim=5).model["embedding_dim"] == 5  # untied: any size
-    assert _config("llama", num_steps=20).data.num_steps == 20  # rotary positions: no window check
 
 
 @pytest.mark.parametrize("kind", KINDS)

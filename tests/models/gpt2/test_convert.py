@@ -328,7 +328,7 @@ def test_fine_tuning_on_two_workers_equals_one_then_generate_and_export(folder, 
     from lmkit.train.checkpoint import load_model
     model_one, _, _ = load_model(one)
     model_two, tokenizer, config = load_model(two)
-    assert config.model == "gpt2" and config.checkpoints.init_from == os.path.abspath(folder)
+    assert config.model.name == "gpt2" and config.checkpoints.init_from == os.path.abspath(folder)
     pretrained, _, _ = load_pretrained(folder)
     moved = False
     for a, b, c in zip(model_two.trainable_variables, model_one.trainable_variables,
