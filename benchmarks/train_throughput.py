@@ -472,7 +472,7 @@ class KerasRunner(Runner):
         self.tf = tf
         start = time.perf_counter()
         tf.random.set_seed(cfg.run.seed)
-        if cfg.model == "transformer":
+        if cfg.model.name == "transformer":
             model = _keras_transformer_model(cfg)
             optimizer = keras.optimizers.Adam(learning_rate=cfg.optimization.learning_rate, beta_1=0.9, beta_2=0.98,
                                               epsilon=1e-9, global_clipnorm=cfg.optimization.max_grad_norm)
@@ -577,8 +577,8 @@ class TorchRunner(Runner):
                 x = self.final_norm(self.blocks(x, mask=mask, is_causal=True))
                 return F.linear(x, self.embedding.weight, self.bias), None
 
-        self.model = (TorchTransformerLM() if cfg.model == "transformer" else TorchLSTMLM()).to(self.device)
-        if cfg.model == "transformer":
+        self.model = (TorchTransformerLM() if cfg.model.name == "transformer" else TorchLSTMLM()).to(self.device)
+        if cfg.model.name == "transformer":
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optimization.learning_rate,
                                               betas=(0.9, 0.98), eps=1e-9)
         else:
