@@ -156,7 +156,7 @@ def test_the_generation_benchmark_times_the_sliding_window():
     from lmkit.models import build_model
     dist.init(backend="local")
     model = build_model({"model": "transformer", "vocab_size": 20, "hidden_size": 8, "num_layers": 1,
-                         "num_heads": 2, "max_positions": 8, "init_scale": 0.5, "keep_prob": 1.0})
+                         "num_heads": 2, "max_positions": 8, "init_scale": 0.5, "dropout": 0.0})
     row = bench.bench_sliding(model, bench._StartToken(), decoding.GreedySampler(), 2, 30, repeats=1)
     assert row["window"] == 8 and row["length"] == 30 and row["tokens_per_sec"]["sliding"] > 0
     assert len(row["times_s"]["sliding"]) == 1 and row["sliding_vs_window"] > 0

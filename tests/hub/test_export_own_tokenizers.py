@@ -89,7 +89,7 @@ def test_a_gpt2_with_its_own_attention_dropout_exports_it_as_attn_pdrop(corpus, 
     tokenizer = train_tokenizer("byte", [corpus["train"]], str(tmp_path / "run"))
     for attention, want in ((None, 0.1), (0.0, 0.0)):
         model = build_model(dict(model="gpt2", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
-                                 num_heads=2, ffn_dim=32, max_positions=16, keep_prob=0.9,
+                                 num_heads=2, ffn_dim=32, max_positions=16, dropout=0.1,
                                  **({} if attention is None else {"attention_dropout": attention})))
         out = str(tmp_path / f"hf_{attention}")
         hf.export_gpt2(model, tokenizer, out, dropout=0.1)

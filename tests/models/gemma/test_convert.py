@@ -189,7 +189,7 @@ def test_lora_adapters_export_as_a_peft_folder(gemma, tmp_path):
     for adapter in lora.adapters.values():  # B starts at zero: moved, so the adapters change the logits
         adapter.b.assign(tf.random.normal(adapter.b.shape, stddev=0.3))
     out = str(tmp_path / "adapters")
-    convert.GemmaConverter().export_adapters(model, SimpleNamespace(init_from=folder), out)
+    convert.GemmaConverter().export_adapters(model, SimpleNamespace(checkpoints=SimpleNamespace(init_from=folder)), out)
     ours = model(tf.constant(IDS))[0].numpy()
     with torch.no_grad():
         peft_model = PeftModel.from_pretrained(GemmaForCausalLM.from_pretrained(folder), out).eval()

@@ -55,7 +55,7 @@ def test_norm_weights_load_as_one_plus_w_and_export_as_w(tmp_path):
 
 
 def test_the_config_maps_both_ways():
-    for changes in ({}, {"attention_bias": True, "tie_weights": False, "activation": "silu", "keep_prob": 0.9,
+    for changes in ({}, {"attention_bias": True, "tie_weights": False, "activation": "silu", "dropout": 0.1,
                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}}):
         model_config = build_model({**CONFIG, **changes}).get_config()
         written = convert.config_json(model_config)
