@@ -85,8 +85,8 @@ def _time_collectives_alone(trainer, inputs, targets, calls: int) -> Tuple[List[
 
     def replica_communicate(parts, loss):
         grads = [tf.IndexedSlices(*p) if isinstance(p, tuple) else p for p in parts]
-        averaged = dist.average_gradients(grads, sparse_as_dense=trainer.config.sparse_as_dense,
-                                          compression=trainer.config.compression)
+        averaged = dist.average_gradients(grads, sparse_as_dense=trainer.config.distribution.sparse_as_dense,
+                                          compression=trainer.config.distribution.compression)
         # Plain tensors out (a strategy returns no IndexedSlices from its replicas).
         return ([g.values if isinstance(g, tf.IndexedSlices) else g for g in averaged if g is not None],
                 dist.allreduce(loss, op="average", name="lmkit.bench.loss"))
@@ -128,17 +128,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     overrides = parse_overrides(args.set)
     cfg = load_config(args.config, overrides)
     rss_after_import = _rss_mib()
-    tf.random.set_seed(cfg.seed)
+    tf.random.set_seed(cfg.run.seed)
     with dist.scope():  # the native backend's variables live in its strategy
         model = build_model(cfg.model_config())
     trainer = Trainer(model, cfg, log=lambda s: None)
     total_steps = args.warmup + args.steps * args.repeats
-    ids = np.random.RandomState(0).randint(0, cfg.vocab_size, cfg.batch_size * cfg.num_steps * (total_steps + 2) + 1)
+    ids = np.random.RandomState(0).randint(0, cfg.model["vocab_size"],
+                                           cfg.data.batch_size * cfg.data.num_steps * (total_steps + 2) + 1)
     ids = ids.astype(np.int32)
     start = time.perf_counter()
     trainer.fit(ids, max_steps=args.warmup, num_epochs=1)  # builds the step, broadcasts, warms up
     setup_seconds = time.perf_counter() - start
-    inputs, targets = bptt_arrays(ids, cfg.batch_size, cfg.num_steps, rank=rank, size=size)
+    inputs, targets = bptt_arrays(ids, cfg.data.batch_size, cfg.data.num_steps, rank=rank, size=size)
     step = trainer.train_step
     state = trainer.initial_state()
     rss_trace: List[List[float]] = [[args.warmup, round(_rss_mib(), 1)]]
@@ -172,16 +173,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     everyone = dist.allgather_object({"rank": rank, "memory": memory, "threads": vars(dist.threads()),
                                       "affinity": sorted(os.sched_getaffinity(0))})
     if rank == 0:
-        words = cfg.batch_size * cfg.num_steps  # global words per step
+        words = cfg.data.batch_size * cfg.data.num_steps  # global words per step
         step_seconds = [s / args.steps for s in run_seconds]
         result = {
             "config": args.config,
             "overrides": overrides,
             "world_size": size,
             "backend": dist.backend_name(),
-            "global_batch": cfg.batch_size,
+            "global_batch": cfg.data.batch_size,
             "local_batch": trainer.local_batch,
-            "num_steps": cfg.num_steps,
+            "num_steps": cfg.data.num_steps,
             "words_per_step": words,
             "steps_per_run": args.steps,
             "warmup_steps": args.warmup,

@@ -211,9 +211,10 @@ def reference_model(config: Any, threads: int) -> Any:
         return None
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    shape = transformers.GPT2Config(vocab_size=config.vocab_size, n_positions=config.max_positions,
-                                    n_embd=config.hidden_size, n_layer=config.num_layers, n_head=config.num_heads,
-                                    n_inner=config.ffn_dim or None)
+    shape = transformers.GPT2Config(vocab_size=config.model["vocab_size"], n_positions=config.model["max_positions"],
+                                    n_embd=config.model["hidden_size"], n_layer=config.model["num_layers"],
+                                    n_head=config.model["num_heads"],
+                                    n_inner=config.model["ffn_dim"] or None)
     return transformers.GPT2LMHeadModel(shape).eval()
 
 
@@ -316,10 +317,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = load_config(CONFIGS[name])
         tf.random.set_seed(0)
         model = build_model(config.model_config())
-        lengths = [n for n in args.lengths if name != "transformer" or n <= config.max_positions]
+        lengths = [n for n in args.lengths if name != "transformer" or n <= config.model["max_positions"]]
         skipped = sorted(set(args.lengths) - set(lengths))
         if skipped:
-            print(f"{name}: lengths {skipped} exceed max_positions {config.max_positions}; skipped",
+            print(f"{name}: lengths {skipped} exceed max_positions {config.model['max_positions']}; skipped",
                   flush=True)
         rows = []
         reference = reference_model(config, args.threads) if name == "transformer" else None

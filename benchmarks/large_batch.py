@@ -79,7 +79,7 @@ def main() -> None:
     for name, batch, workers, overrides in chosen:
         cfg = load_config("config_small", dict(vocab_size=len(vocab), batch_size=batch, num_epochs=epochs,
                                                lr_decay_start_epoch=max(1, epochs - 2), **overrides))
-        tf.random.set_seed(cfg.seed)
+        tf.random.set_seed(cfg.run.seed)
         model = build_model(cfg.model_config())
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()

@@ -199,7 +199,7 @@ def lmkit_worker(args: argparse.Namespace) -> Dict[str, Any]:
         lines.append((time.time(), text))
         print(text, flush=True)
 
-    tf.random.set_seed(config.seed)
+    tf.random.set_seed(config.run.seed)
     model = build_model(config.model_config())
     Trainer(model, config, log=log).fit(train, max_steps=args.steps if in_epochs else None)
     trained = time.time()
@@ -283,9 +283,10 @@ def equivalence_worker(args: argparse.Namespace) -> Dict[str, Any]:
     from model import GPT, GPTConfig  # the user's checkout
 
     config = load_config(CONFIG)
-    gpt = GPT(GPTConfig(n_layer=config.num_layers, n_head=config.num_heads, n_embd=config.hidden_size,
-                        block_size=config.num_steps, bias=False, vocab_size=config.vocab_size, dropout=0.0))
-    optimizer = gpt.configure_optimizers(0.1, config.learning_rate, (0.9, 0.99), "cpu")
+    model = config.model
+    gpt = GPT(GPTConfig(n_layer=model["num_layers"], n_head=model["num_heads"], n_embd=model["hidden_size"],
+                        block_size=config.data.num_steps, bias=False, vocab_size=model["vocab_size"], dropout=0.0))
+    optimizer = gpt.configure_optimizers(0.1, config.optimization.learning_rate, (0.9, 0.99), "cpu")
     model = build_model(config.model_config())
     _copy_nanogpt_weights({k: v.detach().numpy() for k, v in gpt.state_dict().items()}, model)
     trainer = Trainer(model, config, log=lambda text: None)
@@ -294,7 +295,7 @@ def equivalence_worker(args: argparse.Namespace) -> Dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     losses = []
     for step in range(args.equivalence_steps):
-        starts = rng.integers(0, len(train) - BLOCK, size=config.batch_size)
+        starts = rng.integers(0, len(train) - BLOCK, size=config.data.batch_size)
         windows = np.stack([train[i:i + BLOCK + 1] for i in starts])
         x, y = np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:])
         for group in optimizer.param_groups:

@@ -260,13 +260,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dist.init(backend="local", intra_op_threads=args.threads or None)
     overrides = parse_overrides(args.set)
     cfg = load_config(args.config, overrides)
-    tf.random.set_seed(cfg.seed)
+    tf.random.set_seed(cfg.run.seed)
     model = build_model(cfg.model_config())
     trainer = Trainer(model, cfg, log=lambda s: None)
-    ids = np.random.RandomState(0).randint(0, cfg.vocab_size, cfg.batch_size * cfg.num_steps * 40 + 1)
+    ids = np.random.RandomState(0).randint(0, cfg.model["vocab_size"],
+                                           cfg.data.batch_size * cfg.data.num_steps * 40 + 1)
     ids = ids.astype(np.int32)
     trainer.fit(ids, max_steps=2, num_epochs=1)
-    inputs, targets = bptt_arrays(ids, cfg.batch_size, cfg.num_steps)
+    inputs, targets = bptt_arrays(ids, cfg.data.batch_size, cfg.data.num_steps)
     position = [0]
     state0 = trainer.initial_state()
 
@@ -295,7 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "config": args.config,
         "overrides": overrides,
         "xla": trainer.xla,
-        "words_per_step": cfg.batch_size * cfg.num_steps,
+        "words_per_step": cfg.data.batch_size * cfg.data.num_steps,
     }
     if not args.trace_only:
         pieces = {  # compiled as the trainer compiles its step

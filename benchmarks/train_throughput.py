@@ -274,9 +274,10 @@ def synthetic_batches(cfg: Any, num_batches: int, seed: int = 0):
 
     from lmkit.data.batching import bptt_arrays
     ids = np.random.RandomState(seed).randint(
-        0, cfg.vocab_size, size=cfg.batch_size * cfg.num_steps * num_batches + cfg.batch_size + 1)
+        0, cfg.model["vocab_size"],
+        size=cfg.data.batch_size * cfg.data.num_steps * num_batches + cfg.data.batch_size + 1)
     ids = ids.astype(np.int32)
-    return (ids,) + tuple(bptt_arrays(ids, cfg.batch_size, cfg.num_steps))
+    return (ids,) + tuple(bptt_arrays(ids, cfg.data.batch_size, cfg.data.num_steps))
 
 
 class Runner:
@@ -309,7 +310,7 @@ class LmkitRunner(Runner):
             module, attribute, replacement = LMKIT_PATCHES[variant]
             setattr(importlib.import_module(module), attribute, replacement)
         cfg = cfg.replace(**LMKIT_VARIANTS[variant])
-        tf.random.set_seed(cfg.seed)
+        tf.random.set_seed(cfg.run.seed)
         self.trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
         start = time.perf_counter()
         # fit() builds (and traces) the step that the timed runs then call.
@@ -337,9 +338,10 @@ class LmkitRunner(Runner):
         pending = []
         start = time.perf_counter()
         feed = None
-        if self.trainer.config.device_prefetch:  # the windows of this run through the trainer's feed, as in fit()
+        # the windows of this run through the trainer's feed, as in fit()
+        if self.trainer.config.compute.device_prefetch:
             from lmkit.train.feed import window_feed
-            feed = window_feed(self._windows(steps), self.trainer.config.device_prefetch)
+            feed = window_feed(self._windows(steps), self.trainer.config.compute.device_prefetch)
         for k in range(steps):
             i = self.position % len(self.inputs)
             self.position += 1
@@ -385,15 +387,16 @@ def _keras_lstm_model(cfg: Any):
 
         def __init__(self) -> None:
             super().__init__()
-            init = keras.initializers.RandomUniform(-cfg.init_scale, cfg.init_scale, seed=cfg.seed)
-            self.embedding = keras.layers.Embedding(cfg.vocab_size, cfg.hidden_size,
+            init = keras.initializers.RandomUniform(-cfg.model["init_scale"], cfg.model["init_scale"],
+                                                    seed=cfg.run.seed)
+            self.embedding = keras.layers.Embedding(cfg.model["vocab_size"], cfg.model["hidden_size"],
                                                     embeddings_initializer=init)
-            self.lstms = [keras.layers.LSTM(cfg.hidden_size, return_sequences=True, return_state=True,
+            self.lstms = [keras.layers.LSTM(cfg.model["hidden_size"], return_sequences=True, return_state=True,
                                             kernel_initializer=init, recurrent_initializer=init,
                                             bias_initializer=init, unit_forget_bias=False)
-                          for _ in range(cfg.num_layers)]
-            self.drop = keras.layers.Dropout(cfg.dropout)
-            self.softmax = keras.layers.Dense(cfg.vocab_size, kernel_initializer=init, bias_initializer=init)
+                          for _ in range(cfg.model["num_layers"])]
+            self.drop = keras.layers.Dropout(cfg.model["dropout"])
+            self.softmax = keras.layers.Dense(cfg.model["vocab_size"], kernel_initializer=init, bias_initializer=init)
 
         def call(self, ids, states, training=False):
             x = self.drop(self.embedding(ids), training=training)  # [batch, time, hidden]
@@ -410,19 +413,20 @@ def _keras_lstm_model(cfg: Any):
 def _keras_transformer_model(cfg: Any):
     import tensorflow as tf
     keras = tf.keras
-    ffn_dim = cfg.ffn_dim or 4 * cfg.hidden_size
+    ffn_dim = cfg.model["ffn_dim"] or 4 * cfg.model["hidden_size"]
 
     class Block(keras.layers.Layer):
         def __init__(self, init) -> None:
             super().__init__()
             self.norm1 = keras.layers.LayerNormalization(epsilon=1e-5)
             self.attention = keras.layers.MultiHeadAttention(
-                cfg.num_heads, cfg.hidden_size // cfg.num_heads, dropout=cfg.dropout, kernel_initializer=init)
+                cfg.model["num_heads"], cfg.model["hidden_size"] // cfg.model["num_heads"],
+                dropout=cfg.model["dropout"], kernel_initializer=init)
             self.norm2 = keras.layers.LayerNormalization(epsilon=1e-5)
             self.inner = keras.layers.Dense(ffn_dim, kernel_initializer=init,
                                             activation=lambda x: keras.activations.gelu(x, approximate=True))
-            self.outer = keras.layers.Dense(cfg.hidden_size, kernel_initializer=init)
-            self.drop = keras.layers.Dropout(cfg.dropout)
+            self.outer = keras.layers.Dense(cfg.model["hidden_size"], kernel_initializer=init)
+            self.drop = keras.layers.Dropout(cfg.model["dropout"])
 
         def call(self, x, training=False):
             h = self.norm1(x)
@@ -434,15 +438,16 @@ def _keras_transformer_model(cfg: Any):
 
         def __init__(self) -> None:
             super().__init__()
-            init = keras.initializers.RandomUniform(-cfg.init_scale, cfg.init_scale, seed=cfg.seed)
-            self.embedding = keras.layers.Embedding(cfg.vocab_size, cfg.hidden_size,
+            init = keras.initializers.RandomUniform(-cfg.model["init_scale"], cfg.model["init_scale"],
+                                                    seed=cfg.run.seed)
+            self.embedding = keras.layers.Embedding(cfg.model["vocab_size"], cfg.model["hidden_size"],
                                                     embeddings_initializer=init)
-            self.positions = keras.layers.Embedding(cfg.max_positions, cfg.hidden_size,
+            self.positions = keras.layers.Embedding(cfg.model["max_positions"], cfg.model["hidden_size"],
                                                     embeddings_initializer=init)
-            self.blocks = [Block(init) for _ in range(cfg.num_layers)]
+            self.blocks = [Block(init) for _ in range(cfg.model["num_layers"])]
             self.final_norm = keras.layers.LayerNormalization(epsilon=1e-5)
-            self.drop = keras.layers.Dropout(cfg.dropout)
-            self.bias = self.add_weight(shape=(cfg.vocab_size,), initializer="zeros", name="softmax_bias")
+            self.drop = keras.layers.Dropout(cfg.model["dropout"])
+            self.bias = self.add_weight(shape=(cfg.model["vocab_size"],), initializer="zeros", name="softmax_bias")
 
         def call(self, ids, states=None, training=False):
             length = tf.shape(ids)[1]
@@ -466,17 +471,18 @@ class KerasRunner(Runner):
         keras = tf.keras
         self.tf = tf
         start = time.perf_counter()
-        tf.random.set_seed(cfg.seed)
-        if cfg.model == "transformer":
+        tf.random.set_seed(cfg.run.seed)
+        if cfg.model.name == "transformer":
             model = _keras_transformer_model(cfg)
-            optimizer = keras.optimizers.Adam(learning_rate=cfg.learning_rate, beta_1=0.9, beta_2=0.98,
-                                              epsilon=1e-9, global_clipnorm=cfg.max_grad_norm)
+            optimizer = keras.optimizers.Adam(learning_rate=cfg.optimization.learning_rate, beta_1=0.9, beta_2=0.98,
+                                              epsilon=1e-9, global_clipnorm=cfg.optimization.max_grad_norm)
             self.state = None
         else:
             model = _keras_lstm_model(cfg)
-            optimizer = keras.optimizers.SGD(learning_rate=cfg.learning_rate, global_clipnorm=cfg.max_grad_norm)
-            zeros = tf.zeros([cfg.batch_size, cfg.hidden_size])
-            self.state = [(zeros, zeros) for _ in range(cfg.num_layers)]
+            optimizer = keras.optimizers.SGD(learning_rate=cfg.optimization.learning_rate,
+                                             global_clipnorm=cfg.optimization.max_grad_norm)
+            zeros = tf.zeros([cfg.data.batch_size, cfg.model["hidden_size"]])
+            self.state = [(zeros, zeros) for _ in range(cfg.model["num_layers"])]
 
         def train_step(x, y, state):
             with tf.GradientTape() as tape:
@@ -530,18 +536,19 @@ class TorchRunner(Runner):
         self.autocast = ((lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16
                          else contextlib.nullcontext)
         start = time.perf_counter()
-        torch.manual_seed(cfg.seed)
-        vocab, dim = cfg.vocab_size, cfg.hidden_size
+        torch.manual_seed(cfg.run.seed)
+        vocab, dim = cfg.model["vocab_size"], cfg.model["hidden_size"]
 
         class TorchLSTMLM(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.embedding = nn.Embedding(vocab, dim)
-                self.lstm = nn.LSTM(dim, dim, num_layers=cfg.num_layers, batch_first=True, dropout=cfg.dropout)
-                self.drop = nn.Dropout(cfg.dropout)
+                self.lstm = nn.LSTM(dim, dim, num_layers=cfg.model["num_layers"], batch_first=True,
+                                    dropout=cfg.model["dropout"])
+                self.drop = nn.Dropout(cfg.model["dropout"])
                 self.softmax = nn.Linear(dim, vocab)
                 for p in self.parameters():
-                    nn.init.uniform_(p, -cfg.init_scale, cfg.init_scale)
+                    nn.init.uniform_(p, -cfg.model["init_scale"], cfg.model["init_scale"])
 
             def forward(self, ids, state):
                 out, state = self.lstm(self.drop(self.embedding(ids)), state)  # [batch, time, dim]
@@ -551,17 +558,17 @@ class TorchRunner(Runner):
             def __init__(self) -> None:
                 super().__init__()
                 self.embedding = nn.Embedding(vocab, dim)
-                self.positions = nn.Embedding(cfg.max_positions, dim)
+                self.positions = nn.Embedding(cfg.model["max_positions"], dim)
                 layer = nn.TransformerEncoderLayer(
-                    dim, cfg.num_heads, cfg.ffn_dim or 4 * dim, dropout=cfg.dropout,
+                    dim, cfg.model["num_heads"], cfg.model["ffn_dim"] or 4 * dim, dropout=cfg.model["dropout"],
                     activation=functools.partial(F.gelu, approximate="tanh"), batch_first=True,
                     norm_first=True)
-                self.blocks = nn.TransformerEncoder(layer, cfg.num_layers, enable_nested_tensor=False)
+                self.blocks = nn.TransformerEncoder(layer, cfg.model["num_layers"], enable_nested_tensor=False)
                 self.final_norm = nn.LayerNorm(dim)
-                self.drop = nn.Dropout(cfg.dropout)
+                self.drop = nn.Dropout(cfg.model["dropout"])
                 self.bias = nn.Parameter(torch.zeros(vocab))
-                nn.init.uniform_(self.embedding.weight, -cfg.init_scale, cfg.init_scale)
-                nn.init.uniform_(self.positions.weight, -cfg.init_scale, cfg.init_scale)
+                nn.init.uniform_(self.embedding.weight, -cfg.model["init_scale"], cfg.model["init_scale"])
+                nn.init.uniform_(self.positions.weight, -cfg.model["init_scale"], cfg.model["init_scale"])
 
             def forward(self, ids, state):
                 length = ids.shape[1]
@@ -570,12 +577,12 @@ class TorchRunner(Runner):
                 x = self.final_norm(self.blocks(x, mask=mask, is_causal=True))
                 return F.linear(x, self.embedding.weight, self.bias), None
 
-        self.model = (TorchTransformerLM() if cfg.model == "transformer" else TorchLSTMLM()).to(self.device)
-        if cfg.model == "transformer":
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
+        self.model = (TorchTransformerLM() if cfg.model.name == "transformer" else TorchLSTMLM()).to(self.device)
+        if cfg.model.name == "transformer":
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.optimization.learning_rate,
                                               betas=(0.9, 0.98), eps=1e-9)
         else:
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.learning_rate)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.optimization.learning_rate)
         self.model.train()
         self.forward = torch.compile(self.model) if compiled else self.model
         self.params = list(self.model.parameters())
@@ -599,10 +606,10 @@ class TorchRunner(Runner):
             self.optimizer.zero_grad(set_to_none=True)
             with self.autocast():
                 logits, state = self.forward(self.inputs[i], self.state)
-                loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size).float(),
-                                       self.targets[i].reshape(-1), reduction="sum") / cfg.batch_size
+                loss = F.cross_entropy(logits.reshape(-1, cfg.model["vocab_size"]).float(),
+                                       self.targets[i].reshape(-1), reduction="sum") / cfg.data.batch_size
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.params, cfg.optimization.max_grad_norm)
             self.optimizer.step()
             self.state = None if state is None else tuple(s.detach() for s in state)
             pending.append(loss.detach())
@@ -817,10 +824,10 @@ class Worker:
 
 def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
                  log: Callable[[str], None], peak_tflops: Optional[float] = None) -> Dict[str, Any]:
-    from lmkit.config import load_config
+    from lmkit.config import load_config, stored_setting
     cfg = load_config(name, args.overrides)
     steps = steps_per_run(name, args)
-    words_per_step = cfg.batch_size * cfg.num_steps
+    words_per_step = cfg.data.batch_size * cfg.data.num_steps
     workers: Dict[str, Worker] = {}
     build_errors: Dict[str, str] = {}
     started: Dict[str, Worker] = {}
@@ -868,9 +875,9 @@ def bench_config(name: str, frameworks: Sequence[str], args: argparse.Namespace,
         for worker in started.values():
             worker.close()
     out: Dict[str, Any] = {
-        "config": {k: getattr(cfg, k) for k in ("model", "vocab_size", "hidden_size", "num_layers", "batch_size",
-                                                "num_steps", "keep_prob", "optimizer", "learning_rate",
-                                                "max_grad_norm")},
+        "config": {k: stored_setting(cfg.to_sections(), k)
+                   for k in ("model", "vocab_size", "hidden_size", "num_layers", "batch_size", "num_steps", "dropout",
+                             "optimizer", "learning_rate", "max_grad_norm")},
         "steps_per_run": steps,
         "words_per_step": words_per_step,
         "lmkit_overrides": {fw: LMKIT_VARIANTS[fw] for fw in frameworks if fw in LMKIT_VARIANTS},

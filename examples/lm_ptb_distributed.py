@@ -43,15 +43,15 @@ class LSTMLanguageModel(tf.Module):
 
     def __init__(self, m) -> None:  # m: the config's model section (the constructor arguments)
         super().__init__(name="rnn_language_model")
-        init, dim = uniform_initializer(m.init_scale), m.embedding_dim or m.hidden_size
+        init, dim = uniform_initializer(m["init_scale"]), m["embedding_dim"] or m["hidden_size"]
         with self.name_scope:
-            self.embedder = WordEmbedder(vocab_size=m.vocab_size, dim=dim, initializer=init, dropout=m.dropout,
+            self.embedder = WordEmbedder(vocab_size=m["vocab_size"], dim=dim, initializer=init, dropout=m["dropout"],
                                          name="embedder")
-            self.decoder = RNNDecoder(input_size=dim, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                                      cell=m.name, dropout=m.dropout, forget_bias=m.forget_bias,
-                                      init_scale=m.init_scale, name="decoder")
-            self.projection = OutputProjection(dim=m.hidden_size, vocab_size=m.vocab_size,
-                                               tied_embedder=self.embedder if m.tie_weights else None,
+            self.decoder = RNNDecoder(input_size=dim, hidden_size=m["hidden_size"], num_layers=m["num_layers"],
+                                      cell=m.name, dropout=m["dropout"], forget_bias=m["forget_bias"],
+                                      init_scale=m["init_scale"], name="decoder")
+            self.projection = OutputProjection(dim=m["hidden_size"], vocab_size=m["vocab_size"],
+                                               tied_embedder=self.embedder if m["tie_weights"] else None,
                                                initializer=init, bias_initializer=init, name="projection")
 
     def __call__(self, ids, state, training=False):
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     # DIST: Horovod under mpirun (one rank a process), else one process (or the native backend's replicas)
     dist.init(backend=config.distribution.backend, num_gpus=config.distribution.num_gpus)  # DIST
     # DIST: rank 0 downloads PTB when it is missing while the others wait; then every rank reads it.
-    data = load_ptb_everywhere(args.data_path, args.data_url, expected_vocab_size=config.model.vocab_size)
+    data = load_ptb_everywhere(args.data_path, args.data_url, expected_vocab_size=config.model["vocab_size"])
     if dist.rank() == 0:  # DIST: what lmkit generate and lmkit evaluate read back
         os.makedirs(args.model_dir, exist_ok=True)
         with open(os.path.join(args.model_dir, "config.json"), "w") as f:

@@ -24,6 +24,7 @@ import tensorflow as tf
 from lmkit import distributed as dist
 from lmkit.cli.common import parse_overrides, run_main  # run_main: a crashed rank stops the job
 from lmkit.config import load_config
+from lmkit.config.model import FLAT_MODEL_KEYS
 from lmkit.core.errors import UsageError
 from lmkit.data import BpttBatches, WindowBatches
 from lmkit.layers import (
@@ -55,23 +56,24 @@ class TinyGPT(tf.Module):
 
     def __init__(self, m) -> None:  # m: the config's model section (the constructor arguments)
         super().__init__(name="transformer_language_model")
-        self.rate = m.dropout  # while training
-        init, dim = uniform_initializer(m.init_scale), m.hidden_size
+        self.rate = m["dropout"]  # while training
+        init, dim = uniform_initializer(m["init_scale"]), m["hidden_size"]
         with self.name_scope:
-            self.embedder = WordEmbedder(vocab_size=m.vocab_size, dim=dim, initializer=init, name="embedder")
-            self.position_embedder = PositionEmbedder(max_positions=m.max_positions, dim=dim,
-                                                      init_scale=m.init_scale, name="position_embedder")
+            self.embedder = WordEmbedder(vocab_size=m["vocab_size"], dim=dim, initializer=init, name="embedder")
+            self.position_embedder = PositionEmbedder(max_positions=m["max_positions"], dim=dim,
+                                                      init_scale=m["init_scale"], name="position_embedder")
             options = {k: m.get(k, default) for k, default in MODEL_OPTIONS.items()}
-            self.decoder = TransformerDecoder(num_layers=m.num_layers, dim=dim, num_heads=m.num_heads,
-                                              ffn_dim=m.ffn_dim, dropout=m.dropout, pre_layer_norm=m.pre_layer_norm,
-                                              max_positions=m.max_positions, init_scale=m.init_scale,
+            self.decoder = TransformerDecoder(num_layers=m["num_layers"], dim=dim, num_heads=m["num_heads"],
+                                              ffn_dim=m["ffn_dim"], dropout=m["dropout"],
+                                              pre_layer_norm=m["pre_layer_norm"],
+                                              max_positions=m["max_positions"], init_scale=m["init_scale"],
                                               activation=options["activation"], use_bias=options["use_bias"],
                                               name="decoder")
-            self.projection = OutputProjection(dim=dim, vocab_size=m.vocab_size,
-                                               tied_embedder=self.embedder if m.tie_weights else None,
+            self.projection = OutputProjection(dim=dim, vocab_size=m["vocab_size"],
+                                               tied_embedder=self.embedder if m["tie_weights"] else None,
                                                use_bias=options["output_bias"], initializer=init, name="projection")
         if options["initialization"] == "gpt2":  # normal draws, the residual projections smaller
-            initialize_like_gpt2(self, self.decoder.layers, m.init_scale)
+            initialize_like_gpt2(self, self.decoder.layers, m["init_scale"])
 
     def __call__(self, ids, training=False):
         positions = tf.range(tf.shape(ids)[1])[tf.newaxis, :]  # [1, time]
@@ -174,7 +176,7 @@ def main(argv=None) -> int:
     if args.num_epochs:  # the flag's plan replaces the config's (in epochs, steps or tokens)
         overrides.update(num_epochs=args.num_epochs, max_steps=0, max_tokens=0)
     config = load_config(args.config, overrides)
-    if config.model.name != "transformer" or set(config.model.extras()) - set(MODEL_OPTIONS):
+    if config.model.name != "transformer" or set(config.model.arguments) - set(FLAT_MODEL_KEYS) - set(MODEL_OPTIONS):
         raise UsageError(f"this example trains lmkit's plain transformer (with {', '.join(MODEL_OPTIONS)}); "
                          f"{args.config} has model {config.model.to_dict()!r} (lmkit train takes any)")
 

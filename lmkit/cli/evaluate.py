@@ -263,8 +263,7 @@ def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     if hf_folder:
         tokenizer, source_tokenizer = generator.tokenizer, generator.source_tokenizer
     # Perplexity over the pairs the model can read; BLEU and exact match over every line.
-    max_source = (generator.model.source_positions.max_positions if hf_folder
-                  else config.model.get("max_source_positions"))
+    max_source = generator.model.source_positions.max_positions if hf_folder else config.model["max_source_positions"]
     pairs = encode_pairs(sources, references, source_tokenizer.encode, tokenizer.encode,
                          max_source_length=max_source, max_target_length=generator.model.max_positions - 1)
     batch = args.batch_size or (32 if hf_folder else config.data.eval_batch_size or config.data.batch_size)

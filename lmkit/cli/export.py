@@ -58,17 +58,18 @@ def _converter(model_dir: str, adapters: bool) -> Any:
       UsageError: a family without one, or ``adapters`` asked of a run without LoRA adapters or of a
         family that does not write them.
     """
+    from lmkit.config import stored_setting
     from lmkit.core.errors import UsageError
     from lmkit.core.layout import read_config_dict
     from lmkit.models.registry import converter_of_model, family_converters, family_of_model, pretrained_models
 
-    saved = read_config_dict(model_dir)
-    model = saved.get("model")
+    saved = read_config_dict(model_dir)  # flat (0.2) or by section
+    model, lora_rank = stored_setting(saved, "model"), stored_setting(saved, "lora_rank", 0)
     converter = converter_of_model(model) if isinstance(model, str) else None
-    if adapters and (converter is None or not converter.exports_adapters or not saved.get("lora_rank")):
+    if adapters and (converter is None or not converter.exports_adapters or not lora_rank):
         writers = [c.title for c in family_converters().values() if c.exports_adapters]
         raise UsageError(f"export --format peft writes the LoRA adapters of a {' or '.join(writers)} run; "
-                         f"{model_dir} is a {model!r} run with lora_rank = {saved.get('lora_rank', 0)}: train with "
+                         f"{model_dir} is a {model!r} run with lora_rank = {lora_rank}: train with "
                          "--init_from FOLDER --lora_rank R, or use --format hf")
     if converter is None:
         family = family_of_model(model) if isinstance(model, str) else None

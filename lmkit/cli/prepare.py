@@ -39,10 +39,10 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit prepare") -> int:
     parser.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
     args = parser.parse_args(argv)
     config = config_from_args(args, distributed=False)
-    if config.data not in ("text", "pairs"):
+    if config.data.kind not in ("text", "pairs"):
         raise UsageError("lmkit prepare encodes your own text; pass --train_file (or --source_file and "
                          "--target_file; PTB needs no preparing: lmkit train downloads and reads it)")
-    cache = cache_root(config.data_cache)
+    cache = cache_root(config.data.data_cache)
     if cache is None:
         raise UsageError("--data_cache none leaves nothing to prepare; give a cache folder (or leave "
                          "the flag out for ~/.cache/lmkit/tokens)")

@@ -36,6 +36,7 @@ from lmkit.core.layout import CHECKPOINT_DIR, RESULTS_FILE
 from lmkit.data.sources import SEPARATOR
 from lmkit.distributed import BACKEND_CHOICES
 from lmkit.layers.precision import PRECISIONS
+from lmkit.models.registry import CONVERTERS, MODELS, SEQ2SEQ_MODELS
 
 __all__ = ["build_parser", "config_from_args", "main", "print_config"]
 
@@ -52,13 +53,13 @@ def build_parser(prog: str = "lmkit train", distributed: bool = True) -> argpars
                    help="print the resolved config (the config file, the flags and --set applied) as a config "
                         "file, by section, and exit without training; save it as a .py file to pass to --config")
     p.add_argument("--init_from", default=None,
-                   help="fine-tune a pretrained GPT-2, Llama, Qwen2, Mistral or Gemma (with --train_file) or BART "
-                        "(with --source_file and --target_file): a Hugging Face folder (config.json, "
+                   help=f"fine-tune a pretrained model ({', '.join(CONVERTERS)}; a language model with --train_file, "
+                        "an encoder-decoder with --source_file and --target_file): a Hugging Face folder (config.json, "
                         "model.safetensors, tokenizer.json or vocab.json + merges.txt) or hf:<name> to download "
-                        "one (e.g. hf:gpt2); its sizes, weights and tokenizer replace the config's")
+                        "one; its sizes, weights and tokenizer replace the config's")
     _add_lora_flags(p)
     p.add_argument("--model", default=None,
-                   help="the model: a registered name (lstm, gru, transformer) or your own class "
+                   help=f"the model: a registered name ({', '.join(MODELS)}) or your own class "
                         "as package.module:Class; default: the config's model")
     _add_data_flags(p)
     _add_run_flags(p)
@@ -76,10 +77,8 @@ def _add_lora_flags(p: argparse.ArgumentParser) -> None:
     lora.add_argument("--lora_dropout", type=float, default=None,
                       help="dropout on the adapters' inputs; default: the config's lora_dropout (0)")
     lora.add_argument("--lora_targets", default=None,
-                      help="comma-separated linear layers to adapt (llama: query, key, value, output, gate, "
-                           "up, down; gpt2: qkv, output, ffn_inner, ffn_outer; BART: query, key_value, qkv, "
-                           "output, ffn_inner, ffn_outer); default: the model's (llama query,value; gpt2 qkv; "
-                           "BART query,key_value,qkv)")
+                      help="comma-separated names of the model's linear layers to adapt (docs/llama.md#lora names "
+                           "them); default: the model's own (its class's lora_targets)")
 
 
 def _add_data_flags(p: argparse.ArgumentParser) -> None:
@@ -316,12 +315,12 @@ def check_model_data(cls: type, config: Any) -> None:
     """
     from lmkit.core.errors import UsageError
     conditional = bool(getattr(cls, "conditional", False))
-    if conditional and config.data != "pairs":
+    if conditional and config.data.kind != "pairs":
         raise UsageError(f"model {config.model.name!r} is an encoder-decoder: it trains on source/target pairs, "
                          f"not data = {config.data.kind!r}; pass --source_file and --target_file (config_seq2seq)")
-    if not conditional and config.data == "pairs":
+    if not conditional and config.data.kind == "pairs":
         raise UsageError(f"model {config.model.name!r} is a language model, but data = 'pairs' is for "
-                         "encoder-decoders; use model = 'transformer_seq2seq' or 'rnn_seq2seq' (--config "
+                         f"encoder-decoders; use model = {' or '.join(repr(m) for m in SEQ2SEQ_MODELS)} (--config "
                          "config_seq2seq), or --train_file for a language model")
 
 
@@ -351,7 +350,7 @@ def _model_dir(args: argparse.Namespace) -> str:
 
 def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distributed: bool = True) -> int:
     """Trains as the flags say; returns the exit status (errors are raised, see ``run_main``)."""
-    from lmkit.core.preemption import reclaim, set_doing  # set_doing: what a signal stopped, for its message
+    from lmkit.core.preemption import set_doing  # what a signal stopped, for its message
 
     args = build_parser(prog, distributed).parse_args(argv)
     set_doing("reading the config" + (f" and --init_from {args.init_from}" if args.init_from else ""))
@@ -359,31 +358,14 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     user_modules_importable()
     if args.print_config:
         return print_config(config, args, prog)
-
     set_doing("starting TensorFlow")
-    from lmkit import distributed as dist
-    from lmkit.core.checks import check_divisible
-    from lmkit.core.xla import use_xla
-    from lmkit.layers import kernels as attention_kernels
-    from lmkit.models import model_class
-    from lmkit.models.build import build_run_model, describe_lora
-    from lmkit.train import Trainer
-    from lmkit.train.accumulation import micro_batch_rows
-    from lmkit.train.run_data import load_run_data
-
-    check_model_data(model_class(config.model.name)[0], config)  # before anything is written
-
-    # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
-    dist.init(backend=config.backend if distributed else "local",  # DIST
-              intra_op_threads=args.intra_op_threads, num_gpus=config.num_gpus)
-    reclaim()  # the native backend's start-up took SIGTERM (TensorFlow's coordination service): ours again
-    replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
-    check_divisible("batch_size", config.batch_size, replicas, "workers")
-    micro_batch_rows(config.batch_size, replicas, config.grad_accum_steps)  # before anything is written
-    device = dist.device_type()  # a fused attention kernel that cannot run here stops the run now
-    attention_kernels.resolve(config.attention_kernel, device_type=device, xla=use_xla(config.jit_compile, device),
-                              precision=config.precision)
+    replicas = _start(config, args, distributed)
     model_dir = _model_dir(args)
+
+    from lmkit import distributed as dist
+    from lmkit.optim import warmup_note
+    from lmkit.train import Trainer
+    from lmkit.train.run_data import load_run_data
 
     def log(text: str) -> None:
         if dist.is_chief():
@@ -393,21 +375,60 @@ def main(argv: Optional[List[str]] = None, prog: str = "lmkit train", distribute
     data = load_run_data(config, model_dir, args.data_path, args.data_url,  # DIST: rank 0 prepares
                          verify=not args.no_verify_data, log=log)
     config = data.config
-
-    import tensorflow as tf
-    tf.random.set_seed(config.seed)  # same initial values everywhere; rank 0's win anyway
-    set_doing("building the model" + (f" from {config.init_from}" if config.init_from else ""))
-    with dist.scope():  # DIST: native backend: one copy of each variable per replica
-        # The pretrained weights, if any (a checkpoint in --model_dir wins when fit resumes), and the adapters.
-        model = build_run_model(config)
-    if config.lora_rank:
-        log(describe_lora(model))
+    model = _build_model(config, log)
+    if warmup_note(config):
+        log(warmup_note(config))
     trainer = Trainer(model, config, model_dir=model_dir, vocab=data.vocab)
     set_doing(f"starting training (restoring the last checkpoint in {model_dir}, if any)")
     result = trainer.fit(data.train, data.valid, data.test, words=data.words)  # the config's plan
     if dist.is_chief() and result.epochs:  # DIST: rank 0 reports
         log(_summary(result, replicas, model_dir))
     return 0
+
+
+def _start(config: Any, args: argparse.Namespace, distributed: bool) -> int:
+    """Checks what needs no data (the model against the data's kind, the batch against the workers, the
+    attention kernel against the device) and starts the backend; returns the number of replicas."""
+    from lmkit import distributed as dist
+    from lmkit.core.checks import check_divisible
+    from lmkit.core.preemption import reclaim
+    from lmkit.core.xla import use_xla
+    from lmkit.layers import kernels as attention_kernels
+    from lmkit.models import model_class
+    from lmkit.train.accumulation import micro_batch_rows
+
+    check_model_data(model_class(config.model.name)[0], config)  # before anything is written
+    # Initialise before any TensorFlow op: pins GPUs (or makes the replicas) and sets CPU threads.
+    dist.init(backend=config.distribution.backend if distributed else "local",  # DIST
+              intra_op_threads=args.intra_op_threads, num_gpus=config.distribution.num_gpus)
+    reclaim()  # the native backend's start-up took SIGTERM (TensorFlow's coordination service): ours again
+    replicas = dist.num_replicas()  # DIST: the global batch is split across the replicas
+    check_divisible("batch_size", config.data.batch_size, replicas, "workers")
+    micro_batch_rows(config.data.batch_size, replicas, config.optimization.grad_accum_steps)  # before writing
+    device = dist.device_type()  # a fused attention kernel that cannot run here stops the run now
+    compute = config.compute
+    attention_kernels.resolve(compute.attention_kernel, device_type=device,
+                              xla=use_xla(compute.jit_compile, device), precision=compute.precision)
+    return replicas
+
+
+def _build_model(config: Any, log: Any) -> Any:
+    """The run's model on every replica: the same initial values everywhere, ``init_from``'s weights, the
+    adapters (a checkpoint in the model folder wins when the trainer resumes)."""
+    import tensorflow as tf
+
+    from lmkit import distributed as dist
+    from lmkit.core.preemption import set_doing
+    from lmkit.models.build import build_run_model, describe_lora
+
+    tf.random.set_seed(config.run.seed)  # same initial values everywhere; rank 0's win anyway
+    init_from = config.checkpoints.init_from
+    set_doing("building the model" + (f" from {init_from}" if init_from else ""))
+    with dist.scope():  # DIST: native backend: one copy of each variable per replica
+        model = build_run_model(config)
+    if config.adapters.lora_rank:
+        log(describe_lora(model))
+    return model
 
 
 def _summary(result: Any, replicas: int, model_dir: str) -> str:

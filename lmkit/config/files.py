@@ -3,7 +3,8 @@
 A config file's top-level lowercase names are its settings (as in Texar's
 examples): sections as dicts, or 0.x's flat keys, or both::
 
-    model = dict(name="lstm", vocab_size=10000, hidden_size=200, num_layers=2, init_scale=0.1, dropout=0.0)
+    model = dict(name="<a registered model>", vocab_size=10000, hidden_size=200, num_layers=2, init_scale=0.1,
+                 dropout=0.0)
     data = dict(batch_size=20, num_steps=20)
     optimization = dict(learning_rate=1.0, max_grad_norm=5.0, num_epochs=13)
 

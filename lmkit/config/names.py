@@ -13,8 +13,9 @@ from typing import Any, Tuple
 from lmkit.core.errors import UsageError
 from lmkit.core.registry import import_object, names
 
-__all__ = ["attention_kernel_problem", "backends", "is_import_path", "launcher_rank", "model_class", "models",
-           "precisions", "pretrained_models", "samplings", "split_tokenizer", "spm_model_types", "tokenizers"]
+__all__ = ["attention_kernel_problem", "backends", "check_family_config", "is_import_path", "launcher_rank",
+           "model_arguments", "model_class", "models", "precisions", "pretrained_models", "samplings",
+           "seq2seq_models", "split_tokenizer", "spm_model_types", "tokenizers"]
 
 
 def models() -> Tuple[str, ...]:
@@ -27,9 +28,34 @@ def pretrained_models() -> Tuple[str, ...]:
     return tuple(import_object("lmkit.models.registry:pretrained_models", "model registry")())
 
 
+def seq2seq_models() -> Tuple[str, ...]:
+    """The registered names of encoder-decoders (they train on ``data = "pairs"``)."""
+    return names("lmkit.models.registry:SEQ2SEQ_MODELS", "model registry")
+
+
 def model_class(name: str) -> Tuple[type, dict]:
     """The class a model name builds and the arguments the name fixes (imports it, and TensorFlow)."""
     return import_object("lmkit.models.registry:model_class", "model registry")(name)
+
+
+def model_arguments(name: str) -> Any:
+    """The constructor arguments of the class a model name builds, those the name fixes left out:
+    ``.defaults`` (name -> default), ``.required`` (names without one) and ``.open`` (it takes ``**kwargs``)
+    (:func:`lmkit.models.registry.model_arguments`; imports the class, and TensorFlow).
+
+    Raises:
+      UsageError: an unknown model, or a class that does not import.
+    """
+    return import_object("lmkit.models.registry:model_arguments", "model registry")(name)
+
+
+def check_family_config(cfg: Any, source: str) -> None:
+    """The checks the model's family makes of a config (:func:`lmkit.models.registry.check_config`).
+
+    Raises:
+      ConfigError: what the family finds wrong.
+    """
+    import_object("lmkit.models.registry:check_config", "model registry")(cfg, source)
 
 
 def is_import_path(name: Any) -> bool:

@@ -6,30 +6,12 @@ a ``.py`` file it loads back (``--config that_file.py``) as the same config.
 
 from __future__ import annotations
 
-import inspect
 import math
-from typing import Any, List, Optional, Set
+from typing import Any, List
 
-from lmkit.config import names
 from lmkit.config.spelling import SECTIONS
 
-__all__ = ["constructor_parameters", "format_config"]
-
-
-def constructor_parameters(model: str) -> Optional[Set[str]]:
-    """The keyword arguments of the class that ``model`` names (None when it takes ``**kwargs``).
-
-    Imports the class (and TensorFlow).
-
-    Raises:
-      UsageError: an unknown model, or a class that does not import.
-    """
-    cls, _ = names.model_class(model)
-    params = inspect.signature(cls.__init__).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params if p.name not in ("self", "name")
-            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+__all__ = ["format_config"]
 
 
 def _literal(value: Any) -> str:
@@ -43,8 +25,8 @@ def format_config(cfg: Any, header: str = "") -> str:
     """``cfg`` (a :class:`~lmkit.config.TrainConfig`) as the text of a config file.
 
     Every field of every section is written, the defaults too; the model
-    section holds the model's name and the arguments its constructor takes
-    (:meth:`~lmkit.config.model.ModelConfig.resolved`).
+    section holds the model's name and every argument of its constructor,
+    stated or at its default (:meth:`~lmkit.config.model.ModelConfig.resolved`).
 
     Args:
       cfg: the config.
@@ -55,10 +37,7 @@ def format_config(cfg: Any, header: str = "") -> str:
     """
     lines: List[str] = [f'"""{header.strip()}\n"""', ""] if header.strip() else []
     for name in SECTIONS:
-        if name == "model":
-            values = cfg.model.resolved(constructor_parameters(cfg.model.name))
-        else:
-            values = getattr(cfg, name).to_dict()
+        values = cfg.model.resolved() if name == "model" else getattr(cfg, name).to_dict()
         if name == "data":
             values = {"kind": values.pop("kind"), **values}
         lines.append(f"{name} = dict(")

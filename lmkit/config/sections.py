@@ -53,7 +53,7 @@ class DataConfig(Section):
     share_vocab: bool = True  # pairs: one tokenizer for both sides; False: the source gets its own
     max_source_length: int = 0  # pairs: longer sources are skipped, counted (0 = max_source_positions)
     max_target_length: int = 0  # pairs: longer targets are skipped, counted (0 = max_positions - 1)
-    sampling: str = "windows"  # transformers: windows (shuffled fixed windows) | random (random offsets)
+    sampling: str = "windows"  # non-recurrent models: windows (shuffled fixed windows) | random (random offsets)
     tokenizer: str = "word"  # text: word | sentencepiece | char | byte | hf (with init_from) | hf:<folder or Hub name>
     max_vocab: int = 0  # word tokenizer: largest vocabulary, specials included (0 = no limit)
     min_count: int = 1  # word tokenizer: drop words seen fewer times
@@ -146,7 +146,7 @@ class CheckpointConfig(Section):
 
     SECTION = "checkpoints"
 
-    init_from: str = ""  # a Hugging Face GPT-2/Llama/Qwen2/Mistral/Gemma/BART folder: its weights, sizes, tokenizer
+    init_from: str = ""  # a Hugging Face folder of a family lmkit reads: its weights, sizes, tokenizer
     checkpoint_every_epochs: int = 1
     checkpoint_every_steps: int = 0  # also every this many global steps (0 = off)
     checkpoint_every_minutes: float = 0.0  # also this often, by rank 0's clock (0 = off)
@@ -163,8 +163,7 @@ class AdapterConfig(Section):
     lora_rank: int = 0  # train rank-r adapters only, the base frozen (0 = full fine-tuning)
     lora_alpha: float = 16.0  # the adapters' update is scaled by lora_alpha / lora_rank
     lora_dropout: float = 0.0  # on the adapters' inputs while training
-    # comma-separated Linear layer names ("" = the model's: llama query,value; gpt2 qkv;
-    # transformer_seq2seq query,key_value,qkv)
+    # comma-separated Linear layer names ("" = the model's own, its class's lora_targets)
     lora_targets: str = ""
 
 

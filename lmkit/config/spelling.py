@@ -6,13 +6,19 @@ A setting can be written three ways, in a config file, a ``--set`` flag,
 * in its section: ``optimization = dict(learning_rate=0.5)``;
 * dotted: ``--set optimization.learning_rate=0.5``;
 * flat, as 0.x wrote every setting: ``learning_rate = 0.5``. Each field of
-  each section keeps its flat name (:data:`FLAT_KEYS`); ``model = "lstm"``
+  each section keeps its flat name (:data:`FLAT_KEYS`), as do 0.x's model
+  keys (:data:`lmkit.config.model.FLAT_MODEL_KEYS`); ``model = "<name>"``
   is the model's name and ``data = "text"`` the data's kind.
+
+Flat spellings live here only, where files, flags and stored configs are
+read: the rest of lmkit reads a config by section
+(``cfg.optimization.learning_rate``, ``cfg.model["hidden_size"]``).
 
 Three 0.x keys changed their spelling and still work: ``keep_prob`` (now
 ``model.dropout = 1 - keep_prob``) and ``model_params`` (now keys of the
 model section) print one warning naming the new spelling where a person
-wrote them (:func:`spell` with ``warn``); ``use_horovod = True/False``
+wrote them (:func:`spell` with ``warn``; a run folder's ``config.json``
+written by 0.2 is translated without a word); ``use_horovod = True/False``
 (OpenSeq2Seq's) means ``backend = "horovod"/"native"``, as before.
 
 :func:`spell` turns one source's keys into ``{section: {field: value}}``;
@@ -27,7 +33,7 @@ from typing import Any, Dict, Mapping, Set, Tuple
 
 from lmkit.config import names
 from lmkit.config.base import ConfigError, check_type
-from lmkit.config.model import SHAPE_DEFAULTS, ModelConfig, dropout_of
+from lmkit.config.model import FLAT_MODEL_KEYS, ModelConfig, dropout_of
 from lmkit.config.sections import (
     AdapterConfig,
     CheckpointConfig,
@@ -52,7 +58,7 @@ Sections = Dict[str, Dict[str, Any]]
 
 def _flat_keys() -> Dict[str, Tuple[str, str]]:
     keys = {"model": ("model", "name"), "data": ("data", "kind")}
-    keys.update({key: ("model", key) for key in SHAPE_DEFAULTS})
+    keys.update({key: ("model", key) for key in FLAT_MODEL_KEYS})
     for section, cls in SECTIONS.items():
         if cls is not ModelConfig:
             keys.update({f.name: (section, f.name) for f in dataclasses.fields(cls)

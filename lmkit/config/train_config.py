@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 from lmkit.config.base import ConfigError
-from lmkit.config.model import SHAPE_DEFAULTS, ModelConfig, keep_prob_of
+from lmkit.config.model import ModelConfig
 from lmkit.config.sections import (
     AdapterConfig,
     CheckpointConfig,
@@ -20,10 +20,8 @@ from lmkit.config.sections import (
 from lmkit.config.spelling import FLAT_KEYS, SECTIONS, Sections, merge, spell
 from lmkit.config.validation import validate
 
-__all__ = ["ADAPTER_KEYS", "MODEL_CONFIG_KEYS", "PLAN_KEYS", "REQUIRED_KEYS", "TrainConfig"]
+__all__ = ["ADAPTER_KEYS", "PLAN_KEYS", "REQUIRED_KEYS", "TrainConfig"]
 
-# The flat keys that define the model's shape (0.x's model_config(); stored with checkpoints).
-MODEL_CONFIG_KEYS = ("model", *("keep_prob" if k == "dropout" else k for k in SHAPE_DEFAULTS))
 # The keys that shape a LoRA run's adapters (what its checkpoints hold): fixed for the run, like the model's.
 ADAPTER_KEYS = ("lora_rank", "lora_alpha", "lora_targets")
 # The keys every config states, flat, with their sections' fields.
@@ -40,10 +38,10 @@ class TrainConfig:
     ``cfg.model`` holds the model's name and its constructor's arguments,
     ``cfg.data`` what the run reads, then ``optimization``, ``compute``
     (precision, XLA, kernels), ``distribution``, ``checkpoints``,
-    ``adapters`` (LoRA) and ``run`` (seed, logs). Every field also reads
-    under its flat name, as in 0.x: ``cfg.learning_rate`` is
-    ``cfg.optimization.learning_rate``, ``cfg.keep_prob`` is ``1 -
-    cfg.model.dropout``, ``cfg.model == "lstm"`` compares the name.
+    ``adapters`` (LoRA) and ``run`` (seed, logs). Read a setting by its
+    section: ``cfg.optimization.learning_rate``, ``cfg.data.batch_size``,
+    ``cfg.model.name``, ``cfg.model["hidden_size"]`` (0.x's flat names,
+    ``cfg.learning_rate``, are spellings of files and flags only).
 
     Build one with :meth:`from_dict` (any spelling, :mod:`lmkit.config.spelling`)
     or :func:`lmkit.config.load_config`; both check every value.
@@ -89,20 +87,6 @@ class TrainConfig:
                                          source="config override")
 
     # ------------------------------------------------------------------ reading
-    def __getattr__(self, key: str) -> Any:
-        """The flat 0.x names: ``cfg.learning_rate`` reads ``cfg.optimization.learning_rate``."""
-        fields = self.__dict__
-        if key.startswith("__") or "model" not in fields:
-            raise AttributeError(key)
-        if key in FLAT_KEYS:
-            section, name = FLAT_KEYS[key]
-            return getattr(fields[section], name)
-        if key == "keep_prob":
-            return keep_prob_of(fields["model"].dropout)
-        if key == "model_params":
-            return fields["model"].extras()
-        raise AttributeError(f"'TrainConfig' object has no attribute {key!r}")
-
     @property
     def tokens_per_step(self) -> int:
         """Tokens a global step trains on: ``batch_size * num_steps`` (a language model's windows)."""
@@ -130,22 +114,23 @@ class TrainConfig:
     @property
     def source_length_limit(self) -> int:
         """The most ids a source may have (``max_source_length``, 0 meaning ``max_source_positions``)."""
-        return self.data.max_source_length or self.model.max_source_positions
+        return self.data.max_source_length or self.model["max_source_positions"]
 
     @property
     def target_length_limit(self) -> int:
         """The most ids a target may have, without its start/end id (0 meaning ``max_positions - 1``)."""
-        return self.data.max_target_length or self.model.max_positions - 1
+        return self.data.max_target_length or self.model["max_positions"] - 1
 
     @property
     def tokenizer_options(self) -> Dict[str, Any]:
         """The options of ``lmkit.data.train_tokenizer`` this config asks for."""
-        return {"vocab_size": self.model.vocab_size, "max_vocab": self.data.max_vocab or None,
+        return {"vocab_size": self.model["vocab_size"], "max_vocab": self.data.max_vocab or None,
                 "min_count": self.data.min_count, "model_type": self.data.spm_model_type,
                 "source": self.checkpoints.init_from}
 
     def model_config(self) -> Dict[str, Any]:
-        """The model's settings as :func:`lmkit.models.build_model` takes them (0.x's flat keys)."""
+        """``{"model": name, <constructor argument>: value}``, every argument stated or at the constructor's
+        default, as :func:`lmkit.models.build_model` takes them (:meth:`ModelConfig.model_config`)."""
         return self.model.model_config()
 
     # ------------------------------------------------------------------ writing
@@ -154,14 +139,15 @@ class TrainConfig:
         return {name: getattr(self, name).to_dict() for name in SECTIONS}
 
     def to_dict(self) -> Dict[str, Any]:
-        """Every setting under its flat 0.x name (``keep_prob``, ``model_params``), as ``config.json`` holds it."""
-        flat = {k: v for k, v in self.model.model_config().items() if k in MODEL_CONFIG_KEYS}
-        flat["model_params"] = self.model.extras()
-        for key, (section, name) in FLAT_KEYS.items():
-            if section != "model":
-                value = getattr(getattr(self, section), name)
-                flat[key] = dict(value) if isinstance(value, dict) else value
-        return flat
+        """Every setting by section, as a run folder's ``config.json`` holds it: the model section with every
+        argument of its constructor (the defaults written out, so a later lmkit whose defaults differ rebuilds
+        the same model), every field of the others.
+
+        Raises:
+          UsageError: the model's class cannot be imported.
+        """
+        return {**self.to_sections(), "model": self.model.resolved()}
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as JSON (``config.json``); :meth:`from_dict` reads it back."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

@@ -23,28 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 from lmkit.core.errors import UsageError
 from lmkit.decoding.config import GenerationConfig
 
-__all__ = ["Generator", "ModelFolder", "is_seq2seq_run", "load_generator", "open_folder", "run_sections",
+__all__ = ["Generator", "ModelFolder", "is_seq2seq_run", "load_generator", "open_folder",
            "source_tokenizer_of_run"]
-
-
-def run_sections(path: str) -> Dict[str, Dict[str, Any]]:
-    """A run folder's ``config.json`` by section (``{"data": {"num_steps": 64, ...}, ...}``), however an lmkit
-    wrote it (flat, as 0.x did, or in sections); keys this lmkit does not know are left out. No TensorFlow.
-
-    Raises:
-      UsageError: no config.json, or one that is not JSON.
-    """
-    from lmkit.config.spelling import DEPRECATED, FLAT_KEYS, LEGACY_BACKEND_KEY, SECTIONS, spell
-    from lmkit.core.layout import CONFIG_FILE, read_config_dict
-    stored = read_config_dict(path)
-    known = {k: v for k, v in stored.items()
-             if k in FLAT_KEYS or k in SECTIONS or k in DEPRECATED or k == LEGACY_BACKEND_KEY}
-    return spell(known, f"{path}/{CONFIG_FILE}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +73,11 @@ class ModelFolder:
         (``init_from``) while it is there; None for a run trained from scratch."""
         if self.hugging_face:
             return self.path
+        from lmkit.config import stored_setting
+        from lmkit.core.layout import read_config_dict
         from lmkit.hub.folders import is_hf_folder
         try:
-            source = run_sections(self.path)["checkpoints"].get("init_from")
+            source = stored_setting(read_config_dict(self.path), "init_from")
         except (UsageError, OSError, ValueError):
             return None
         return source if isinstance(source, str) and is_hf_folder(source) else None
@@ -113,10 +100,12 @@ class ModelFolder:
         """
         if self.hugging_face:
             return None
-        sections = run_sections(self.path)
-        if sections["checkpoints"].get("init_from"):
+        from lmkit.config import stored_setting
+        from lmkit.core.layout import read_config_dict
+        config = read_config_dict(self.path)
+        if stored_setting(config, "init_from"):
             return None
-        steps = sections["data"].get("num_steps")
+        steps = stored_setting(config, "num_steps")
         return int(steps) if isinstance(steps, int) and steps > 0 else None
 
     def load(self, checkpoint: Optional[str] = None, tokenizer: Any = None) -> "Generator":
@@ -160,10 +149,11 @@ def _holds_encoder_decoder(path: str, hugging_face: bool) -> bool:
             return bool(converter_of(path).conditional)
         except UsageError:  # a family lmkit does not read: loading it says so
             return False
-    from lmkit.core.layout import CONFIG_FILE
+    from lmkit.config import stored_setting
+    from lmkit.core.layout import CONFIG_FILE, read_config_dict
     if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
         return False
-    return run_sections(path)["data"].get("kind") == "pairs"
+    return stored_setting(read_config_dict(path), "data") == "pairs"
 
 
 def is_seq2seq_run(model_dir: str) -> bool:

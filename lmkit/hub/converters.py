@@ -37,24 +37,12 @@ from lmkit.core.registry import import_object
 from lmkit.hub.folders import HF_CONFIG, is_hf_folder, model_type_of, read_config_json
 from lmkit.hub.safetensors import BUFFERS
 
-__all__ = ["CONVERTER_TABLE", "Converter", "build_keys", "check_pretrained", "check_window", "converter_at",
+__all__ = ["CONVERTER_TABLE", "Converter", "check_pretrained", "check_window", "converter_at",
            "converter_for", "converter_of", "converter_table", "fine_tuning_config", "load_pretrained_weights",
            "pair_framing", "pretrained_training_config"]
 
 #: Where the table ``model_type -> "module:Class"`` of converters lives (assembled from the model families).
 CONVERTER_TABLE = "lmkit.models.registry:CONVERTERS"
-
-
-def build_keys(model: str, arguments: Mapping[str, Any]) -> Dict[str, Any]:
-    """``lmkit.models.build_model``'s keys for the model ``model`` with constructor ``arguments``.
-
-    ``build_model`` and ``get_config`` still spell ``dropout`` as 0.x's ``keep_prob = 1 - dropout``: the
-    one place that translates (it goes when they take and give constructor arguments alone).
-    """
-    keys = {"model": model, **arguments}
-    if "dropout" in keys:
-        keys["keep_prob"] = round(1.0 - float(keys.pop("dropout")), 12)
-    return keys
 
 
 class Converter(abc.ABC):
@@ -148,14 +136,12 @@ class Converter(abc.ABC):
 
     def model_config(self, config: Dict[str, Any], folder: str = "") -> Dict[str, Any]:
         """``lmkit.models.build_model``'s keys of the model ``config`` (a checked ``config.json``) describes."""
-        return build_keys(self.model, self.config_in({**self.defaults, **config}, os.path.join(folder, HF_CONFIG)))
+        return {"model": self.model, **self.config_in({**self.defaults, **config}, os.path.join(folder, HF_CONFIG))}
 
     def arguments(self, model: Any) -> Dict[str, Any]:
         """The constructor arguments of ``model`` (its ``get_config()`` without the name)."""
         config = dict(model.get_config())
         config.pop("model", None)
-        if "keep_prob" in config:  # build_keys' inverse
-            config["dropout"] = round(1.0 - float(config.pop("keep_prob")), 12)
         return config
 
     def check_model(self, model: Any, what: str) -> None:

@@ -185,13 +185,12 @@ def model_generation_preset(model_dir: str) -> Tuple[Dict[str, Any], Optional[st
     """
     if is_hf_folder(model_dir):
         return generation_preset(model_dir), model_dir
+    from lmkit.config import stored_setting
     from lmkit.core.layout import read_config_dict
     try:
-        stored = read_config_dict(model_dir)
+        source = stored_setting(read_config_dict(model_dir), "init_from")
     except (UsageError, OSError, ValueError):
         return {}, None
-    checkpoints = stored.get("checkpoints")  # by section; a 0.x run's config.json is flat
-    source = checkpoints.get("init_from") if isinstance(checkpoints, dict) else stored.get("init_from")
     if isinstance(source, str) and is_hf_folder(source):
         return generation_preset(source), source
     return {}, None

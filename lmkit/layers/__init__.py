@@ -4,7 +4,7 @@ Every module creates its variables in ``__init__``, works eagerly and under
 ``tf.function``, and describes itself with ``get_config()``. One concept per
 file: ``base`` (Module, Linear, dropout, initializers), ``embeddings``,
 ``norms``, ``rotary``, ``feedforward``, ``attention`` (the one attention
-module and its functions), ``transformer`` (residual layers and the
+module), ``attend`` (the functions it computes with), ``transformer`` (residual layers and the
 decoder-only stack), ``encoder_decoder``, ``cells`` and ``rnn`` (recurrent
 cores and unrolling), ``attention_rnn``, ``lora``, ``projection``,
 ``precision``, ``kernels/`` (fused attention).

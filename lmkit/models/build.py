@@ -49,9 +49,10 @@ def load_pretrained(folder: str, tokenizer: Any = None, converter: Optional[Any]
 
 
 def lora_targets_of(config: Any, model: Any) -> Tuple[str, ...]:
-    """The Linear layer names ``config.lora_targets`` lists, or the model's defaults when it is empty."""
-    if config.lora_targets.strip():
-        return tuple(t.strip() for t in config.lora_targets.split(",") if t.strip())
+    """The Linear layer names ``config.adapters.lora_targets`` lists, or the model's defaults when it is empty."""
+    listed = config.adapters.lora_targets
+    if listed.strip():
+        return tuple(t.strip() for t in listed.split(",") if t.strip())
     targets = tuple(getattr(model, "lora_targets", ()))
     if not targets:
         raise UsageError(f"model {config.model.name!r} names no default LoRA targets; set lora_targets "
@@ -71,20 +72,21 @@ def build_run_model(config: Any, *, load_pretrained: bool = True) -> Any:
     from lmkit.layers.lora import add_lora, frozen
     from lmkit.models.registry import build_model
 
-    if config.lora_rank:
+    adapters, init_from = config.adapters, config.checkpoints.init_from
+    if adapters.lora_rank:
         with frozen():
             model = build_model(config.model_config())
     else:
         model = build_model(config.model_config())
-    if config.init_from and load_pretrained:
+    if init_from and load_pretrained:
         from lmkit.hub.converters import load_pretrained_weights
-        if not os.path.isdir(config.init_from):
-            raise UsageError(f"the base model folder {config.init_from} (init_from) is gone; a LoRA run "
+        if not os.path.isdir(init_from):
+            raise UsageError(f"the base model folder {init_from} (init_from) is gone; a LoRA run "
                              "keeps only its adapters: put the folder back or edit init_from in the run's "
                              "config.json")
-        load_pretrained_weights(model, config.init_from)
-    if config.lora_rank:
-        add_lora(model, rank=config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
+        load_pretrained_weights(model, init_from)
+    if adapters.lora_rank:
+        add_lora(model, rank=adapters.lora_rank, alpha=adapters.lora_alpha, dropout=adapters.lora_dropout,
                  targets=lora_targets_of(config, model))
     return model
 

@@ -4,8 +4,9 @@ A language model is a ``tf.Module`` with ``vocab_size``, ``stateful``,
 ``initial_state(batch_size, max_length=None)``,
 ``__call__(ids, state=None, training=False) -> (logits, state)``,
 ``step(ids, state) -> (logits, state)``, ``reorder_state(state, indices)``
-and ``get_config()``, whose dict ``lmkit.models.build_model`` turns back into
-the model. Subclass :class:`LanguageModel` to plug a model into lmkit
+and ``get_config()``: ``{"model": <its registered name>, <constructor
+argument>: value}``, which ``lmkit.models.build_model`` turns back into the
+model. Subclass :class:`LanguageModel` to plug a model into lmkit
 (``docs/design.md``).
 
 Every state tensor has the batch as its first dimension, so
@@ -21,14 +22,9 @@ import tensorflow as tf
 from lmkit.core.checks import check_non_negative_int
 from lmkit.layers.base import Module, Training
 
-__all__ = ["LanguageModel", "State", "check_window", "keep_prob_of", "embedding_dim_of"]
+__all__ = ["LanguageModel", "State", "check_window", "embedding_dim_of"]
 
 State = Any  # a nest of tensors, each [batch, ...]
-
-
-def keep_prob_of(rate: float) -> float:
-    """``1 - rate``, rounded so that keep_prob 0.65 -> dropout 0.35 -> keep_prob 0.65 exactly."""
-    return round(1.0 - rate, 12)
 
 
 def embedding_dim_of(embedding_dim: int, hidden_size: int) -> int:

@@ -5,9 +5,10 @@ Face converter (``convert.py``, :class:`lmkit.hub.converters.Converter`)
 and an ``__init__.py`` that declares, as plain data, the ``model`` names it
 builds (``MODELS``, and ``SEQ2SEQ_MODELS`` for encoder-decoders), the
 Hugging Face ``model_type``s it reads (``HF_MODEL_TYPES``, each with the
-model it loads as) and its converter (``CONVERTER``, ``"module:Class"``).
-:data:`FAMILIES` lists the families, one line each; everything else here is
-assembled from them.
+model it loads as), its converter (``CONVERTER``, ``"module:Class"``) and
+the checks it makes of a training config (``CONFIG_CHECK``,
+``"module:function"``, :func:`check_config`). :data:`FAMILIES` lists the
+families, one line each; everything else here is assembled from them.
 
 :data:`MODELS` maps a config's ``model`` name to the class that builds it
 (as ``"module:Class"``, imported only when used) and the constructor
@@ -17,11 +18,12 @@ import path, ``model = "my_pkg.my_module:MyLM"``; it is stored in the run's
 script.
 
 :func:`build_model` turns a ``model_config`` (``TrainConfig.model_config()``
-or ``model.get_config()``) into a model: every key is a constructor argument
-of the class, except ``keep_prob`` (the constructors take
-``dropout = 1 - keep_prob``). Keys checked against the constructor: an
-unknown key is an error naming the closest known one; a key that only
-another built-in model takes is ignored, so one config dict serves all.
+or ``model.get_config()``) into a model: ``model`` is the name, every other
+key a constructor argument of the class (:func:`model_arguments` lists
+them; a config's unstated ones take the constructor's defaults). Keys are
+checked against the constructor: an unknown key is an error naming the
+closest known one; a key that only another built-in model takes is
+ignored, so one config dict serves all.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from lmkit.core.checks import check_known_keys, did_you_mean
 from lmkit.core.errors import UsageError
@@ -39,9 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmkit.hub.converters import Converter
     from lmkit.models.protocols import LanguageModel
 
-__all__ = ["CONVERTERS", "FAMILIES", "MODELS", "build_model", "converter_of_model", "family_converters",
-           "family_of_model", "family_package", "is_import_path", "model_class", "model_keys", "model_of_hf_type",
-           "pretrained_models"]
+__all__ = ["CONVERTERS", "FAMILIES", "MODELS", "SEQ2SEQ_MODELS", "Arguments", "build_model", "check_config",
+           "converter_of_model", "family_converters", "family_of_model", "family_package", "is_import_path",
+           "model_arguments", "model_class", "model_keys", "model_of_hf_type", "pretrained_models"]
 
 #: family -> its package. A new family is one line here.
 FAMILIES: Dict[str, str] = {
@@ -72,6 +74,8 @@ def _declared(name: str) -> Dict[str, Any]:
 #: name -> ("module:Class", constructor arguments the name fixes): the language models, then the
 #: encoder-decoders.
 MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {**_declared("MODELS"), **_declared("SEQ2SEQ_MODELS")}
+#: the names of :data:`MODELS` that are encoder-decoders (they train on ``data = "pairs"``)
+SEQ2SEQ_MODELS: Tuple[str, ...] = tuple(_declared("SEQ2SEQ_MODELS"))
 #: Hugging Face ``model_type`` -> the converter that reads its folders (``"module:Class"``).
 CONVERTERS: Dict[str, str] = {model_type: _declaration(family, "CONVERTER") for family in FAMILIES
                               for model_type in _declaration(family, "HF_MODEL_TYPES", {})}
@@ -106,11 +110,6 @@ def pretrained_models() -> Tuple[str, ...]:
     """The ``model`` names that ``--init_from`` fills from a Hugging Face folder (those its families'
     ``model_type``s load as), in the families' order."""
     return tuple(dict.fromkeys(_declared("HF_MODEL_TYPES").values()))
-
-
-# Constructor arguments that no config sets (the module name) or that a
-# config spells differently (dropout = 1 - keep_prob).
-_NOT_CONFIG_KEYS = ("name", "dropout")
 
 
 def is_import_path(model: str) -> bool:
@@ -158,40 +157,63 @@ def _check_language_model(cls: Any, model: str) -> None:
                          "subclass lmkit.models.LanguageModel (see docs/design.md)")
 
 
-def _constructor_params(cls: type) -> Dict[str, inspect.Parameter]:
-    """The keyword arguments of ``cls``'s constructor."""
-    params = inspect.signature(cls.__init__).parameters
-    return {n: p for n, p in params.items()
-            if n != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+class Arguments(NamedTuple):
+    """The keyword arguments a config may give a model's constructor (:func:`model_arguments`)."""
+
+    defaults: Dict[str, Any]  # name -> the constructor's default
+    required: Tuple[str, ...]  # the names without a default
+    open: bool  # the constructor also takes **kwargs
 
 
-def _config_keys(cls: type, fixed: Mapping[str, Any]) -> List[str]:
-    params = _constructor_params(cls)
-    keys = [k for k in params if k not in _NOT_CONFIG_KEYS and k not in fixed]
-    if "dropout" in params:
-        keys.append("keep_prob")
-    return keys
+def model_arguments(model: str) -> Arguments:
+    """The constructor arguments of the class ``model`` names, less ``name`` and those the name fixes.
+
+    Raises:
+      UsageError: as :func:`model_class`.
+    """
+    cls, fixed = model_class(model)
+    params = inspect.signature(cls.__init__).parameters.values()
+    named = [p for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+             and p.name not in ("self", "name") and p.name not in fixed]
+    return Arguments(defaults={p.name: p.default for p in named if p.default is not p.empty},
+                     required=tuple(p.name for p in named if p.default is p.empty),
+                     open=any(p.kind is p.VAR_KEYWORD for p in params))
+
+
+def _config_keys(model: str) -> List[str]:
+    arguments = model_arguments(model)
+    return [*arguments.required, *arguments.defaults]
 
 
 def model_keys() -> List[str]:
     """Every ``model_config`` key of the built-in models (``model`` included)."""
     keys = ["model"]
     for name in MODELS:
-        cls, fixed = model_class(name)
-        keys += [k for k in _config_keys(cls, fixed) if k not in keys]
+        keys += [k for k in _config_keys(name) if k not in keys]
     return keys
 
 
+def check_config(cfg: Any, source: str) -> None:
+    """The checks of a :class:`lmkit.config.TrainConfig` that its model's family declares (``CONFIG_CHECK``,
+    ``"module:function"`` taking ``(cfg, source)``); none for a user's model or a family without them.
+
+    Raises:
+      ConfigError: what the family finds wrong.
+    """
+    family = family_of_model(cfg.model.name)
+    path = _declaration(family, "CONFIG_CHECK") if family else None
+    if path:
+        import_object(path, "config check")(cfg, source)
+
+
 def build_model(model_config: Mapping[str, Any]) -> "LanguageModel":
-    """Builds a language model from ``TrainConfig.model_config()`` keys.
+    """Builds a language model from ``{"model": name, <constructor argument>: value}``.
 
     ``model`` picks the class through :data:`MODELS` (or an import path);
-    ``dropout`` is ``1 - keep_prob``; every other key is the constructor
-    argument of the same name (``embedding_dim`` 0 means ``hidden_size``,
-    ``ffn_dim`` 0 means ``4 * hidden_size``). Keys that only another
-    built-in model takes are ignored; missing optional keys take the
-    constructor's defaults. ``model.get_config()`` is a valid
-    ``model_config``.
+    every other key is the constructor argument of the same name
+    (``TrainConfig.model_config()`` and ``model.get_config()`` give such
+    dicts). Keys that only another built-in model takes are ignored; missing
+    optional keys take the constructor's defaults.
 
     Args:
       model_config: the mapping.
@@ -206,19 +228,14 @@ def build_model(model_config: Mapping[str, Any]) -> "LanguageModel":
     config = dict(model_config)
     if "model" not in config:
         raise UsageError("model_config is missing required key 'model'")
-    cls, fixed = model_class(config.pop("model"))
-    own = _config_keys(cls, fixed)
-    check_known_keys("model_config", config, set(own) | set(model_keys()))
-    params = _constructor_params(cls)
-    kwargs = {k: v for k, v in config.items() if k in own and k != "keep_prob"}
-    if "keep_prob" in config and "dropout" in params:
-        keep_prob = config["keep_prob"]
-        if isinstance(keep_prob, bool) or not isinstance(keep_prob, (int, float)) \
-                or not 0.0 < keep_prob <= 1.0:
-            raise UsageError(f"keep_prob {keep_prob!r} must be in (0, 1]")
-        kwargs["dropout"] = max(0.0, 1.0 - float(keep_prob))
-    missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
-               and n not in kwargs and n not in fixed]
+    model = config.pop("model")
+    cls, fixed = model_class(model)
+    arguments = model_arguments(model)
+    own = set(arguments.defaults) | set(arguments.required)
+    if not arguments.open:
+        check_known_keys("model_config", config, own | set(model_keys()))
+    kwargs = {k: v for k, v in config.items() if arguments.open or k in own}
+    missing = [n for n in arguments.required if n not in kwargs]
     if missing:
         raise UsageError(f"model_config is missing required key {missing[0]!r}")
     return cls(**fixed, **kwargs)

@@ -26,13 +26,13 @@ from lmkit.optim.factory import OPTIMIZERS, build_optimizer, create_optimizer, o
 from lmkit.optim.lamb import LAMB
 from lmkit.optim.larc import LARC, LARC_MODES, larc_factor
 from lmkit.optim.novograd import NovoGrad
+from lmkit.optim.policy import LearningRatePolicy, warmup_note
 from lmkit.optim.schedules import (
     LR_SCALINGS,
     SCHEDULES,
     ConstantSchedule,
     CosineDecay,
     ExponentialDecay,
-    LearningRatePolicy,
     LinearWarmup,
     PiecewiseConstant,
     PolynomialDecay,
@@ -59,6 +59,7 @@ __all__ = [
     "build_optimizer",
     # learning-rate policy
     "LearningRatePolicy",
+    "warmup_note",
     "LR_SCALINGS",
     "SCHEDULES",
     "scale_learning_rate",

@@ -96,5 +96,6 @@ def build_optimizer(config: Any) -> Optimizer:
     Raises:
       UsageError: (a ValueError) an unknown optimizer or key, or a bad value.
     """
-    return create_optimizer(config.optimizer, learning_rate=config.learning_rate,
-                            params=config.optimizer_params, larc_params=config.larc_params)
+    opt = config.optimization
+    return create_optimizer(opt.optimizer, learning_rate=opt.learning_rate, params=opt.optimizer_params,
+                            larc_params=opt.larc_params)

@@ -34,15 +34,16 @@ applied, i.e. ``optimizer.iterations``) is built from three pieces:
    Epoch-based schedules count epochs from the start of training, so a
    decay boundary inside the warmup takes effect at the hand-over.
 
-:class:`LearningRatePolicy` combines them; it maps a Python int or an int
-tensor (also inside ``tf.function``) to a float32 tensor, with the same value
-either way (all arithmetic is float64 TensorFlow ops, cast at the end).
+:class:`lmkit.optim.policy.LearningRatePolicy` combines them; it maps a
+Python int or an int tensor (also inside ``tf.function``) to a float32
+tensor, with the same value either way (all arithmetic is float64 TensorFlow
+ops, cast at the end).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Sequence, Union
 
 import tensorflow as tf
 
@@ -62,7 +63,6 @@ __all__ = [
     "CosineDecay",
     "LinearWarmup",
     "make_schedule",
-    "LearningRatePolicy",
 ]
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -70,7 +70,7 @@ SCHEDULES = ("exponential", "piecewise", "polynomial", "cosine", "constant")
 StepLike = Union[int, tf.Tensor]
 
 
-def _check_int(name: str, value: object, low: int) -> int:
+def check_int(name: str, value: object, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise UsageError(f"{name} = {value!r} must be an integer >= {low}")
     return value
@@ -92,7 +92,7 @@ def scale_learning_rate(base_lr: float, world_size: int, scaling: str) -> float:
       UsageError: (a ValueError) an unknown ``scaling`` or bad numbers.
     """
     base_lr = check_number("base_lr", base_lr, low=0.0)
-    world_size = _check_int("world_size", world_size, 1)
+    world_size = check_int("world_size", world_size, 1)
     if scaling == "none":
         return base_lr
     if scaling == "linear":
@@ -102,7 +102,7 @@ def scale_learning_rate(base_lr: float, world_size: int, scaling: str) -> float:
     raise UsageError(f"lr_scaling = {scaling!r} is not one of {', '.join(LR_SCALINGS)}")
 
 
-def _as_step(step: StepLike) -> tf.Tensor:
+def as_step(step: StepLike) -> tf.Tensor:
     """The step as an int64 scalar tensor (Python ints and int32/int64 tensors)."""
     if isinstance(step, bool):
         raise UsageError(f"step = {step!r} must be an integer or an integer tensor")
@@ -151,10 +151,10 @@ class ExponentialDecay(Schedule):
         Raises:
           UsageError: (a ValueError) a bad value.
         """
-        self.steps_per_epoch = _check_int("steps_per_epoch", steps_per_epoch, 1)
+        self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, 1)
         self.lr_decay = check_number("lr_decay", lr_decay, low=0.0, low_open=True,
                                      fix="use 1.0 for no decay")
-        self.lr_decay_start_epoch = _check_int("lr_decay_start_epoch", lr_decay_start_epoch, 0)
+        self.lr_decay_start_epoch = check_int("lr_decay_start_epoch", lr_decay_start_epoch, 0)
 
     def __call__(self, step: tf.Tensor, peak_lr: float) -> tf.Tensor:
         epoch = step // self.steps_per_epoch  # completed epochs = 0-based epoch index
@@ -183,7 +183,7 @@ class PiecewiseConstant(Schedule):
         Raises:
           UsageError: (a ValueError) bad lengths, order or values.
         """
-        self.steps_per_epoch = _check_int("steps_per_epoch", steps_per_epoch, 1)
+        self.steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, 1)
         if isinstance(boundaries, (str, bytes)) or not isinstance(boundaries, Sequence):
             raise UsageError(f"boundaries = {boundaries!r} must be a list of epochs")
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
@@ -209,8 +209,8 @@ class _DecayToEnd(Schedule):
     """Shared set-up of the decays from ``peak`` at ``start_step`` to ``end_lr``."""
 
     def __init__(self, *, start_step: int, total_steps: int, end_lr: float) -> None:
-        self.start_step = _check_int("start_step", start_step, 0)
-        self.total_steps = _check_int("total_steps", total_steps, 1)
+        self.start_step = check_int("start_step", start_step, 0)
+        self.total_steps = check_int("total_steps", total_steps, 1)
         if self.total_steps <= self.start_step:
             raise UsageError(f"the decay ends at step {total_steps} (total_epochs * "
                              f"steps_per_epoch) but starts after the warmup at step "
@@ -280,7 +280,7 @@ class LinearWarmup:
         Raises:
           UsageError: (a ValueError) a bad value.
         """
-        self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
         self.start_factor = check_number("warmup_start_factor", start_factor, low=0.0, high=1.0)
 
     def __call__(self, step: tf.Tensor, peak_lr: float) -> tf.Tensor:
@@ -332,7 +332,7 @@ def make_schedule(name: str, *, steps_per_epoch: int, warmup_steps: int = 0,
     for key, value in args.items():
         if value is None:
             raise UsageError(f"schedule_params: schedule {name!r} needs {key!r}")
-    steps_per_epoch = _check_int("steps_per_epoch", steps_per_epoch, 1)
+    steps_per_epoch = check_int("steps_per_epoch", steps_per_epoch, 1)
     if name == "exponential":
         return ExponentialDecay(steps_per_epoch=steps_per_epoch, **args)
     if name == "piecewise":
@@ -345,155 +345,3 @@ def make_schedule(name: str, *, steps_per_epoch: int, warmup_steps: int = 0,
     if name == "polynomial":
         return PolynomialDecay(start_step=warmup_steps, total_steps=total_steps, **args)
     return CosineDecay(start_step=warmup_steps, total_steps=total_steps, **args)
-
-
-class LearningRatePolicy:
-    """Scaling by workers, linear warmup, then a schedule (see the module docstring).
-
-    Example, config_small on 4 workers with linear scaling and one epoch of
-    warmup: ``LearningRatePolicy(1.0, 4, 100, "linear", 1.0, "exponential",
-    lr_decay=0.5, lr_decay_start_epoch=4)`` gives 1.0 at step 0, 2.5 at step
-    50, 4.0 from step 100 to 399, 2.0 for epoch 4 (steps 400-499), ...
-
-    Attributes:
-      peak_lr: the scaled learning rate (float).
-      warmup_steps: ``W``.
-      warmup: the :class:`LinearWarmup`.
-      schedule: the :class:`Schedule` used from step ``W`` on.
-    """
-
-    def __init__(self, base_lr: float, world_size: int, steps_per_epoch: int,
-                 scaling: str = "none", warmup_epochs: float = 0.0,
-                 schedule: str = "constant", warmup_start_factor: Optional[float] = None,
-                 warmup_steps: Optional[int] = None, **params: Any) -> None:
-        """Creates the policy.
-
-        Args:
-          base_lr: the single-worker learning rate (``TrainConfig.learning_rate``).
-          world_size: number of workers ``N``.
-          steps_per_epoch: updates per epoch (with the global batch), >= 1.
-          scaling: one of :data:`LR_SCALINGS`.
-          warmup_epochs: warmup length in epochs (may be fractional), >= 0.
-          schedule: one of :data:`SCHEDULES`.
-          warmup_start_factor: fraction of the peak at step 0; default ``1/N``
-            (Goyal et al. / Horovod). Use e.g. 0.0 to warm up from zero even
-            on one worker (transformers).
-          warmup_steps: the warmup in steps, in place of ``warmup_epochs``.
-          **params: the schedule's keys (see :func:`make_schedule`; polynomial and
-            cosine take ``total_steps`` in place of ``total_epochs``).
-
-        Raises:
-          UsageError: (a ValueError) a bad name, key or value.
-        """
-        self.base_lr = check_number("base_lr", base_lr, low=0.0)
-        self.world_size = _check_int("world_size", world_size, 1)
-        self.steps_per_epoch = _check_int("steps_per_epoch", steps_per_epoch, 1)
-        self.scaling = scaling
-        self.peak_lr = scale_learning_rate(self.base_lr, self.world_size, scaling)
-        self.warmup_epochs = check_number("warmup_epochs", warmup_epochs, low=0.0)
-        self.warmup_steps = (int(round(self.warmup_epochs * self.steps_per_epoch)) if warmup_steps is None
-                             else _check_int("warmup_steps", warmup_steps, 0))
-        start = 1.0 / self.world_size if warmup_start_factor is None else warmup_start_factor
-        self.warmup = LinearWarmup(warmup_steps=self.warmup_steps, start_factor=start)
-        self.schedule_name = schedule
-        self.schedule = make_schedule(schedule, steps_per_epoch=self.steps_per_epoch,
-                                      warmup_steps=self.warmup_steps, **params)
-
-    @classmethod
-    def from_config(cls, config: Any, world_size: int, steps_per_epoch: int) -> "LearningRatePolicy":
-        """The policy of a :class:`lmkit.config.TrainConfig`.
-
-        Uses ``learning_rate``, ``lr_scaling``, the warmup (``warmup_steps``, or
-        ``warmup_epochs`` in steps of this data), ``schedule``, ``min_lr`` and
-        ``schedule_params``; for ``exponential`` also ``lr_decay`` and
-        ``lr_decay_start_epoch``. A polynomial or cosine decay ends at the
-        plan's end: ``max_steps`` (or the steps of ``max_tokens``) in a run
-        planned in steps, as :meth:`in_steps`, else ``total_epochs``
-        (default ``num_epochs``). ``schedule_params`` may also hold
-        ``warmup_start_factor`` (default: ``1/N`` in epochs, nanoGPT's
-        ``1/(W+1)`` in steps).
-
-        Raises:
-          UsageError: (a ValueError) a bad key or value, or ``lr_decay`` set
-            for a schedule other than ``exponential`` (it would be ignored).
-        """
-        params = dict(config.schedule_params or {})
-        start_factor = params.pop("warmup_start_factor", None)
-        if config.schedule == "exponential":
-            for key in ("lr_decay", "lr_decay_start_epoch"):
-                if key in params:
-                    raise UsageError(f"schedule_params: {key!r} is a top-level config key; "
-                                     f"set `{key} = ...` instead")
-            params.update(lr_decay=config.lr_decay, lr_decay_start_epoch=config.lr_decay_start_epoch)
-        elif config.lr_decay != 1.0:
-            raise UsageError(f"lr_decay = {config.lr_decay!r} only applies to schedule "
-                             f"'exponential' (schedule is {config.schedule!r}); set lr_decay = 1.0")
-        warmup = (config.warmup_steps if config.warmup_steps else
-                  int(round(config.warmup_epochs * steps_per_epoch)))
-        planned = config.planned_steps
-        if config.schedule in ("polynomial", "cosine"):
-            if config.min_lr:
-                params["end_lr"] = config.min_lr
-            if planned is None:
-                params.setdefault("total_epochs", config.num_epochs)
-            else:  # a warmup longer than a short run (warmup_epochs): the decay is never reached
-                params["total_steps"] = max(planned, warmup + 1)
-        if start_factor is None and planned is not None:
-            start_factor = 1.0 / (warmup + 1)
-        return cls(config.learning_rate, world_size, steps_per_epoch, scaling=config.lr_scaling,
-                   warmup_steps=warmup, schedule=config.schedule, warmup_start_factor=start_factor, **params)
-
-    @classmethod
-    def in_steps(cls, base_lr: float, *, total_steps: int, warmup_steps: int = 0, min_lr: float = 0.0,
-                 schedule: str = "cosine", world_size: int = 1, scaling: str = "none") -> "LearningRatePolicy":
-        """A run planned in steps, as nanoGPT's and transformers' recipes are written.
-
-        A linear warmup over ``warmup_steps`` from ``peak / (W + 1)`` (step 0)
-        to ``peak`` (step ``W``), then ``schedule`` from ``peak`` down to
-        ``min_lr`` at ``total_steps``, held after it: at every step the rate of
-        nanoGPT's ``get_lr`` with ``warmup_iters = W`` and ``lr_decay_iters =
-        total_steps``. A config with ``max_steps`` gets it from :meth:`from_config`.
-
-        Args:
-          base_lr: the single-worker peak rate.
-          total_steps: the step where the decay reaches ``min_lr`` (the run's ``max_steps``), > ``warmup_steps``.
-          warmup_steps: ``W`` >= 0.
-          min_lr: the floor, >= 0 (absolute).
-          schedule: ``cosine``, ``polynomial`` (linear) or ``constant`` (no decay).
-          world_size, scaling: as for the constructor.
-
-        Raises:
-          UsageError: (a ValueError) a bad value, named.
-        """
-        if schedule not in ("cosine", "polynomial", "constant"):
-            raise UsageError(f"schedule = {schedule!r} cannot be planned in steps; use cosine, polynomial "
-                             "or constant")
-        total_steps = _check_int("max_steps", total_steps, 1)
-        warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
-        if schedule != "constant" and total_steps <= warmup_steps:
-            raise UsageError(f"max_steps = {total_steps} must be more than warmup_steps = {warmup_steps}: the "
-                             "decay runs from the warmup's end to max_steps")
-        params = {} if schedule == "constant" else {"total_steps": total_steps, "end_lr": min_lr}
-        return cls(base_lr, world_size, 1, scaling=scaling, warmup_steps=warmup_steps, schedule=schedule,
-                   warmup_start_factor=1.0 / (warmup_steps + 1), **params)
-
-    def __call__(self, step: StepLike) -> tf.Tensor:
-        """The learning rate (float32 scalar tensor) at global step ``step``.
-
-        Args:
-          step: 0-based update count, a Python int or an integer tensor
-            (e.g. ``optimizer.iterations``; fine inside ``tf.function``).
-        """
-        step = _as_step(step)
-        after = self.schedule(step, self.peak_lr)
-        if self.warmup_steps == 0:
-            return tf.cast(after, tf.float32)
-        during = self.warmup(step, self.peak_lr)
-        return tf.cast(tf.where(step < self.warmup_steps, during, after), tf.float32)
-
-    def get_config(self) -> Dict[str, Any]:
-        """The settings, for logs."""
-        return {"base_lr": self.base_lr, "world_size": self.world_size,
-                "steps_per_epoch": self.steps_per_epoch, "scaling": self.scaling,
-                "peak_lr": self.peak_lr, "warmup_steps": self.warmup_steps,
-                "warmup_start_factor": self.warmup.start_factor, "schedule": self.schedule_name}

@@ -414,7 +414,7 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters:
     config = TrainConfig.from_dict(read_config_dict(model_dir), source=f"{model_dir}/{CONFIG_FILE}")
     tokenizer = tokenizer_of_run(model_dir)
     # A LoRA run's checkpoints hold its adapters alone: the base comes from init_from.
-    model = build_run_model(config, load_pretrained=bool(config.lora_rank))
+    model = build_run_model(config, load_pretrained=bool(config.adapters.lora_rank))
     lora = lora_of(model)
     ckpt = tf.train.Checkpoint(model=model if lora is None else lora)
     directory = os.path.join(model_dir, CHECKPOINT_DIR)

@@ -68,11 +68,12 @@ def _check_writable(model_dir: str) -> None:
 def _check_stored(model_dir: str, config: Any, vocab: Any) -> None:
     """An earlier run's config and vocabulary in ``model_dir`` must match this run's."""
     if os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
-        # The model's shape (model_params merged, as model_config() does) and its adapters.
+        # The model's constructor arguments (as model_config() gives them) and its adapters.
         # A key an older lmkit did not store had its default then.
         theirs = stored_model_config(read_config_dict(model_dir), f"{model_dir}/{CONFIG_FILE}")
         # As config.json stores them (tuples as lists).
-        mine = json.loads(json.dumps({**config.model_config(), **{k: getattr(config, k) for k in ADAPTER_KEYS}}))
+        adapters = {k: getattr(config.adapters, k) for k in ADAPTER_KEYS}
+        mine = json.loads(json.dumps({**config.model_config(), **adapters}))
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if diff:
             k, (old, new) = sorted(diff.items())[0]

@@ -120,17 +120,18 @@ class Trainer:
         self.record_step_losses = record_step_losses
         self.lr_world_size = lr_world_size or self.world
         self.resume = resume
-        self.local_batch = check_divisible("batch_size", config.batch_size, self.world, "workers")
-        self.micro_batch = micro_batch_rows(config.batch_size, self.world, config.grad_accum_steps)
-        self.precision = precision.get(config.precision)
+        self.local_batch = check_divisible("batch_size", config.data.batch_size, self.world, "workers")
+        self.micro_batch = micro_batch_rows(config.data.batch_size, self.world, config.optimization.grad_accum_steps)
+        self.precision = precision.get(config.compute.precision)
         with dist.scope():  # the native backend keeps one copy per replica
             self.optimizer = optimizer if optimizer is not None else build_optimizer(config)
             self.loss_scale: Optional[DynamicLossScale] = DynamicLossScale(
-                config.loss_scale, config.loss_scale_growth_interval, config.max_consecutive_skips
+                config.compute.loss_scale, config.compute.loss_scale_growth_interval,
+                config.compute.max_consecutive_skips
             ) if self.precision.loss_scaling else None
             # Dropout of lmkit modules draws from the global generator: make it a
             # checkpointed one, different on every rank (each rank sees other rows).
-            self.progress = Progress(config.seed, self.rank)
+            self.progress = Progress(config.run.seed, self.rank)
         tf.random.set_global_generator(self.progress.rng)
         self._compiled_train_step: Optional[Callable[..., Any]] = None
         self._evaluator: Optional[Evaluator] = None
@@ -144,7 +145,7 @@ class Trainer:
         self.task = task_for(model, config, vocab, self.rank, dist.size())  # the data's batches and loss
         self._tokens_per_word: Dict[str, float] = {}
         # Model FLOPs per token (None for encoder-decoders) and one device's peak (None when unknown).
-        self.flops_per_token = flops_per_token(model, config.num_steps)
+        self.flops_per_token = flops_per_token(model, config.data.num_steps)
         self.peak_tflops: Optional[float] = None
         self.peak_source = ""
         self._step_lines: Optional[StepLines] = None  # a run planned in steps prints these (fit)
@@ -173,7 +174,8 @@ class Trainer:
                                                      steps_per_epoch=steps_per_epoch)
         with dist.scope():
             self.optimizer.build(list(self.model.trainable_variables))
-        self.peak_tflops, self.peak_source = device_peak_tflops(self.config.peak_tflops, self.config.precision)
+        self.peak_tflops, self.peak_source = device_peak_tflops(self.config.run.peak_tflops,
+                                                                self.config.compute.precision)
         self._build_steps()
 
     def _build_steps(self) -> None:
@@ -196,7 +198,7 @@ class Trainer:
         def train_step(x, y, state, stop, save):
             loss, grads, new_state = local_gradients(x, y, state)
             # Averaging over replicas (allreduce / allgather): one round per optimizer step.
-            grads = dist.average_gradients(grads, cfg.sparse_as_dense, cfg.compression)
+            grads = dist.average_gradients(grads, cfg.distribution.sparse_as_dense, cfg.distribution.compression)
             # One all-reduce carries the loss and every rank's stop/save requests: a
             # request on any rank makes its average positive on all of them.
             averaged = dist.allreduce(tf.stack([loss, stop, save]), op="average", name="lmkit.train_loss")
@@ -211,16 +213,17 @@ class Trainer:
                               dist.first(applied))
 
         self._compiled = False
-        self._flags = flag_tensors(feed_device()) if cfg.device_prefetch else host_flags  # see lmkit.train.feed
+        self._flags = flag_tensors(feed_device()) if cfg.compute.device_prefetch else host_flags  # see lmkit.train.feed
         self._compiled_train_step = tf.function(replicated_step, jit_compile=self.xla and not split,
                                                 reduce_retracing=True, autograph=autograph)
-        self._evaluator = self.task.evaluator(cfg.eval_batch_size or cfg.batch_size, cfg.precision, self.xla,
+        self._evaluator = self.task.evaluator(cfg.data.eval_batch_size or cfg.data.batch_size,
+                                              cfg.compute.precision, self.xla,
                                               self.attention_kernel)
 
     def _choose_compilation(self, device: str) -> None:
         """Sets how the step compiles on ``device``: ``xla``, ``autograph``, ``branch_free``, ``attention_kernel``."""
         cfg = self.config
-        self.xla = use_xla(cfg.jit_compile, device)
+        self.xla = use_xla(cfg.compute.jit_compile, device)
         # lmkit's own models trace without AutoGraph (3x faster to start); a user's keeps it.
         self.autograph = use_autograph(self.model)
         # Whether a non-finite step is skipped without a branch. On a GPU a tf.cond's
@@ -232,7 +235,8 @@ class Trainer:
         self.branch_free = self.xla or device == "GPU"
         # The kernel of causal attention (TrainConfig.attention_kernel): chosen while tracing.
         self.attention_kernel = attention_kernels.resolve(
-            cfg.attention_kernel, device_type=device, xla=self.xla, precision=cfg.precision, log=self.log)
+            cfg.compute.attention_kernel, device_type=device, xla=self.xla, precision=cfg.compute.precision,
+            log=self.log)
 
     def _local_gradients_fn(self, variables: List[tf.Variable]) -> Callable[..., Any]:
         """``(x, y, state) -> (loss, gradients, new_state)`` of this replica (k micro-batches, not averaged)."""
@@ -248,8 +252,10 @@ class Trainer:
             return loss, tape.gradient(scaled, variables), new_state
 
         def local_gradients(x, y, state):
-            with precision.scope(cfg.precision), attention_kernels.scope(kernel):  # this trace's dtype and kernel
-                return accumulate_gradients(micro_step, x, y, state, cfg.grad_accum_steps, cfg.sparse_as_dense)
+            with precision.scope(cfg.compute.precision), \
+                    attention_kernels.scope(kernel):  # this trace's dtype and kernel
+                return accumulate_gradients(micro_step, x, y, state, cfg.optimization.grad_accum_steps,
+                                            cfg.distribution.sparse_as_dense)
 
         return local_gradients
 
@@ -268,7 +274,8 @@ class Trainer:
                         lambda new, old: tf.where(tf.math.is_finite(new), new, old), new_state, state)
             # Clipping after the averaging: every rank applies the same update.
             # IndexedSlices stay sparse, also for the norm when clipping is off.
-            grads, norm = clip_gradients(grads, cfg.max_grad_norm, cfg.max_grad_norm_per_layer)
+            grads, norm = clip_gradients(grads, cfg.optimization.max_grad_norm,
+                                         cfg.optimization.max_grad_norm_per_layer)
             # The norm of the averaged gradients is the same on every rank (an Inf or
             # NaN anywhere makes it non-finite): so is this decision.
             finite = tf.math.logical_and(tf.math.is_finite(mean_loss), tf.math.is_finite(norm))
@@ -401,7 +408,7 @@ class Trainer:
 
     def _check_eval_data(self, **streams: Optional[Any]) -> None:
         """Evaluation data too small for one batch fails before training, on every rank."""
-        self.task.check_eval_data(self.config.eval_batch_size or self.config.batch_size, **streams)
+        self.task.check_eval_data(self.config.data.eval_batch_size or self.config.data.batch_size, **streams)
 
     def _fit(self, train_ids: Any, valid_ids: Optional[Any],
              test_ids: Optional[Any], max_steps: Optional[int],
@@ -423,7 +430,7 @@ class Trainer:
         self._checkpoints = Checkpointer(self._checkpoint_manager(), self.progress, self.world, self.log,
                                          self._watchdog.beat, self.loss_scale)
         result.resumed_from, position = self._checkpoints.restore(
-            list(self._saved_model.variables) + list(self.optimizer.variables), self.initial_state(), cfg.seed)
+            list(self._saved_model.variables) + list(self.optimizer.variables), self.initial_state(), cfg.run.seed)
         if result.resumed_from:
             epoch = int(self.progress.epoch.numpy())
             self.log(f"resumed from {result.resumed_from} (epoch {epoch}, step "
@@ -440,11 +447,12 @@ class Trainer:
                                  if streams.get(k) is not None and n}
         cumulative = 0.0
         trained = 0  # steps of this call; a usage error after the first one saves them
-        with PreemptionWatcher(self.rank, cfg.preemption_grace_seconds) as watcher:
+        with PreemptionWatcher(self.rank, cfg.checkpoints.preemption_grace_seconds) as watcher:
             # Several processes with device_prefetch read the flags they agreed on a thread, two steps late
             # (lmkit.train.resume): the read waits for the device, and the steps keep being started meanwhile.
-            threaded = dist.size() > 1 and cfg.device_prefetch > 0
-            self._boundaries = Boundaries(watcher, cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes,
+            threaded = dist.size() > 1 and cfg.compute.device_prefetch > 0
+            self._boundaries = Boundaries(watcher, cfg.checkpoints.checkpoint_every_steps,
+                                          cfg.checkpoints.checkpoint_every_minutes,
                                           lag=2 if threaded else 1, background=threaded)
             try:
                 for epoch in range(start_epoch, epochs):
@@ -482,16 +490,16 @@ class Trainer:
         """Says what the run trains (rank 0) and sets up the step lines of a plan in steps."""
         cfg, planned = self.config, self.config.planned_steps
         self._step_lines = None if planned is None else StepLines(
-            planned, cfg.log_every_steps, self.log, self.flops_per_token,
+            planned, cfg.run.log_every_steps, self.log, self.flops_per_token,
             self.peak_tflops * self.world if self.peak_tflops else None)
-        accum = (f" = {cfg.grad_accum_steps} micro-batches of {self.micro_batch}"
-                 if cfg.grad_accum_steps > 1 else "")
+        accum = (f" = {cfg.optimization.grad_accum_steps} micro-batches of {self.micro_batch}"
+                 if cfg.optimization.grad_accum_steps > 1 else "")
         self.log(f"training {type(self.model).__name__} on {self.world} worker(s): global batch "
-                 f"{cfg.batch_size} ({self.local_batch} per worker{accum}) {self.task.batch_unit}, "
+                 f"{cfg.data.batch_size} ({self.local_batch} per worker{accum}) {self.task.batch_unit}, "
                  f"{steps_per_epoch} steps/epoch, "
                  + (f"epochs {start_epoch + 1}..{epochs}" if planned is None else
                     f"{planned} steps ({planned * cfg.tokens_per_step:,} tokens; {epochs} epoch(s))")
-                 + ("" if cfg.precision == "float32" else f", precision {cfg.precision}"))
+                 + ("" if cfg.compute.precision == "float32" else f", precision {cfg.compute.precision}"))
 
     def _leave_together(self) -> None:
         """Every rank returns from :meth:`fit` after rank 0's last evaluation and results.
@@ -549,7 +557,7 @@ class Trainer:
             return None
         ckpt = tf.train.Checkpoint(model=self._saved_model, optimizer=self.optimizer, progress=self.progress)
         return CheckpointManager(os.path.join(self.model_dir, CHECKPOINT_DIR), ckpt,
-                                 keep=self.config.keep_checkpoints)
+                                 keep=self.config.checkpoints.keep_checkpoints)
 
     def _run_epoch(self, epoch: int, epochs: int, batches: Batches,
                    max_steps: Optional[int], result: TrainResult,
@@ -566,7 +574,7 @@ class Trainer:
         state = position.state if position is not None and position.state is not None else self.initial_state()
         lines = self._step_lines  # a plan in steps prints step lines instead of the epoch's bar
         bar = ProgressBar(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", enabled=self.chief and lines is None,
-                          every=cfg.log_every_steps)
+                          every=cfg.run.log_every_steps)
         run = EpochRun(tokens_per_step=tokens_per_step)
         pending: List[Any] = []  # (loss, finite) tensors not yet read back
         step_count = int(self.progress.global_step.numpy())
@@ -575,7 +583,7 @@ class Trainer:
             self._count_losses(self._drain(pending, epoch, index), run, result)
 
         t0 = time.perf_counter()
-        feed = window_feed(batches, self.config.device_prefetch)  # None without device_prefetch
+        feed = window_feed(batches, self.config.compute.device_prefetch)  # None without device_prefetch
         try:
             for i in range(start, steps_per_epoch):
                 if max_steps is not None and step_count >= max_steps:
@@ -618,7 +626,7 @@ class Trainer:
                     if run.preempted:
                         run.stopped = True
                         break
-                if cfg.eval_every_steps and step_count % cfg.eval_every_steps == 0:
+                if cfg.run.eval_every_steps and step_count % cfg.run.eval_every_steps == 0:
                     self._evaluate_at(step_count, lambda: drain(i) if pending else None)
             else:
                 # The last step's flags: no step follows.
@@ -656,10 +664,10 @@ class Trainer:
 
     def _eval_sample(self, ids: Any) -> Any:
         """What the evaluations every ``eval_every_steps`` read: the first ``eval_steps`` batches (0: all)."""
-        batches = self.config.eval_steps
+        batches = self.config.run.eval_steps
         if ids is None or not batches:
             return ids
-        return self.task.eval_sample(ids, batches, self.config.eval_batch_size or self.config.batch_size)
+        return self.task.eval_sample(ids, batches, self.config.data.eval_batch_size or self.config.data.batch_size)
 
     def _evaluate_at(self, step: int, drain: Callable[[], None]) -> None:
         """Rank 0 evaluates the validation sample after global step ``step`` and logs it; the other ranks go on
@@ -717,7 +725,7 @@ class Trainer:
             self.progress.epoch.assign(epoch + 1)
             self.progress.steps_in_epoch.assign(0)
         tokens = run.tokens_per_step * (run.steps - run.timed_from)
-        every = cfg.checkpoint_every_epochs
+        every = cfg.checkpoints.checkpoint_every_epochs
         due = epoch + 1 == epochs or (every > 0 and (epoch + 1) % every == 0) or run.save_at_end
         if completed and due:  # before rank 0's evaluation: the save gathers from every rank
             result.checkpoint = self._checkpoints.save(
@@ -763,7 +771,8 @@ class Trainer:
     def _divergence_bound(self) -> float:
         """The loss above which a step counts towards divergence (inf: the check is off)."""
         cfg = self.config
-        return cfg.divergence_factor * math.log(max(cfg.vocab_size, 2)) if cfg.divergence_factor > 0 else math.inf
+        factor = cfg.run.divergence_factor
+        return factor * math.log(max(cfg.model["vocab_size"], 2)) if factor > 0 else math.inf
 
     def _drain(self, pending: List[Any], epoch: int, last_index: int) -> List[Optional[float]]:
         """Reads the pending step results (None for a skipped step); raises when training cannot go on.
@@ -777,14 +786,14 @@ class Trainer:
             value = float(loss)
             if bool(applied) and math.isfinite(value):  # a window's loss sums its num_steps positions
                 self._diverging = self._diverging + 1 if value / per_token > bound else 0
-                if self._diverging >= self.config.divergence_steps:
+                if self._diverging >= self.config.run.divergence_steps:
                     step_in_epoch = last_index - len(pending) + 1 + k
                     pending.clear()
                     raise NonFiniteError(
                         f"the loss diverged: {self._diverging} steps in a row above {bound:.2f} per token "
-                        f"(divergence_factor {self.config.divergence_factor:g} x ln(vocab_size "
-                        f"{self.config.vocab_size}); a uniform guess scores "
-                        f"{bound / self.config.divergence_factor:.2f}), "
+                        f"(divergence_factor {self.config.run.divergence_factor:g} x ln(vocab_size "
+                        f"{self.config.model['vocab_size']}); a uniform guess scores "
+                        f"{bound / self.config.run.divergence_factor:.2f}), "
                         f"the last {value / per_token:.4g}, at epoch {epoch + 1}, step {step_in_epoch + 1}; training "
                         "stopped and the last good checkpoint stays the latest. Lower the learning rate or "
                         "max_grad_norm, or check the data (divergence_factor = 0 turns this check off)")

@@ -92,7 +92,7 @@ def test_the_throughput_benchmark_drives_the_real_trainer_step(variant):
     runner = bench.LmkitRunner(cfg, ids, inputs, targets, variant=variant)
     assert runner.run(3) > 0
     assert len(runner.losses) == 3 and all(loss > 0 for loss in runner.losses)
-    assert runner.trainer.config.grad_accum_steps == (2 if variant == "lmkit_k2" else 1)
+    assert runner.trainer.config.optimization.grad_accum_steps == (2 if variant == "lmkit_k2" else 1)
 
 
 def test_ratio_spread_reports_every_round():
@@ -156,7 +156,7 @@ def test_the_generation_benchmark_times_the_sliding_window():
     from lmkit.models import build_model
     dist.init(backend="local")
     model = build_model({"model": "transformer", "vocab_size": 20, "hidden_size": 8, "num_layers": 1,
-                         "num_heads": 2, "max_positions": 8, "init_scale": 0.5, "keep_prob": 1.0})
+                         "num_heads": 2, "max_positions": 8, "init_scale": 0.5, "dropout": 0.0})
     row = bench.bench_sliding(model, bench._StartToken(), decoding.GreedySampler(), 2, 30, repeats=1)
     assert row["window"] == 8 and row["length"] == 30 and row["tokens_per_sec"]["sliding"] > 0
     assert len(row["times_s"]["sliding"]) == 1 and row["sliding_vs_window"] > 0
@@ -373,7 +373,7 @@ def test_the_device_inputs_variants_train_as_the_host_inputs_one():
     for variant in ("lmkit_bf16", "lmkit_bf16_devin", "lmkit_bf16_prefetch"):
         runner = train_throughput.LmkitRunner(cfg, ids, inputs, targets, variant)
         assert runner.device_inputs == (variant == "lmkit_bf16_devin")
-        assert runner.trainer.config.device_prefetch == (2 if variant == "lmkit_bf16_prefetch" else 0)
+        assert runner.trainer.config.compute.device_prefetch == (2 if variant == "lmkit_bf16_prefetch" else 0)
         runner.run(3)
         runner.run(2)  # a second timed run goes on from the next window
         losses[variant] = runner.losses
@@ -471,7 +471,7 @@ def test_the_attention_block_variants_build_blocked_models():
                                   "max_grad_norm": 1.0})
     for variant, precision in (("lmkit_blocks4", "float32"), ("lmkit_bf16_blocks4", "mixed_bfloat16")):
         cfg = base.replace(**train_throughput.LMKIT_VARIANTS[variant])
-        assert cfg.precision == precision
+        assert cfg.compute.precision == precision
         model = build_model(cfg.model_config())
         assert all(layer.attention.attention_blocks == 4 for layer in model.decoder.layers)
     assert ("lmkit_bf16_blocks4", "lmkit_bf16") in train_throughput.PAIRED_RATIOS

@@ -19,6 +19,6 @@ def test_native_launcher_trains_text_on_two_workers(tmp_path):
     with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     assert results["world_size"] == 2 and results["global_step"] == 3
-    assert results["config"]["backend"] == "native"
+    assert results["config"]["distribution"]["backend"] == "native"
     assert results["epochs"][-1]["valid_word_perplexity"] > results["epochs"][-1]["valid_perplexity"]
     assert os.path.isdir(results["checkpoint"])

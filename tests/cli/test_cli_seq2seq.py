@@ -62,7 +62,8 @@ def test_two_workers_train_an_encoder_decoder_from_the_command_line(trained, tas
     with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     assert results["world_size"] == 2 and results["global_step"] == 2 * 960 // 32
-    assert results["config"]["data"] == "pairs" and results["config"]["source_vocab_size"] == 12  # 8 + 4 specials
+    config = results["config"]
+    assert config["data"]["kind"] == "pairs" and config["model"]["source_vocab_size"] == 12  # 8 + 4 specials
     assert results["test_perplexity"] < results["epochs"][0]["valid_perplexity"] < 12
     out = res.stdout
     assert "train pairs: kept 960 pairs" in out and "valid pairs: kept 40 pairs" in out

@@ -156,7 +156,10 @@ def spm_dir(tmp_path_factory, corpus) -> str:
     assert sorted(os.listdir(os.path.dirname(corpus["train"]))) == ["test.txt", "train.txt", "valid.txt"]
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
-    assert (config["data"], config["tokenizer"], config["vocab_size"]) == ("text", "sentencepiece", 50)
+    assert "keep_prob" not in json.dumps(config) and "model_params" not in config  # by section, 0.3's spelling
+    data, model = config["data"], config["model"]
+    assert (data["kind"], data["tokenizer"]) == ("text", "sentencepiece")
+    assert (model["vocab_size"], model["dropout"]) == (50, 0.1)
     return model_dir
 
 
@@ -200,8 +203,8 @@ def test_char_and_byte_tokenizers_on_two_workers(tmp_path, corpus):
         res = run(train_cmd(corpus, model_dir, "--tokenizer", name, "--max_steps", "40",
                             launcher=mpirun_cmd(2, [])[:-1] + [lmkit]), timeout=400)
         results = check_trained(res, model_dir, name)
-        assert results["config"]["vocab_size"] == (4 + 256 if name == "byte" else
-                                                    4 + len(alphabet(corpus)))
+        assert results["config"]["model"]["vocab_size"] == (4 + 256 if name == "byte" else
+                                                             4 + len(alphabet(corpus)))
     for res in run_pair([generate_cmd(dirs["char"]), generate_cmd(dirs["byte"])]):
         check_generated(res, alphabet(corpus))
     # Past the context (64 positions) and over several lines: 300 characters, prompt included.
@@ -233,7 +236,7 @@ def test_user_model_by_import_path(tmp_path, corpus):
                         "--max_steps", "4", launcher=mpirun_cmd(2, ["-m", "lmkit"])),
               timeout=400, env=env)
     results = check_trained(res, model_dir, "word")
-    assert results["config"]["model"] == "user_lm:TinyLM"
+    assert results["config"]["model"]["name"] == "user_lm:TinyLM"
     assert "training TinyLM on 2 worker(s)" in res.stdout
     # generate rebuilds the class from config.json alone (no training script).
     check_generated(run(generate_cmd(model_dir), timeout=200, env=env), alphabet(corpus))
@@ -258,7 +261,7 @@ def test_two_workers_encode_once_into_the_cache_and_a_resumed_run_reads_it(tmp_p
     assert len(folders) == 3  # train, valid, test
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
-    assert config["train_file"] == str(shards) and config["sampling"] == "random"
+    assert config["data"]["train_file"] == str(shards) and config["data"]["sampling"] == "random"
     second = run(train_cmd(files, model_dir, *flags, "--max_steps", "6"), timeout=400)
     results = check_trained(second, model_dir, "char")
     assert "resumed from" in second.stdout and results["global_step"] == 6
@@ -289,9 +292,11 @@ def test_prepare_encodes_ahead_and_train_then_only_reads_the_cache(tmp_path, cor
 
 def test_a_run_in_tokens_stops_at_the_same_step_on_one_and_two_workers(tmp_path, corpus):
     # 8 rows x 16 steps = 128 tokens a global step: 1000 tokens are ceil(1000 / 128) = 8 steps, on any number of
-    # workers (the global batch is split among them).
+    # workers (the global batch is split among them). A warmup longer than the plan warms up over all of it,
+    # and one line (rank 0's) says so.
     dirs = [str(tmp_path / "one"), str(tmp_path / "two")]
-    flags = ("--tokenizer", "char", "--max_tokens", "1000", "--eval_every_steps", "4", "--eval_steps", "1")
+    flags = ("--tokenizer", "char", "--max_tokens", "1000", "--eval_every_steps", "4", "--eval_steps", "1",
+             "--warmup_steps", "20")
     runs = run_pair([train_cmd(corpus, dirs[0], *flags, launcher=[sys.executable, "-m", "lmkit"]),
                      train_cmd(corpus, dirs[1], *flags)], timeout=400)
     for res, model_dir, workers in zip(runs, dirs, (1, 2)):
@@ -302,6 +307,7 @@ def test_a_run_in_tokens_stops_at_the_same_step_on_one_and_two_workers(tmp_path,
         assert [v["step"] for v in results["validations"]] == [4, 8]
         assert "8 steps (1,024 tokens;" in res.stdout and "step 8/8 | loss " in res.stdout, res.stdout[-3000:]
         assert "step 4/8 | val loss " in res.stdout
+        assert res.stdout.count("note: warmup_steps 20 >= the plan's 8 steps: warming up over the whole run") == 1
 
 
 def test_train_on_jsonl_and_parquet_records_in_one_process(tmp_path, corpus):
@@ -326,10 +332,11 @@ def test_train_on_jsonl_and_parquet_records_in_one_process(tmp_path, corpus):
     with open(os.path.join(model_dir, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     assert results["global_step"] == 2 and results["epochs"][-1]["valid_perplexity"] > 1
-    assert results["config"]["vocab_size"] == 4 + len(alphabet(corpus))  # the characters of the records' text
+    assert results["config"]["model"]["vocab_size"] == 4 + len(alphabet(corpus))  # the records' characters
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
-    assert (config["train_file"], config["text_field"], config["text_column"]) == (str(train), "body", "text")
+    data = config["data"]
+    assert (data["train_file"], data["text_field"], data["text_column"]) == (str(train), "body", "text")
     # lmkit evaluate reads the run's splits as the run did (the field from its config).
     evaluate = [sys.executable, "-m", "lmkit", "evaluate", "--model_dir", model_dir, "--json", "--data_cache", "none"]
     on_valid, on_train = run_pair([evaluate + ["--split", "valid"], evaluate + ["--split", "train"]], timeout=200)

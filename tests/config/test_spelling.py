@@ -63,12 +63,13 @@ def test_flat_dotted_and_sectioned_keys_give_the_same_config():
                                     "compute.precision": "mixed_bfloat16"})
     assert flat == sectioned == dotted
     assert flat.to_dict() == sectioned.to_dict() == dotted.to_dict()
-    # The sections and the flat names read the same values.
-    assert (sectioned.optimization.lr_scaling, sectioned.lr_scaling) == ("sqrt", "sqrt")
-    assert (sectioned.model.dropout, sectioned.keep_prob, sectioned.dropout) == (0.2, 0.8, 0.2)
-    assert (sectioned.compute.precision, sectioned.run.seed, sectioned.seed) == ("mixed_bfloat16", 3, 3)
-    # The model section compares with its name, as 0.x's string did; the data section with its kind.
-    assert sectioned.model == "lstm" and str(sectioned.model) == "lstm" and sectioned.model.name == "lstm"
+    # Code reads the sections; the flat names are spellings of files and flags only.
+    assert sectioned.optimization.lr_scaling == "sqrt" and sectioned.model["dropout"] == 0.2
+    assert (sectioned.compute.precision, sectioned.run.seed) == ("mixed_bfloat16", 3)
+    for flat in ("lr_scaling", "keep_prob", "dropout", "seed", "model_params", "hidden_size"):
+        assert not hasattr(sectioned, flat), flat
+    # The model section is its name and arguments (no comparison with a string); the data section keeps its kind.
+    assert sectioned.model.name == "lstm" and str(sectioned.model) == "lstm" and sectioned.model != "lstm"
     assert sectioned.data == "ptb" and sectioned.data != "text" and sectioned.data.kind == "ptb"
 
 
@@ -76,9 +77,10 @@ def test_replace_takes_every_spelling():
     cfg = TrainConfig.from_dict(SMALL)
     assert cfg.replace(learning_rate=0.5) == cfg.replace(optimization={"learning_rate": 0.5}) \
         == cfg.replace(**{"optimization.learning_rate": 0.5})
-    assert cfg.replace(learning_rate=0.5).learning_rate == 0.5 and cfg.learning_rate == 1.0
-    assert cfg.replace(keep_prob=0.5).model.dropout == 0.5 == cfg.replace(**{"model.dropout": 0.5}).dropout
-    assert cfg.replace(model="gru").model == "gru" and cfg.replace(model="gru").hidden_size == 8
+    assert cfg.replace(learning_rate=0.5).optimization.learning_rate == 0.5 and cfg.optimization.learning_rate == 1.0
+    assert cfg.replace(keep_prob=0.5).model["dropout"] == 0.5 == cfg.replace(**{"model.dropout": 0.5}).model["dropout"]
+    gru = cfg.replace(model="gru").model
+    assert gru.name == "gru" and gru["hidden_size"] == 8
     with pytest.raises(ConfigError, match="unknown key 'lerning_rate'; did you mean 'learning_rate'"):
         cfg.replace(lerning_rate=0.5)
 
@@ -112,7 +114,7 @@ def test_a_sectioned_config_missing_a_required_key_names_it(tmp_path):
 def test_a_flat_key_after_a_section_sets_that_field(tmp_path):
     text = open(os.path.join(os.path.dirname(lmkit.__file__), "configs", "config_small.py")).read()
     cfg = load_config(_write(tmp_path, text + "\nhidden_size = 7\nlearning_rate = 0.25\n"))
-    assert (cfg.model.hidden_size, cfg.optimization.learning_rate, cfg.num_layers) == (7, 0.25, 2)
+    assert (cfg.model["hidden_size"], cfg.optimization.learning_rate, cfg.model["num_layers"]) == (7, 0.25, 2)
 
 
 def test_a_deprecated_key_is_named_once_with_its_new_spelling(tmp_path, capsys):
@@ -125,7 +127,7 @@ def test_a_deprecated_key_is_named_once_with_its_new_spelling(tmp_path, capsys):
     assert "dropout=0.1 in model = dict(...), or --set model.dropout=0.1" in err
     assert err.count("model_params is deprecated") == 1
     assert "its keys are arguments of the model: write them in model = dict(...)" in err
-    assert first.model.dropout == pytest.approx(0.2) and first.keep_prob == 0.8  # the override's
+    assert first.model["dropout"] == pytest.approx(0.2)  # the override's keep_prob, 0.8
 
 
 def test_deprecated_keys_warn_only_where_a_person_wrote_them(capsys):
@@ -144,12 +146,14 @@ def test_a_deprecated_key_warns_on_rank_0_only(monkeypatch, capsys):
 def test_keep_prob_and_dropout_convert_both_ways_exactly():
     for keep_prob in (1.0, 0.9, 0.8, 0.7, 0.65, 0.5, 0.35, 0.1):
         cfg = TrainConfig.from_dict(dict(SMALL, keep_prob=keep_prob))
-        assert cfg.keep_prob == keep_prob and cfg.model_config()["keep_prob"] == keep_prob
-    assert TrainConfig.from_dict(dict(SMALL, keep_prob=0.9)).model.dropout == 0.1
+        dropout = cfg.model_config()["dropout"]
+        assert dropout == cfg.model["dropout"] and round(1.0 - dropout, 12) == keep_prob  # back exactly
+        assert "keep_prob" not in cfg.model_config() and "keep_prob" not in cfg.to_json()
+    assert TrainConfig.from_dict(dict(SMALL, keep_prob=0.9)).model["dropout"] == 0.1
     with pytest.raises(ConfigError, match=r"dropout = 1.0 must be in \[0, 1\)"):
         TrainConfig.from_dict({**{k: v for k, v in SMALL.items() if k != "keep_prob"}, "model.dropout": 1.0})
 
 
 def test_use_horovod_is_still_the_backend():
-    assert load_config("config_small", {"use_horovod": True}).backend == "horovod"
+    assert load_config("config_small", {"use_horovod": True}).distribution.backend == "horovod"
     assert load_config("config_small", {"use_horovod": False}).distribution.backend == "native"

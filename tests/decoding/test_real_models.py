@@ -19,7 +19,7 @@ EOS = 0
 def tiny_model(kind: str, vocab_size: int = VOCAB):
     config = {"model": kind, "vocab_size": vocab_size, "hidden_size": 8, "num_layers": 2,
               # A wide init spreads the logits, so float rounding cannot flip an argmax.
-              "init_scale": 0.8}
+              "init_scale": 0.8, "dropout": 0.0}
     if kind == "transformer":
         config.update(num_heads=2, max_positions=12)
     return build_model(config)

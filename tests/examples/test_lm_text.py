@@ -61,7 +61,7 @@ def test_example_trains_as_lmkit_train_under_mpirun(tmp_path):
 
     example = results(example_dir)
     with open(os.path.join(example_dir, "config.json")) as f:
-        vocab_size = json.load(f)["vocab_size"]  # the char tokenizer's
+        vocab_size = json.load(f)["model"]["vocab_size"]  # the char tokenizer's (config.json by section)
     train_ppl = [e["train_perplexity"] for e in example["epochs"]]
     assert train_ppl[2] < train_ppl[1] < train_ppl[0]
     assert example["epochs"][-1]["valid_perplexity"] < vocab_size / 2  # learned: far better than uniform

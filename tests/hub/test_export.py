@@ -87,14 +87,14 @@ def test_a_bpe_sentencepiece_has_no_form_and_its_export_writes_nothing(corpus, t
 
 
 def test_a_gpt2_with_its_own_attention_dropout_exports_it_as_attn_pdrop(corpus, tmp_path):
-    from lmkit.hub.converters import build_keys, converter_for
+    from lmkit.hub.converters import converter_for
     from lmkit.hub.export import export_new
     from lmkit.models import build_model
     tokenizer = train_tokenizer("byte", [corpus["train"]], str(tmp_path / "run"))
     for attention, want in ((None, 0.1), (0.0, 0.0)):
-        model = build_model(build_keys("gpt2", dict(
-            vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1, num_heads=2, ffn_dim=32, max_positions=16,
-            dropout=0.1, **({} if attention is None else {"attention_dropout": attention}))))
+        model = build_model(dict(model="gpt2", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=1,
+                                 num_heads=2, ffn_dim=32, max_positions=16, dropout=0.1,
+                                 **({} if attention is None else {"attention_dropout": attention})))
         out = str(tmp_path / f"hf_{attention}")
         export_new(converter_for("gpt2"), model, tokenizer, out)
         with open(os.path.join(out, "config.json"), encoding="utf-8") as f:

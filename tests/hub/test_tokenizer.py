@@ -90,7 +90,7 @@ def test_the_ids_are_the_tokenizers_librarys_with_the_end_of_text_between_docume
             start += 2
     assert start == len(stream) and stream.count(end) == len(made["docs"]) - 1
     # config_tiny_transformer's vocab_size (65) is below the tokenizer's 300: the model takes 300, and says so.
-    assert data.config.vocab_size == 300
+    assert data.config.model["vocab_size"] == 300
     assert any(f"tokenizer: hf:{folder}, 300 ids" in line and "the model's vocab_size is the tokenizer's 300, not "
                "the config's 65" in line for line in lines), lines
 
@@ -149,7 +149,7 @@ def test_a_larger_vocab_size_pads_and_a_resumed_run_needs_no_source_folder(made,
     shutil.copytree(made["folders"]["json"], source)
     run_dir = str(tmp_path / "run")
     data, lines = run_data(made["corpus"], f"hf:{source}", run_dir, "none", vocab_size=320)
-    assert data.config.vocab_size == 320  # nanoGPT's padding: ids 300..319 never in the data
+    assert data.config.model["vocab_size"] == 320  # nanoGPT's padding: ids 300..319 never in the data
     assert int(data.train.max()) < 300
     assert any("keeps the config's vocab_size = 320: ids 300..319 are padding" in line for line in lines), lines
     shutil.rmtree(source)

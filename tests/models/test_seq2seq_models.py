@@ -114,7 +114,7 @@ def test_bad_settings_and_missing_conditions_are_named(kind):
 
 
 def test_attention_blocks_of_the_decoder_train_the_same_model():
-    # model_params = {"attention_blocks": 3}: stored in the config, and the decoder's causal self-attention
+    # attention_blocks=3 in the model section: stored in the config, and the decoder's causal self-attention
     # in blocks gives the logits and gradients of the whole target at once.
     from lmkit.models import build_model
 

@@ -100,7 +100,7 @@ def _install(fault: dict) -> None:
 
     if kind == "config" and me == fault["rank"]:
         def init(self, model, config, *args, **kwargs):
-            base.__init__(self, model, config.replace(learning_rate=config.learning_rate * 2),
+            base.__init__(self, model, config.replace(learning_rate=config.optimization.learning_rate * 2),
                           *args, **kwargs)
         FaultyTrainer.__init__ = init
     lmkit.train.Trainer = FaultyTrainer

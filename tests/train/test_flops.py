@@ -125,9 +125,10 @@ def test_training_reports_model_tflops_and_mfu(tmp_path, peak):
                                                   "warmup_steps": 0})
     lines = []
     trainer = Trainer(build_model(cfg.model_config()), cfg, model_dir=str(tmp_path), log=lines.append)
-    ids = np.random.RandomState(0).randint(0, cfg.vocab_size, size=cfg.batch_size * cfg.num_steps * 4 + 1)
+    ids = np.random.RandomState(0).randint(0, cfg.model["vocab_size"],
+                                           size=cfg.data.batch_size * cfg.data.num_steps * 4 + 1)
     stats = trainer.fit(ids.astype(np.int32)).epochs[-1]
-    per_token = flops.flops_per_token(trainer.model, cfg.num_steps)
+    per_token = flops.flops_per_token(trainer.model, cfg.data.num_steps)
     assert stats.model_tflops == pytest.approx(stats.tokens_per_sec * per_token / 1e12, rel=1e-12)
     epoch_line = next(line for line in lines if line.startswith("Epoch 1/1"))
     assert f"| model {stats.model_tflops:.3g} TFLOP/s" in epoch_line

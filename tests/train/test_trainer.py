@@ -190,7 +190,7 @@ def test_clipping_keeps_the_embedding_gradient_sparse(max_grad_norm, monkeypatch
     monkeypatch.setattr(trainer_module, "clip_gradients", recording)
     trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
     trainer.build(steps_per_epoch=10)
-    x = tf.zeros([cfg.batch_size, cfg.num_steps], tf.int32)
+    x = tf.zeros([cfg.data.batch_size, cfg.data.num_steps], tf.int32)
     no = tf.constant(0.0)  # no stop or save request
     trainer._compiled_train_step.get_concrete_function(x, x, trainer.initial_state(), no, no)
     assert seen and seen[0].count("IndexedSlices") == 1, seen
@@ -254,7 +254,7 @@ def test_stateless_models_train_on_shuffled_windows_a_new_order_each_epoch():
             np.testing.assert_array_equal(first[0], bptt_arrays(ids, 4, 5)[0])
             np.testing.assert_array_equal(first[0], second[0])
         else:
-            np.testing.assert_array_equal(first[0], window_arrays(ids, 4, 5, epoch=0, seed=cfg.seed)[0])
+            np.testing.assert_array_equal(first[0], window_arrays(ids, 4, 5, epoch=0, seed=cfg.run.seed)[0])
             assert first[0].shape == second[0].shape and not np.array_equal(first[0], second[0])
         np.testing.assert_array_equal(first[1][:, :, :-1], first[0][:, :, 1:])  # targets: next ids
 

@@ -181,8 +181,8 @@ class CudnnAttention:
             with self._lock:
                 self.declined[f"training windows with attention dropout {rate:g}"] = (
                     "cuDNN's fused attention runs here without dropout; a dropout of 0 on the attention "
-                    "probabilities lets it take them: keep_prob = 1.0, or for the transformer and gpt2 models "
-                    "model_params = {'attention_dropout': 0.0}, which keeps the rest of the dropout")
+                    "probabilities lets it take them: dropout = 0.0, or attention_dropout=0.0 in the model "
+                    "section (for a model that takes it), which keeps the rest of the dropout")
             return False
         return self.fits(time, head_dim, queries.dtype)
 

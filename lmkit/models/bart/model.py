@@ -24,7 +24,7 @@ from lmkit.layers.encoder_decoder import Memory, TransformerCrossDecoder, Transf
 from lmkit.layers.norms import LayerNorm
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerState
-from lmkit.models.protocols import LanguageModel, keep_prob_of
+from lmkit.models.protocols import LanguageModel
 
 __all__ = ["Seq2SeqState", "TransformerSeq2Seq"]
 
@@ -44,6 +44,33 @@ class TransformerSeq2Seq(LanguageModel):
     ``target_positions``, ``encoder/...``, ``decoder/...``, ``projection``
     (its kernel the target embedding table with ``tie_weights``) and, with
     ``embedding_norm``, ``source_embedding_norm`` and ``target_embedding_norm``.
+
+    Args:
+      source_vocab_size, vocab_size: the source's and the target's ids.
+      hidden_size: model size; a multiple of ``num_heads``.
+      num_layers: encoder layers (and decoder layers when ``decoder_layers`` is 0).
+      decoder_layers: decoder layers; 0 = ``num_layers``.
+      num_heads: attention heads.
+      ffn_dim: feed-forward inner size; 0 = ``4 * hidden_size``.
+      max_source_positions, max_positions: longest source and target.
+      dropout: on embeddings, attention probabilities and residual branches while training.
+      pre_layer_norm: normalize before each block (True) or after (Vaswani et al.).
+      share_embeddings: one table for source and target (the vocabularies must be one).
+      tie_weights: the softmax kernel is the target embedding table.
+      init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
+      attention_blocks: the decoder's causal self-attention over a training
+        target in this many query blocks that skip the masked keys; 1 = the
+        whole target at once; ``"auto"`` (default): 4 blocks for targets of at
+        least 1024 positions, else 1. The results are the same (``attention_blocks=4``
+        in a config's model section). The encoder, which attends
+        to every source position, has no masked blocks to skip.
+      activation: the feed-forward blocks' ``"gelu"`` (tanh approximation),
+        ``"gelu_exact"`` (erf, BART's) or ``"relu"``.
+      embedding_norm: a layer norm on each side's embedded tokens and
+        positions, before the first layer (BART's ``layernorm_embedding``).
+      scale_embedding: token embeddings times ``sqrt(hidden_size)`` (Vaswani et al.;
+        BART's ``scale_embedding``); the softmax's tied kernel is not scaled.
+      name: module name.
     """
 
     stateful = False
@@ -58,35 +85,7 @@ class TransformerSeq2Seq(LanguageModel):
                  share_embeddings: bool = False, tie_weights: bool = True, init_scale: float = 0.1,
                  attention_blocks: Union[int, str] = "auto", activation: str = "gelu", embedding_norm: bool = False,
                  scale_embedding: bool = False, name: Optional[str] = None) -> None:
-        """Creates the embedders, the encoder, the decoder and the softmax layer.
-
-        Args:
-          source_vocab_size, vocab_size: the source's and the target's ids.
-          hidden_size: model size; a multiple of ``num_heads``.
-          num_layers: encoder layers (and decoder layers when ``decoder_layers`` is 0).
-          decoder_layers: decoder layers; 0 = ``num_layers``.
-          num_heads: attention heads.
-          ffn_dim: feed-forward inner size; 0 = ``4 * hidden_size``.
-          max_source_positions, max_positions: longest source and target.
-          dropout: on embeddings, attention probabilities and residual branches while training.
-          pre_layer_norm: normalize before each block (True) or after (Vaswani et al.).
-          share_embeddings: one table for source and target (the vocabularies must be one).
-          tie_weights: the softmax kernel is the target embedding table.
-          init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
-          attention_blocks: the decoder's causal self-attention over a training
-            target in this many query blocks that skip the masked keys; 1 = the
-            whole target at once; ``"auto"`` (default): 4 blocks for targets of at
-            least 1024 positions, else 1. The results are the same (``model_params =
-            {"attention_blocks": 4}`` in a config). The encoder, which attends
-            to every source position, has no masked blocks to skip.
-          activation: the feed-forward blocks' ``"gelu"`` (tanh approximation),
-            ``"gelu_exact"`` (erf, BART's) or ``"relu"``.
-          embedding_norm: a layer norm on each side's embedded tokens and
-            positions, before the first layer (BART's ``layernorm_embedding``).
-          scale_embedding: token embeddings times ``sqrt(hidden_size)`` (Vaswani et al.;
-            BART's ``scale_embedding``); the softmax's tied kernel is not scaled.
-          name: module name.
-        """
+        """Creates the embedders, the encoder, the decoder and the softmax layer."""
         super().__init__(name=name)
         self.source_vocab_size = check_positive_int("source_vocab_size", source_vocab_size)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
@@ -197,7 +196,7 @@ class TransformerSeq2Seq(LanguageModel):
                   "num_layers": self.encoder.num_layers, "decoder_layers": self.decoder.num_layers,
                   "num_heads": layer.num_heads, "ffn_dim": layer.ffn_dim,
                   "max_source_positions": self.source_positions.max_positions, "max_positions": self.max_positions,
-                  "keep_prob": keep_prob_of(self.dropout), "pre_layer_norm": layer.pre_layer_norm,
+                  "dropout": self.dropout, "pre_layer_norm": layer.pre_layer_norm,
                   "share_embeddings": self.share_embeddings, "tie_weights": self.tie_weights,
                   "init_scale": self.init_scale}
         # Absent when the defaults, as in the transformer's config.

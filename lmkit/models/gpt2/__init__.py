@@ -18,5 +18,6 @@ MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 #: Hugging Face ``model_type``s it reads -> the model above they load as; and their converter
 HF_MODEL_TYPES: Dict[str, str] = {"gpt2": "gpt2"}
 CONVERTER: Optional[str] = "lmkit.models.gpt2.convert:GPT2Converter"
+CONFIG_CHECK: Optional[str] = "lmkit.models.gpt2.checks:check_config"  # the checks of a training config
 
 __getattr__ = lazy_attributes(__name__, ('model',))  # PEP 562: the classes load on first use

@@ -12,7 +12,7 @@ from lmkit.layers.base import Training, dropout, uniform_initializer
 from lmkit.layers.embeddings import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerDecoder, TransformerState, initialize_like_gpt2
-from lmkit.models.protocols import LanguageModel, check_window, embedding_dim_of, keep_prob_of
+from lmkit.models.protocols import LanguageModel, check_window, embedding_dim_of
 
 __all__ = ["INITIALIZATIONS", "TransformerLanguageModel"]
 
@@ -53,6 +53,45 @@ class TransformerLanguageModel(LanguageModel):
     ``output_bias=False`` this is GPT-2's architecture (the ``gpt2`` entry of
     :data:`lmkit.models.MODELS`), which :mod:`lmkit.models.gpt2.convert` loads from and
     exports to Hugging Face checkpoints.
+
+    Args:
+      vocab_size: number of token ids.
+      hidden_size: model size; a multiple of ``num_heads``.
+      num_layers: transformer layers.
+      num_heads: attention heads.
+      ffn_dim: feed-forward inner size; 0 means ``4 * hidden_size``.
+      max_positions: longest sequence (and cache).
+      dropout: dropout rate while training.
+      pre_layer_norm: GPT-2 style (True) or post-layer-norm.
+      tie_weights: share the embedding table with the softmax kernel.
+      init_scale: the spread of the kernels and embeddings at the start (see ``initialization``).
+      embedding_dim: must be 0 or ``hidden_size`` (kept for config parity).
+      position_embedding: ``"learned"`` (GPT-2) or ``"sinusoid"``.
+      layer_norm_epsilon: added to the variance in every layer norm.
+      output_bias: give the softmax layer a bias (GPT-2 has none).
+      attention_blocks: a training window's attention in this many query
+        blocks that skip the masked keys after them (speed only; the results
+        are the same; ``attention_blocks=4`` in a config's model section);
+        ``"auto"`` (default): 4 blocks for windows of at least 1024 positions, else 1.
+      attention_dropout: dropout on the attention probabilities while
+        training; None (default): ``dropout``. 0 keeps the rest of the
+        dropout and lets a fused attention kernel take training windows
+        (``attention_dropout=0.0`` in a config's model section;
+        :mod:`lmkit.layers.kernels`).
+      initialization: ``"uniform"`` (default): every kernel and embedding
+        table from uniform(-init_scale, init_scale); ``"gpt2"``: GPT-2's and
+        nanoGPT's normal(0, init_scale), the residual projections smaller
+        (:func:`~lmkit.layers.initialize_like_gpt2`).
+      use_bias: biases in the attention and feed-forward projections and
+        offsets in the layer norms; False: neither (nanoGPT's ``bias=False``).
+      activation: the feed-forward's, ``"gelu"`` (GPT-2's tanh approximation),
+        ``"gelu_exact"`` (nanoGPT's) or ``"relu"``.
+      name: module name.
+
+    Raises:
+      ValueError: ``hidden_size`` not divisible by ``num_heads``, an
+        ``embedding_dim`` other than 0 or ``hidden_size``, an unknown
+        position embedding or initialization, or a bad size or rate.
     """
 
     stateful = False
@@ -65,47 +104,7 @@ class TransformerLanguageModel(LanguageModel):
                  attention_blocks: Union[int, str] = "auto", attention_dropout: Optional[float] = None,
                  initialization: str = "uniform", use_bias: bool = True, activation: str = "gelu",
                  name: Optional[str] = None) -> None:
-        """Creates the embedders, the decoder and the softmax layer.
-
-        Args:
-          vocab_size: number of token ids.
-          hidden_size: model size; a multiple of ``num_heads``.
-          num_layers: transformer layers.
-          num_heads: attention heads.
-          ffn_dim: feed-forward inner size; 0 means ``4 * hidden_size``.
-          max_positions: longest sequence (and cache).
-          dropout: dropout rate while training.
-          pre_layer_norm: GPT-2 style (True) or post-layer-norm.
-          tie_weights: share the embedding table with the softmax kernel.
-          init_scale: the spread of the kernels and embeddings at the start (see ``initialization``).
-          embedding_dim: must be 0 or ``hidden_size`` (kept for config parity).
-          position_embedding: ``"learned"`` (GPT-2) or ``"sinusoid"``.
-          layer_norm_epsilon: added to the variance in every layer norm.
-          output_bias: give the softmax layer a bias (GPT-2 has none).
-          attention_blocks: a training window's attention in this many query
-            blocks that skip the masked keys after them (speed only; the results
-            are the same; ``model_params = {"attention_blocks": 4}`` in a config);
-            ``"auto"`` (default): 4 blocks for windows of at least 1024 positions, else 1.
-          attention_dropout: dropout on the attention probabilities while
-            training; None (default): ``dropout``. 0 keeps the rest of the
-            dropout and lets a fused attention kernel take training windows
-            (``model_params = {"attention_dropout": 0.0}`` in a config;
-            :mod:`lmkit.layers.kernels`).
-          initialization: ``"uniform"`` (default): every kernel and embedding
-            table from uniform(-init_scale, init_scale); ``"gpt2"``: GPT-2's and
-            nanoGPT's normal(0, init_scale), the residual projections smaller
-            (:func:`~lmkit.layers.initialize_like_gpt2`).
-          use_bias: biases in the attention and feed-forward projections and
-            offsets in the layer norms; False: neither (nanoGPT's ``bias=False``).
-          activation: the feed-forward's, ``"gelu"`` (GPT-2's tanh approximation),
-            ``"gelu_exact"`` (nanoGPT's) or ``"relu"``.
-          name: module name.
-
-        Raises:
-          ValueError: ``hidden_size`` not divisible by ``num_heads``, an
-            ``embedding_dim`` other than 0 or ``hidden_size``, an unknown
-            position embedding or initialization, or a bad size or rate.
-        """
+        """Creates the embedders, the decoder and the softmax layer."""
         super().__init__(name=name)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.hidden_size = check_positive_int("hidden_size", hidden_size)
@@ -199,7 +198,7 @@ class TransformerLanguageModel(LanguageModel):
         config = {"model": "gpt2" if self.is_gpt2 else "transformer", "vocab_size": self.vocab_size,
                   "hidden_size": self.hidden_size,
                   "num_layers": self.decoder.num_layers, "init_scale": self.init_scale,
-                  "keep_prob": keep_prob_of(self.dropout), "tie_weights": self.tie_weights,
+                  "dropout": self.dropout, "tie_weights": self.tie_weights,
                   "embedding_dim": self.hidden_size, "num_heads": self.decoder.num_heads,
                   "ffn_dim": self.decoder.ffn_dim, "max_positions": self.decoder.max_positions,
                   "pre_layer_norm": self.decoder.pre_layer_norm}

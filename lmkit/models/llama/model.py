@@ -20,7 +20,7 @@ from lmkit.layers.embeddings import WordEmbedder
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerState
 from lmkit.models.llama.blocks import LlamaDecoder
-from lmkit.models.protocols import LanguageModel, check_window, keep_prob_of
+from lmkit.models.protocols import LanguageModel, check_window
 
 __all__ = ["LlamaLanguageModel", "default_ffn_dim"]
 
@@ -38,6 +38,37 @@ class LlamaLanguageModel(LanguageModel):
     ``stateful`` is False (windows are independent); generation prefills and
     steps a key/value cache exactly as :class:`~lmkit.models.TransformerLanguageModel`
     does, with the same :class:`~lmkit.layers.TransformerState`.
+
+    Args:
+      vocab_size: number of token ids.
+      hidden_size: model size.
+      num_layers: decoder layers.
+      num_heads: query heads.
+      num_kv_heads: key/value heads (grouped-query attention); 0 = ``num_heads``.
+      head_dim: features per head; 0 = ``hidden_size // num_heads``.
+      ffn_dim: the gated feed-forward's inner size; 0 = :func:`default_ffn_dim`.
+      max_positions: longest sequence (and cache).
+      rope_theta: the rotary embedding's base.
+      rope_scaling: None, or ``{"rope_type": "linear" | "llama3", "factor": ..., ...}``.
+      sliding_window: positions a query sees (0 = all).
+      layer_types: per layer ``"full_attention"`` or ``"sliding_attention"``
+        (Qwen2's); None = every layer slides when ``sliding_window`` is set.
+      qkv_bias: biases on the query/key/value projections (Qwen2, Llama's ``attention_bias``).
+      attention_output_bias: a bias on the attention output projection (Llama's ``attention_bias``).
+      rms_norm_epsilon: added to the mean square in every RMSNorm.
+      tie_weights: share the embedding table with the softmax kernel.
+      activation: the feed-forward gate's activation (``"silu"``).
+      dropout: on residual branches and attention probabilities while training.
+      init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
+      attention_blocks: a training window's attention in this many query
+        blocks that skip the masked keys (and, with a sliding window, the
+        keys before it); 1 = the whole window at once; ``"auto"`` (default):
+        4 blocks for windows of at least 1024 positions, else 1. The results
+        are the same (``attention_blocks=4`` in a config's model section).
+      embedding_scale: the token embeddings are multiplied by it before the
+        first layer (Gemma's ``sqrt(hidden_size)``); the tied softmax uses
+        the table as it is.
+      name: module name.
     """
 
     stateful = False
@@ -51,39 +82,7 @@ class LlamaLanguageModel(LanguageModel):
                  rms_norm_epsilon: float = 1e-6, tie_weights: bool = False, activation: str = "silu",
                  dropout: float = 0.0, init_scale: float = 0.02, attention_blocks: Union[int, str] = "auto",
                  embedding_scale: float = 1.0, name: Optional[str] = None) -> None:
-        """Creates the embedder, the decoder and the softmax layer.
-
-        Args:
-          vocab_size: number of token ids.
-          hidden_size: model size.
-          num_layers: decoder layers.
-          num_heads: query heads.
-          num_kv_heads: key/value heads (grouped-query attention); 0 = ``num_heads``.
-          head_dim: features per head; 0 = ``hidden_size // num_heads``.
-          ffn_dim: the gated feed-forward's inner size; 0 = :func:`default_ffn_dim`.
-          max_positions: longest sequence (and cache).
-          rope_theta: the rotary embedding's base.
-          rope_scaling: None, or ``{"rope_type": "linear" | "llama3", "factor": ..., ...}``.
-          sliding_window: positions a query sees (0 = all).
-          layer_types: per layer ``"full_attention"`` or ``"sliding_attention"``
-            (Qwen2's); None = every layer slides when ``sliding_window`` is set.
-          qkv_bias: biases on the query/key/value projections (Qwen2, Llama's ``attention_bias``).
-          attention_output_bias: a bias on the attention output projection (Llama's ``attention_bias``).
-          rms_norm_epsilon: added to the mean square in every RMSNorm.
-          tie_weights: share the embedding table with the softmax kernel.
-          activation: the feed-forward gate's activation (``"silu"``).
-          dropout: on residual branches and attention probabilities while training.
-          init_scale: kernels and embeddings from uniform(-init_scale, init_scale).
-          attention_blocks: a training window's attention in this many query
-            blocks that skip the masked keys (and, with a sliding window, the
-            keys before it); 1 = the whole window at once; ``"auto"`` (default):
-            4 blocks for windows of at least 1024 positions, else 1. The results
-            are the same (``model_params = {"attention_blocks": 4}`` in a config).
-          embedding_scale: the token embeddings are multiplied by it before the
-            first layer (Gemma's ``sqrt(hidden_size)``); the tied softmax uses
-            the table as it is.
-          name: module name.
-        """
+        """Creates the embedder, the decoder and the softmax layer."""
         super().__init__(name=name)
         self.vocab_size = check_positive_int("vocab_size", vocab_size)
         self.hidden_size = check_positive_int("hidden_size", hidden_size)
@@ -162,7 +161,7 @@ class LlamaLanguageModel(LanguageModel):
                   "layer_types": plain(self.layer_types), "qkv_bias": attention.qkv_bias,
                   "attention_output_bias": attention.output_bias, "rms_norm_epsilon": self.rms_norm_epsilon,
                   "tie_weights": self.tie_weights, "activation": self.decoder.layers[0].ffn.activation,
-                  "keep_prob": keep_prob_of(self.dropout), "init_scale": self.init_scale}
+                  "dropout": self.dropout, "init_scale": self.init_scale}
         if attention.attention_blocks != "auto":  # absent by default, as in the transformer's config
             config["attention_blocks"] = attention.attention_blocks
         if self.embedding_scale != 1.0:  # absent by default: the configs of runs before it stay as they were

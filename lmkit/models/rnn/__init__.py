@@ -19,5 +19,6 @@ SEQ2SEQ_MODELS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 #: Hugging Face ``model_type``s it reads -> the model above they load as; and their converter
 HF_MODEL_TYPES: Dict[str, str] = {}
 CONVERTER: Optional[str] = None
+CONFIG_CHECK: Optional[str] = "lmkit.models.rnn.checks:check_config"  # the checks of a training config
 
 __getattr__ = lazy_attributes(__name__, ('model', 'seq2seq'))  # PEP 562: the classes load on first use

@@ -12,7 +12,7 @@ from lmkit.layers.base import Training, uniform_initializer
 from lmkit.layers.embeddings import WordEmbedder
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.rnn import RNNDecoder
-from lmkit.models.protocols import LanguageModel, State, embedding_dim_of, keep_prob_of
+from lmkit.models.protocols import LanguageModel, State, embedding_dim_of
 
 __all__ = ["RNNLanguageModel"]
 
@@ -20,7 +20,7 @@ __all__ = ["RNNLanguageModel"]
 class RNNLanguageModel(LanguageModel):
     """Embedding -> multi-layer LSTM/GRU -> softmax (Zaremba et al., 2014).
 
-    Dropout (rate ``dropout`` = 1 - keep_prob) acts on the embedding output,
+    Dropout (rate ``dropout``) acts on the embedding output,
     between layers and on the top output, only while training. Every
     variable, biases included, starts from uniform(-init_scale, init_scale).
 
@@ -51,7 +51,7 @@ class RNNLanguageModel(LanguageModel):
           num_layers: number of recurrent layers.
           cell: ``"lstm"`` or ``"gru"``.
           embedding_dim: embedding size; 0 means ``hidden_size``.
-          dropout: dropout rate while training (1 - keep_prob).
+          dropout: dropout rate while training.
           forget_bias: LSTM forget-gate bias.
           init_scale: every variable from uniform(-init_scale, init_scale).
           tie_weights: share the embedding table with the softmax kernel.
@@ -112,6 +112,6 @@ class RNNLanguageModel(LanguageModel):
     def get_config(self) -> Dict[str, Any]:
         return {"model": self.decoder.cell_type, "vocab_size": self.vocab_size,
                 "hidden_size": self.hidden_size, "num_layers": self.decoder.num_layers,
-                "init_scale": self.init_scale, "keep_prob": keep_prob_of(self.dropout),
+                "init_scale": self.init_scale, "dropout": self.dropout,
                 "forget_bias": self.decoder.forget_bias, "tie_weights": self.tie_weights,
                 "embedding_dim": self.embedding_dim}

@@ -20,7 +20,7 @@ from lmkit.layers.attention_rnn import AttentionRNNDecoder, AttentionRNNState, R
 from lmkit.layers.base import Training, dropout, uniform_initializer
 from lmkit.layers.embeddings import WordEmbedder
 from lmkit.layers.projection import OutputProjection
-from lmkit.models.protocols import LanguageModel, keep_prob_of
+from lmkit.models.protocols import LanguageModel
 
 __all__ = ["RNNSeq2Seq", "RNNSeq2SeqState"]
 
@@ -45,7 +45,8 @@ class RNNSeq2Seq(LanguageModel):
 
     def __init__(self, *, source_vocab_size: int, vocab_size: int, hidden_size: int, num_layers: int = 1,
                  cell: str = "lstm", bidirectional: bool = True, attention: str = "luong",
-                 embedding_dim: int = 0, max_positions: int = 256, dropout: float = 0.0,
+                 embedding_dim: int = 0, max_positions: int = 256, max_source_positions: int = 256,
+                 dropout: float = 0.0,
                  share_embeddings: bool = False, tie_weights: bool = False, init_scale: float = 0.1,
                  name: Optional[str] = None) -> None:
         """Creates the embedders, the encoder, the decoder and the softmax layer.
@@ -59,6 +60,8 @@ class RNNSeq2Seq(LanguageModel):
           attention: ``"luong"`` or ``"bahdanau"``.
           embedding_dim: 0 = ``hidden_size``.
           max_positions: the longest target the decoder generates (a bound for decoding).
+          max_source_positions: the longest source lmkit gives the encoder (a bound of the data: longer
+            training pairs are skipped, longer prompts refused; the recurrent encoder itself has none).
           dropout: on embeddings and between layers while training.
           share_embeddings: one table for source and target (one vocabulary).
           tie_weights: the softmax kernel is the target table (``embedding_dim`` must be ``hidden_size``).
@@ -77,6 +80,7 @@ class RNNSeq2Seq(LanguageModel):
         if self.tie_weights and self.embedding_dim != hidden_size:
             raise UsageError(f"tie_weights needs embedding_dim = hidden_size = {hidden_size}, got {embedding_dim}")
         self._max_positions = check_positive_int("max_positions", max_positions)
+        self.max_source_positions = check_positive_int("max_source_positions", max_source_positions)
         self.dropout = check_rate("dropout", dropout)
         self.init_scale = check_positive_float("init_scale", init_scale)
         initializer = uniform_initializer(init_scale)
@@ -143,6 +147,7 @@ class RNNSeq2Seq(LanguageModel):
                 "hidden_size": self.hidden_size, "num_layers": self.decoder.rnn.num_layers,
                 "cell": self.decoder.rnn.cell_type, "bidirectional": self.encoder.bidirectional,
                 "attention": self.decoder.attention, "embedding_dim": self.embedding_dim,
-                "max_positions": self.max_positions, "keep_prob": keep_prob_of(self.dropout),
+                "max_positions": self.max_positions, "max_source_positions": self.max_source_positions,
+                "dropout": self.dropout,
                 "share_embeddings": self.share_embeddings, "tie_weights": self.tie_weights,
                 "init_scale": self.init_scale}

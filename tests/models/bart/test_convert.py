@@ -262,12 +262,12 @@ def test_generate_and_evaluate_a_bart_folder_on_the_command_line(tmp_path):
     with open(os.path.join(frozen, "results.json"), encoding="utf-8") as f:
         # the trainer's batched float32 evaluation against transformers': 1e-5 relative
         assert json.load(f)["test_perplexity"] == pytest.approx(report["perplexity"], rel=1e-5)
-    from lmkit.config import TrainConfig
     with open(os.path.join(frozen, "config.json"), encoding="utf-8") as f:
-        saved = TrainConfig.from_dict(json.load(f))
-    assert saved.model.name == "transformer_seq2seq" and saved.data.kind == "pairs"
-    assert saved.model.get("share_embeddings") is True and saved.model.get("embedding_norm") is True
-    assert saved.model.get("dropout") == 0.0  # --set model.dropout wins over the folder's dropout (0.1)
+        saved = json.load(f)
+    model = saved["model"]  # config.json by section
+    assert model["name"] == "transformer_seq2seq" and saved["data"]["kind"] == "pairs" and model["share_embeddings"]
+    assert model["dropout"] == 0.0  # --set keep_prob wins over the folder's dropout (0.1)
+    assert model["embedding_norm"] is True
     # 12 steps of AdamW at 1e-3 on 24 pairs: the test perplexity falls, and the run generates and evaluates.
     res = _lmkit(*flags, "--model_dir", tuned, "--max_steps", "12", "--set", "learning_rate=1e-3")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -306,13 +306,12 @@ def test_lora_fine_tunes_a_bart_folder_and_exports_merged(tmp_path):
                  "--model_dir", run, "--max_steps", "6", "--lora_rank", "2", "--set", "batch_size=8",
                  "--set", "warmup_epochs=0.0", "--set", "model.dropout=0.0", "--set", "learning_rate=1e-2")
     assert res.returncode == 0, res.stderr[-3000:]
-    from lmkit.config import TrainConfig
     from lmkit.layers.lora import lora_of
     from lmkit.train.checkpoint import load_model
     model, _, _ = load_model(run)  # the base from the folder, the adapters from the run, merged
     assert lora_of(model) is None
     with open(os.path.join(run, "config.json"), encoding="utf-8") as f:
-        assert TrainConfig.from_dict(json.load(f)).adapters.lora_rank == 2
+        assert json.load(f)["adapters"]["lora_rank"] == 2
     # Which layers were adapted: the run unmerged, as `lmkit train` built it.
     built, _, _ = load_model(run, merge_adapters=False)
     paths = sorted(lora_of(built).adapters)

@@ -22,7 +22,7 @@ def test_gemmas_defaults_and_a_head_size_of_its_own():
 
 
 @pytest.mark.parametrize("changes", [{}, {"embedding_scale": 1.0}, {"attention_bias": True, "tie_weights": False,
-                                                                      "activation": "silu", "keep_prob": 0.9}])
+                                                                      "activation": "silu", "dropout": 0.1}])
 def test_the_config_rebuilds_the_same_model(changes):
     model = build_model({**CONFIG, **changes})
     config = model.get_config()

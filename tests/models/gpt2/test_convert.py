@@ -288,10 +288,9 @@ def test_the_checkpoints_dropout_unless_a_set_asks_for_another(folder):
     corpus = os.path.join(folder, "corpus.txt")
     flags = ["--init_from", folder, "--train_file", corpus, "--set", "num_steps=16"]
     config = config_from_args(build_parser().parse_args(flags))
-    # the tiny GPT-2's pdrop 0.0 and n_embd
-    assert config.model.get("dropout") == 0.0 and config.model.get("hidden_size") == 32
-    config = config_from_args(build_parser().parse_args(flags + ["--set", "model.dropout=0.2"]))
-    assert config.model.get("dropout") == 0.2 and config.model.get("hidden_size") == 32
+    assert config.model["dropout"] == 0.0 and config.model["hidden_size"] == 32  # the tiny GPT-2's pdrop, n_embd
+    config = config_from_args(build_parser().parse_args(flags + ["--set", "keep_prob=0.8"]))
+    assert config.model["dropout"] == pytest.approx(0.2) and config.model["hidden_size"] == 32
 
 
 def test_a_download_without_a_network_is_one_clear_error(tmp_path):
