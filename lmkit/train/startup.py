@@ -72,7 +72,8 @@ def _check_stored(model_dir: str, config: Any, vocab: Any) -> None:
         # A key an older lmkit did not store had its default then.
         theirs = stored_model_config(read_config_dict(model_dir), f"{model_dir}/{CONFIG_FILE}")
         # As config.json stores them (tuples as lists).
-        mine = json.loads(json.dumps({**config.model_config(), **{k: getattr(config, k) for k in ADAPTER_KEYS}}))
+        adapters = {k: getattr(config.adapters, k) for k in ADAPTER_KEYS}
+        mine = json.loads(json.dumps({**config.model_config(), **adapters}))
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if diff:
             k, (old, new) = sorted(diff.items())[0]

@@ -43,9 +43,9 @@ class LanguageModeling:
     def __init__(self, model: Any, config: Any, rank: int, size: int) -> None:
         self.model, self.config, self.rank, self.size = model, config, rank, size
         self.stateful = bool(getattr(model, "stateful", False))
-        self.reduction = config.loss_reduction
-        self.loss_tokens = 1 if self.reduction == "mean" else config.num_steps
-        self.batch_unit = f"x {config.num_steps} steps"  # for the start-up line
+        self.reduction = config.optimization.loss_reduction
+        self.loss_tokens = 1 if self.reduction == "mean" else config.data.num_steps
+        self.batch_unit = f"x {config.data.num_steps} steps"  # for the start-up line
         self._bptt: Any = None  # a model with a state reads the same rows every epoch
 
     def reset(self) -> None:
@@ -64,7 +64,7 @@ class LanguageModeling:
         from lmkit.data.windows import WindowBatches
 
         self._check_stream(ids)
-        cfg = self.config
+        cfg = self.config.data
         if self.stateful:
             if cfg.sampling != "windows":
                 raise UsageError(f"sampling = {cfg.sampling!r} needs a model without a recurrent state "
@@ -73,11 +73,11 @@ class LanguageModeling:
             if self._bptt is None:
                 self._bptt = BpttBatches(ids, cfg.batch_size, cfg.num_steps, rank=self.rank, size=self.size)
             return self._bptt
-        return WindowBatches(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=cfg.seed,
+        return WindowBatches(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=self.config.run.seed,
                              rank=self.rank, size=self.size, sampling=cfg.sampling)
 
     def tokens_per_step(self, batches: Any) -> float:
-        return float(self.config.batch_size * self.config.num_steps)
+        return float(self.config.tokens_per_step)
 
     def loss(self, inputs: tf.Tensor, targets: tf.Tensor, state: Any, training: bool) -> Tuple[tf.Tensor, Any]:
         logits, new_state = self.model(inputs, state, training=training)  # [b, t, vocab], float32 logits
@@ -85,18 +85,18 @@ class LanguageModeling:
 
     def evaluator(self, batch_size: int, precision: str, jit_compile: bool, attention_kernel: str = "matmul") -> Any:
         from lmkit.train.evaluation import Evaluator
-        return Evaluator(self.model, self.config.num_steps, batch_size, precision=precision,
+        return Evaluator(self.model, self.config.data.num_steps, batch_size, precision=precision,
                          jit_compile=jit_compile, attention_kernel=attention_kernel)
 
     def eval_sample(self, ids: Any, batches: int, batch_size: int) -> Any:
         """The first ``batches`` evaluation batches of ``ids`` (all when shorter): ``eval_steps``' sample."""
-        return ids[:batch_size * (batches * self.config.num_steps + 1)]  # rows of batches x num_steps (+1 target)
+        return ids[:batch_size * (batches * self.config.data.num_steps + 1)]  # rows of batches x num_steps (+1 target)
 
     def check_eval_data(self, batch_size: int, **streams: Optional[np.ndarray]) -> None:
         """Evaluation data too small for one batch fails before training, on every rank."""
         from lmkit.data.batching import num_bptt_batches
 
-        num_steps = self.config.num_steps
+        num_steps = self.config.data.num_steps
         for name, ids in streams.items():
             self._check_stream(ids)
             if ids is not None and num_bptt_batches(len(ids), batch_size, num_steps) < 1:
@@ -112,7 +112,7 @@ class Transduction:
     Args:
       model: a conditional model (``encode(source, mask, training)`` and
         ``__call__(target_inputs, condition=, training=)``).
-      config: the run's config (``batch_size``, ``seed``).
+      config: the run's config (``data.batch_size``, ``run.seed``).
       special: the target side's :class:`~lmkit.data.paired.SpecialIds`.
     """
 
@@ -135,7 +135,7 @@ class Transduction:
     def batches(self, pairs: Any, epoch: int) -> Any:
         from lmkit.data.paired import PairBatches
         self._check_pairs(pairs)
-        return PairBatches(pairs, self.config.batch_size, self.special, epoch=epoch, seed=self.config.seed,
+        return PairBatches(pairs, self.config.data.batch_size, self.special, epoch=epoch, seed=self.config.run.seed,
                            rank=self.rank, size=self.size)
 
     def tokens_per_step(self, batches: Any) -> float:

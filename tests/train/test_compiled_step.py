@@ -57,7 +57,7 @@ def test_the_default_is_auto_and_the_trainer_follows_the_device(monkeypatch):
     gpu = Trainer(build_model(_config().model_config()), _config(), log=lines.append)
     gpu.fit(_ids(), max_steps=2)
     assert gpu.xla is True and "compiled the training step with XLA in" in "\n".join(lines)
-    assert gpu._compiled_train_step._jit_compile and gpu._evaluator._step._jit_compile
+    assert gpu.step.function._jit_compile and gpu.evaluator._step._jit_compile
 
 
 def _all_op_types(fn, *args):
@@ -77,8 +77,7 @@ def test_the_training_step_has_no_branch(overrides, monkeypatch):
     trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
     trainer.fit(_ids(), max_steps=1)
     x = tf.constant(_ids()[:20].reshape(4, 5))
-    ops = _all_op_types(trainer._compiled_train_step, x, x, trainer.initial_state(), tf.constant(0.0),
-                        tf.constant(0.0))
+    ops = _all_op_types(trainer.step.function, x, x, trainer.initial_state(), tf.zeros([3]))
     assert "SelectV2" in ops and not ops & BRANCH_OPS, sorted(ops & BRANCH_OPS)
 
 
@@ -89,6 +88,5 @@ def test_the_plain_cpu_step_keeps_its_branch():
     trainer.fit(_ids(), max_steps=1)
     assert trainer.xla is False and trainer.branch_free is False
     x = tf.constant(_ids()[:20].reshape(4, 5))
-    ops = _all_op_types(trainer._compiled_train_step, x, x, trainer.initial_state(), tf.constant(0.0),
-                        tf.constant(0.0))
+    ops = _all_op_types(trainer.step.function, x, x, trainer.initial_state(), tf.zeros([3]))
     assert ops & {"If", "StatelessIf"}

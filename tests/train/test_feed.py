@@ -52,11 +52,11 @@ def test_the_feed_makes_the_windows_ahead_on_its_own_thread():
 
 def test_flags_are_made_once_per_value():
     flags = flag_tensors("/CPU:0")
-    a, b = flags(0.0, 0.0)
-    assert a is b and float(a) == 0.0 and a.dtype == tf.float32
-    c, d = flags(1, 0.0)
-    assert float(c) == 1.0 and d is a
-    assert flags(1.0, 1.0)[1] is c
+    none = flags(0.0, 0.0)
+    assert none is flags(0, 0, 0) and none.dtype == tf.float32 and none.numpy().tolist() == [0.0, 0.0, 0.0]
+    stop = flags(1, 0.0)
+    assert stop.numpy().tolist() == [1.0, 0.0, 0.0] and stop is flags(1.0, 0.0, 0.0)
+    assert flags(0.0, 1.0, 1.0).numpy().tolist() == [0.0, 1.0, 1.0]
     assert feed_device() == "/CPU:0"  # no GPU here: the host
 
 
@@ -125,9 +125,9 @@ def test_one_process_decides_on_its_own_flags_without_reading_the_device(tmp_pat
     flags = resume.Boundaries.flags
 
     def save_at_step_3(self):
-        stop, save = flags(self)
+        stop, save, end = flags(self)
         asked.append(len(asked) + 1)
-        return stop, (1.0 if len(asked) == 3 else save)
+        return stop, (1.0 if len(asked) == 3 else save), end
 
     monkeypatch.setattr(resume.Boundaries, "flags", save_at_step_3)
     ids = np.random.default_rng(0).integers(0, 40, 400).astype(np.int32)
@@ -138,10 +138,10 @@ def test_one_process_decides_on_its_own_flags_without_reading_the_device(tmp_pat
 
 
 class _Flags:
-    """A step's agreed [stop, save], recording the thread that reads it (on a GPU, the read that waits)."""
+    """A step's agreed [stop, save, end], recording the thread that reads it (on a GPU, the read that waits)."""
 
     def __init__(self, stop, save, reads):
-        self.values, self.reads = np.array([stop, save], np.float32), reads
+        self.values, self.reads = np.array([stop, save, 0.0], np.float32), reads
 
     def __array__(self, *args, **kwargs):
         self.reads.append(threading.current_thread().name)
@@ -182,6 +182,6 @@ def test_every_steps_saves_are_decided_at_once_whatever_the_lag():
     from lmkit.train.resume import Boundaries
 
     boundaries = Boundaries(_Watcher(), every_steps=4, every_minutes=0.0, lag=2, background=True)
-    saves = [step for step in range(1, 10) if boundaries.after_step(np.zeros(2, np.float32), step) == ["save"]]
+    saves = [step for step in range(1, 10) if boundaries.after_step(np.zeros(3, np.float32), step) == ["save"]]
     boundaries.close()
     assert saves == [4, 8]

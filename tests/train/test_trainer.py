@@ -174,7 +174,7 @@ def _ops_with_shape(fn, shape, *specs):
 def test_clipping_keeps_the_embedding_gradient_sparse(max_grad_norm, monkeypatch):
     # The norm of an IndexedSlices gradient is taken over its rows, with or without clipping;
     # a densified [vocab, dim] gradient would cost a vocab-sized buffer every step.
-    import lmkit.train.trainer as trainer_module
+    import lmkit.train.step as step_module
     from lmkit.optim import clip_gradients
 
     vocab, dim = 97, 13
@@ -187,12 +187,12 @@ def test_clipping_keeps_the_embedding_gradient_sparse(max_grad_norm, monkeypatch
         return clip_gradients(grads, *limits)
 
     # 1. The trainer's step hands the averaged embedding gradient to clip_gradients as slices.
-    monkeypatch.setattr(trainer_module, "clip_gradients", recording)
+    monkeypatch.setattr(step_module, "clip_gradients", recording)
     trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
     trainer.build(steps_per_epoch=10)
     x = tf.zeros([cfg.batch_size, cfg.num_steps], tf.int32)
-    no = tf.constant(0.0)  # no stop or save request
-    trainer._compiled_train_step.get_concrete_function(x, x, trainer.initial_state(), no, no)
+    no = tf.zeros([3])  # no stop, save or end request
+    trainer.step.function.get_concrete_function(x, x, trainer.initial_state(), no)
     assert seen and seen[0].count("IndexedSlices") == 1, seen
 
     # 2. clip_gradients never builds a dense [vocab, dim] tensor from slices.
@@ -278,7 +278,7 @@ def test_resume_inside_an_epoch_is_exact_with_dropout_on(tmp_path, model):
     first.fit(_ids(), _ids(300, seed=1), num_epochs=2, max_steps=37)  # inside epoch 1 (59 steps)
     (meta,) = _checkpoint_metas(interrupted)
     assert (meta["step"], meta["epoch"], meta["steps_in_epoch"]) == (37, 0, 37)
-    assert ("rnn_state.npz" in os.listdir(first._checkpoints.manager.latest())) == (model == "lstm")
+    assert ("rnn_state.npz" in os.listdir(first.loop.checkpoints.manager.latest())) == (model == "lstm")
     resumed, _, result = _train(cfg, interrupted, 2, seed=999)  # the init seed must not matter
     assert result.resumed_from and result.epochs[0].steps == 59 - 37
     for a, b in zip(straight.trainable_variables, resumed.trainable_variables):
