@@ -327,7 +327,7 @@ class LmkitRunner(Runner):
             with tf.device(device):
                 self.inputs = [tf.identity(tf.constant(x)) for x in inputs]
                 self.targets = [tf.identity(tf.constant(y)) for y in targets]
-            self.flags = flag_tensors(device)(0.0, 0.0)  # [stop, save, end]
+            self.flags = flag_tensors(device)(0.0, 0.0)  # (stop, save, end)
             self.step = self.trainer.step.function  # what Trainer.train_step calls, minus the flags' copies
 
     def run(self, steps: int) -> float:
@@ -344,7 +344,7 @@ class LmkitRunner(Runner):
             i = self.position % len(self.inputs)
             self.position += 1
             if self.device_inputs:
-                out = self.step(self.inputs[i], self.targets[i], self.state, self.flags)
+                out = self.step(self.inputs[i], self.targets[i], self.state, *self.flags)
             elif feed is not None:
                 out = self.step(*feed.get(k), self.state)
             else:

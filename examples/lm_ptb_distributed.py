@@ -78,7 +78,7 @@ def make_train_step(model, optimizer, policy, progress, config):
     """One compiled optimizer step on this process's rows; the collectives run inside it."""
     variables = list(model.trainable_variables)
 
-    def replica_step(x, y, state, flags):
+    def replica_step(x, y, state, stop, save, end):
         with tf.GradientTape() as tape:
             logits, state = model(x, state, training=True)  # [rows, num_steps, vocab]
             loss = window_loss(y, logits)  # summed over the window, averaged over this replica's rows
@@ -87,7 +87,7 @@ def make_train_step(model, optimizer, policy, progress, config):
                                        config.distribution.compression)
         # DIST: one all-reduce gives every rank the global batch's loss and the ranks' requests
         # [stop, save, end]: a SIGTERM on any rank reaches all of them at the same step.
-        averaged = dist.allreduce(tf.concat([tf.reshape(loss, [1]), flags], 0), op="average")
+        averaged = dist.allreduce(tf.stack([loss, stop, save, end]), op="average")
         grads, _ = clip_gradients(grads, config.optimization.max_grad_norm,  # after averaging: the same everywhere
                                   config.optimization.max_grad_norm_per_layer)
         optimizer.learning_rate.assign(policy(progress.global_step))
@@ -95,8 +95,8 @@ def make_train_step(model, optimizer, policy, progress, config):
         progress.global_step.assign_add(1)
         return averaged[0], state, averaged[1:]
 
-    def step(x, y, state, flags):
-        loss, state, agreed = dist.run(replica_step, (x, y, state, flags))  # DIST: once per replica here
+    def step(x, y, state, stop, save, end):
+        loss, state, agreed = dist.run(replica_step, (x, y, state, stop, save, end))  # DIST: once per replica
         return dist.first(loss), state, dist.first(agreed)  # DIST: the averages agree on every replica
 
     # lmkit's modules write their loops as graph ops: no AutoGraph needed (a faster start).
@@ -174,7 +174,7 @@ class Run:
         for i in range(start, count):  # the rows go on from batch to batch, and so does the state
             x, y = batches[i]
             # This rank's requests ride in the step's all-reduce ...
-            loss, state, agreed = self.step(tf.constant(x), tf.constant(y), state, host_flags(*boundaries.flags()))
+            loss, state, agreed = self.step(tf.constant(x), tf.constant(y), state, *host_flags(*boundaries.flags()))
             total, done = total + float(loss), done + 1
             bar.update(i + 1, f"ppl {math.exp(total / (done * num_steps)):.2f} "
                        f"{done * rows * num_steps / (time.perf_counter() - begin):.0f} tokens/s")

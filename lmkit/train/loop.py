@@ -40,6 +40,7 @@ from lmkit.train.records import EpochRun, TrainResult
 from lmkit.train.reporting import Reporter
 from lmkit.train.resume import Boundaries, Checkpointer, Position, preempted
 from lmkit.train.startup import check_agreement, prepare_model_dir
+from lmkit.train.step import eval_batch_size
 
 __all__ = ["RunData", "TrainingLoop"]
 
@@ -82,7 +83,7 @@ class TrainingLoop:
         """Trains for the config's plan (or ``num_epochs``, until ``max_steps``); see ``Trainer.fit``."""
         t, cfg = self.trainer, self.config
         t.task.reset()
-        t.task.check_eval_data(cfg.data.eval_batch_size or cfg.data.batch_size, valid=data.valid, test=data.test)
+        t.task.check_eval_data(eval_batch_size(cfg), valid=data.valid, test=data.test)
         steps_per_epoch = len(t.epoch_batches(data.train, 0))
         # A plan in steps (or tokens) runs the epochs its steps need and stops at its last step.
         epochs = num_epochs or cfg.epochs_to_run(steps_per_epoch)
@@ -322,7 +323,7 @@ class TrainingLoop:
         cfg = self.config
         if ids is None or not cfg.run.eval_steps:
             return ids
-        return self.trainer.task.eval_sample(ids, cfg.run.eval_steps, cfg.data.eval_batch_size or cfg.data.batch_size)
+        return self.trainer.task.eval_sample(ids, cfg.run.eval_steps, eval_batch_size(cfg))
 
     def _evaluate_at(self, step: int, read: Callable[[], None]) -> None:
         """Rank 0 evaluates the validation sample after global step ``step`` and logs it; the other ranks go on

@@ -171,26 +171,25 @@ class TrainStep:
                                           autograph=comp.autograph)
             update = tf.function(update, jit_compile=True, autograph=comp.autograph)
 
-        def train_step(x, y, state, flags):
+        def train_step(x, y, state, stop, save, end):
             loss, grads, new_state = local_gradients(x, y, state)
             # Averaging over replicas (allreduce / allgather): one round per optimizer step.
             grads = dist.average_gradients(grads, distribution.sparse_as_dense, distribution.compression)
             # DIST: one all-reduce carries the loss and every rank's requests ([stop, save, end]): a
             # request on any rank makes its average positive on all of them, at the same step.
-            averaged = dist.allreduce(tf.concat([tf.reshape(loss, [1]), flags], 0), op="average",
-                                      name="lmkit.train_loss")
+            averaged = dist.allreduce(tf.stack([loss, stop, save, end]), op="average", name="lmkit.train_loss")
             mean_loss, agreed = averaged[0], averaged[1:]
             new_state, healthy, applied = update(grads, mean_loss, state, new_state)
             return mean_loss, new_state, healthy, agreed, applied
 
-        def replicated_step(x, y, state, flags):
+        def replicated_step(x, y, state, stop, save, end):
             # Each local replica trains on its rows; the loss agrees on all of them.
-            loss, new_state, healthy, agreed, applied = dist.run(train_step, (x, y, state, flags))
+            loss, new_state, healthy, agreed, applied = dist.run(train_step, (x, y, state, stop, save, end))
             return StepResult(dist.first(loss), new_state, dist.first(healthy), dist.first(agreed),
                               dist.first(applied))
 
         self.compilation = compilation
-        #: The ``tf.function`` itself: ``(inputs, targets, state, flags)``, flags a float32 ``[3]`` tensor.
+        #: The ``tf.function`` itself: ``(inputs, targets, state, stop, save, end)``, the flags float32 scalars.
         self.function = tf.function(replicated_step, jit_compile=comp.xla and not split, reduce_retracing=True,
                                     autograph=comp.autograph)
         # Where the flags are made (lmkit.train.feed): on the step's device with device_prefetch.
@@ -198,7 +197,7 @@ class TrainStep:
 
     def __call__(self, inputs: Any, targets: Any, state: Any, stop: float = 0.0, save: float = 0.0,
                  end: float = 0.0) -> StepResult:
-        return self.function(inputs, targets, state, self.flags(stop, save, end))
+        return self.function(inputs, targets, state, *self.flags(stop, save, end))
 
 
 def eval_batch_size(config: Any) -> int:
