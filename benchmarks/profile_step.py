@@ -320,9 +320,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         device = feed_device()
         with tf.device(device):
             placed = [tuple(tf.identity(t) for t in batch()[:2]) for _ in range(args.steps)]
-        flags = flag_tensors(device)(0.0, 0.0)
+        flags = flag_tensors(device)(0.0, 0.0)  # (stop, save, end)
         cursor = iter(placed)
-        device_trace = trace_ops(trainer._compiled_train_step, lambda: (*next(cursor), state0, *flags), args.steps)
+        device_trace = trace_ops(trainer.step.function, lambda: (*next(cursor), state0, *flags), args.steps)
         result["trace_device_inputs"] = {"device": device,
                                          **{k: v for k, v in device_trace.items() if k != "by_name"}}
     result["load_average_at_end"] = load_average()

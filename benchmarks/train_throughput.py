@@ -158,7 +158,7 @@ LMKIT_VARIANTS: Dict[str, Dict[str, Any]] = {
     "lmkit_bf16_cudnn_loop_prefetch": {"precision": "mixed_bfloat16", "attention_kernel": "cudnn",
                                        "device_prefetch": 2, "log_every_steps": 1000000},
 }
-# Variants timed through the trainer's epoch loop (Trainer._run_epoch, what fit() runs) over the run's windows.
+# Variants timed through the trainer's epoch loop (TrainingLoop.run_epoch, what fit() runs) over the run's windows.
 LOOP_VARIANTS = ("lmkit_bf16_loop", "lmkit_bf16_loop_prefetch", "lmkit_bf16_cudnn_loop_prefetch")
 # Variants whose worker places every window and the step's stop/save flags on the device before
 # timing and calls the compiled step with them: no copy from host memory at any step (a copy to a GPU
@@ -328,8 +328,8 @@ class LmkitRunner(Runner):
             with tf.device(device):
                 self.inputs = [tf.identity(tf.constant(x)) for x in inputs]
                 self.targets = [tf.identity(tf.constant(y)) for y in targets]
-            self.flags = flag_tensors(device)(0.0, 0.0)
-            self.step = self.trainer._compiled_train_step  # what Trainer.train_step calls, minus the flags' copies
+            self.flags = flag_tensors(device)(0.0, 0.0)  # (stop, save, end)
+            self.step = self.trainer.step.function  # what Trainer.train_step calls, minus the flags' copies
 
     def run(self, steps: int) -> float:
         if self.name in LOOP_VARIANTS:
@@ -371,7 +371,7 @@ class LmkitRunner(Runner):
         windows = self._windows(steps)
         self.position += steps
         start = time.perf_counter()
-        run = self.trainer._run_epoch(0, 1, windows, None, TrainResult())
+        run = self.trainer.loop.run_epoch(0, 1, windows, None, TrainResult())
         elapsed = time.perf_counter() - start
         self.losses.append(run.loss_sum / max(run.steps, 1))  # the run's mean (per-step losses would sync)
         return elapsed

@@ -24,7 +24,6 @@ import tensorflow as tf
 from lmkit import distributed as dist
 from lmkit.cli.common import parse_overrides, run_main  # run_main: a crashed rank stops the job
 from lmkit.config import load_config
-from lmkit.config.model import FLAT_MODEL_KEYS
 from lmkit.core.errors import UsageError
 from lmkit.data import BpttBatches, WindowBatches
 from lmkit.layers import (
@@ -42,9 +41,11 @@ from lmkit.train.checkpoint import CheckpointManager
 from lmkit.train.losses import window_loss
 from lmkit.train.run_data import load_run_data
 
-# The model keys beyond the shape that this example builds as lmkit's transformer does (nanoGPT's recipe,
-# config_tiny_transformer, sets them all), with their defaults.
-MODEL_OPTIONS = {"activation": "gelu", "use_bias": True, "output_bias": True, "initialization": "uniform"}
+# The model section's keys this example builds as lmkit's transformer does, with that constructor's defaults
+# (None: every config states it; nanoGPT's recipe, config_tiny_transformer, sets the last four).
+ARGUMENTS = {"vocab_size": None, "hidden_size": None, "num_layers": 2, "num_heads": 4, "ffn_dim": 0,
+             "max_positions": 512, "dropout": 0.0, "pre_layer_norm": True, "tie_weights": False, "init_scale": 0.1,
+             "activation": "gelu", "use_bias": True, "output_bias": True, "initialization": "uniform"}
 
 
 class TinyGPT(tf.Module):
@@ -54,25 +55,24 @@ class TinyGPT(tf.Module):
     the two share checkpoints and ``lmkit generate`` rebuilds this model from ``config.json``.
     """
 
-    def __init__(self, m) -> None:  # m: the config's model section (the constructor arguments)
+    def __init__(self, section) -> None:  # the config's model section (the constructor arguments)
         super().__init__(name="transformer_language_model")
+        m = {key: section.get(key, default) for key, default in ARGUMENTS.items()}  # stated, or the default
         self.rate = m["dropout"]  # while training
         init, dim = uniform_initializer(m["init_scale"]), m["hidden_size"]
         with self.name_scope:
             self.embedder = WordEmbedder(vocab_size=m["vocab_size"], dim=dim, initializer=init, name="embedder")
             self.position_embedder = PositionEmbedder(max_positions=m["max_positions"], dim=dim,
                                                       init_scale=m["init_scale"], name="position_embedder")
-            options = {k: m.get(k, default) for k, default in MODEL_OPTIONS.items()}
             self.decoder = TransformerDecoder(num_layers=m["num_layers"], dim=dim, num_heads=m["num_heads"],
                                               ffn_dim=m["ffn_dim"], dropout=m["dropout"],
-                                              pre_layer_norm=m["pre_layer_norm"],
-                                              max_positions=m["max_positions"], init_scale=m["init_scale"],
-                                              activation=options["activation"], use_bias=options["use_bias"],
-                                              name="decoder")
+                                              pre_layer_norm=m["pre_layer_norm"], max_positions=m["max_positions"],
+                                              init_scale=m["init_scale"], activation=m["activation"],
+                                              use_bias=m["use_bias"], name="decoder")
             self.projection = OutputProjection(dim=dim, vocab_size=m["vocab_size"],
                                                tied_embedder=self.embedder if m["tie_weights"] else None,
-                                               use_bias=options["output_bias"], initializer=init, name="projection")
-        if options["initialization"] == "gpt2":  # normal draws, the residual projections smaller
+                                               use_bias=m["output_bias"], initializer=init, name="projection")
+        if m["initialization"] == "gpt2":  # normal draws, the residual projections smaller
             initialize_like_gpt2(self, self.decoder.layers, m["init_scale"])
 
     def __call__(self, ids, training=False):
@@ -176,9 +176,11 @@ def main(argv=None) -> int:
     if args.num_epochs:  # the flag's plan replaces the config's (in epochs, steps or tokens)
         overrides.update(num_epochs=args.num_epochs, max_steps=0, max_tokens=0)
     config = load_config(args.config, overrides)
-    if config.model.name != "transformer" or set(config.model.arguments) - set(FLAT_MODEL_KEYS) - set(MODEL_OPTIONS):
-        raise UsageError(f"this example trains lmkit's plain transformer (with {', '.join(MODEL_OPTIONS)}); "
-                         f"{args.config} has model {config.model.to_dict()!r} (lmkit train takes any)")
+    unknown = sorted(set(config.model.arguments) - set(ARGUMENTS))
+    if config.model.name != "transformer" or unknown:
+        raise UsageError(f"this example trains lmkit's plain transformer (with {', '.join(ARGUMENTS)}); "
+                         f"{args.config} has model {config.model.name!r}"
+                         + (f" with {', '.join(unknown)}" if unknown else "") + " (lmkit train takes any)")
 
     # DIST: Horovod under mpirun (one rank a process), else one process (or the native backend's replicas)
     dist.init(backend=config.distribution.backend, num_gpus=config.distribution.num_gpus)  # DIST

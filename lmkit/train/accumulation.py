@@ -88,28 +88,21 @@ def accumulate_gradients(micro_step: MicroStep, inputs: tf.Tensor, targets: tf.T
     xs, ys = (tf.nest.map_structure(lambda t: _blocks(t, steps), nest) for nest in (inputs, targets))
     states = None if state is None else tf.nest.map_structure(lambda s: _blocks(s, steps), state)
 
-    def block(nest: Any, j: Any) -> Any:
-        return None if nest is None else tf.nest.map_structure(lambda t: t[j], nest)
-
     def prepare(grads: List[Any]) -> List[Any]:
-        return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g
-                for g in grads]
+        return _densified(grads) if sparse_as_dense else grads
 
     # The first micro-batch outside the loop fixes the structure of what the loop carries.
-    loss0, grads0, state0 = micro_step(block(xs, 0), block(ys, 0), block(states, 0))
+    loss0, grads0, state0 = micro_step(_block(xs, 0), _block(ys, 0), _block(states, 0))
     grads0 = prepare(grads0)
     kinds = ["none" if g is None else "sparse" if isinstance(g, tf.IndexedSlices) else "dense" for g in grads0]
     dense0 = [g for g, kind in zip(grads0, kinds) if kind == "dense"]
     sparse0 = [g for g, kind in zip(grads0, kinds) if kind == "sparse"]
-    values_tas = [tf.TensorArray(g.values.dtype, size=steps, element_shape=g.values.shape).write(0, g.values)
-                  for g in sparse0]
-    index_tas = [tf.TensorArray(g.indices.dtype, size=steps, element_shape=g.indices.shape).write(0, g.indices)
-                 for g in sparse0]
-    flat_state0 = [] if state0 is None else tf.nest.flatten(state0)
-    state_tas = [tf.TensorArray(s.dtype, size=steps, element_shape=s.shape).write(0, s) for s in flat_state0]
+    values_tas = _arrays([g.values for g in sparse0], steps)
+    index_tas = _arrays([g.indices for g in sparse0], steps)
+    state_tas = _arrays([] if state0 is None else tf.nest.flatten(state0), steps)
 
     def body(j, loss_sum, dense_sums, values_tas, index_tas, state_tas):
-        loss, grads, new_state = micro_step(block(xs, j), block(ys, j), block(states, j))
+        loss, grads, new_state = micro_step(_block(xs, j), _block(ys, j), _block(states, j))
         grads = prepare(grads)
         dense = [g for g, kind in zip(grads, kinds) if kind == "dense"]
         sparse = [g for g, kind in zip(grads, kinds) if kind == "sparse"]
@@ -126,12 +119,31 @@ def accumulate_gradients(micro_step: MicroStep, inputs: tf.Tensor, targets: tf.T
         parallel_iterations=1)  # one micro-batch's activations at a time
 
     inverse = 1.0 / steps
-    dense_it = iter([d * inverse for d in dense_sums])
-    sparse_it = iter([tf.IndexedSlices(v.concat() * inverse, i.concat(), g.dense_shape)
-                      for v, i, g in zip(values_tas, index_tas, sparse0)])
-    grads = [None if kind == "none" else next(dense_it) if kind == "dense" else next(sparse_it)
-             for kind in kinds]
+    sparse = [tf.IndexedSlices(v.concat() * inverse, i.concat(), g.dense_shape)
+              for v, i, g in zip(values_tas, index_tas, sparse0)]
+    grads = _in_order(kinds, [d * inverse for d in dense_sums], sparse)
     new_state: Optional[Any] = None
     if state0 is not None:
         new_state = tf.nest.pack_sequence_as(state0, [_unblock(ta.stack()) for ta in state_tas])
     return loss_sum * inverse, grads, new_state
+
+
+def _arrays(firsts: List[tf.Tensor], steps: int) -> List[tf.TensorArray]:
+    """A ``TensorArray`` of ``steps`` entries per tensor, each holding the tensor as its entry 0."""
+    return [tf.TensorArray(t.dtype, size=steps, element_shape=t.shape).write(0, t) for t in firsts]
+
+
+def _in_order(kinds: List[str], dense: List[Any], sparse: List[Any]) -> List[Any]:
+    """The gradients back in the variables' order: ``kinds`` says which list each comes from (or None)."""
+    dense_it, sparse_it = iter(dense), iter(sparse)
+    return [None if kind == "none" else next(dense_it) if kind == "dense" else next(sparse_it) for kind in kinds]
+
+
+def _block(nest: Any, j: Any) -> Any:
+    """Micro-batch ``j`` of a nest of [k, m, ...] blocks (None stays None)."""
+    return None if nest is None else tf.nest.map_structure(lambda t: t[j], nest)
+
+
+def _densified(grads: List[Any]) -> List[Any]:
+    """``IndexedSlices`` gradients as dense tensors (``sparse_as_dense``)."""
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]

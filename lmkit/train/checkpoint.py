@@ -406,7 +406,6 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters:
         checkpoint), or no checkpoint of ``model_dir`` reads back.
     """
     from lmkit.config import TrainConfig
-    from lmkit.core.progress import stderr_line
     from lmkit.data.tokenizers import tokenizer_of_run
     from lmkit.layers.lora import lora_of, merge_lora
     from lmkit.models.build import build_run_model
@@ -416,7 +415,16 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters:
     # A LoRA run's checkpoints hold its adapters alone: the base comes from init_from.
     model = build_run_model(config, load_pretrained=bool(config.adapters.lora_rank))
     lora = lora_of(model)
-    ckpt = tf.train.Checkpoint(model=model if lora is None else lora)
+    _read_weights(tf.train.Checkpoint(model=model if lora is None else lora), model_dir, checkpoint, log)
+    if merge_adapters:
+        merge_lora(model)
+    return model, tokenizer, config
+
+
+def _read_weights(ckpt: tf.train.Checkpoint, model_dir: str, checkpoint: Optional[str], log: Optional[Log]) -> None:
+    """Reads ``checkpoint`` (by name: never another one), else the newest readable checkpoint of ``model_dir``."""
+    from lmkit.core.progress import stderr_line
+
     directory = os.path.join(model_dir, CHECKPOINT_DIR)
 
     def read(path: str) -> None:
@@ -435,11 +443,8 @@ def load_model(model_dir: str, checkpoint: Optional[str] = None, merge_adapters:
             raise CorruptCheckpointError(f"{exc}; pass another --checkpoint (those in {directory}: "
                                          f"{', '.join(others) or 'none'}) or none for the newest readable "
                                          "one") from None
-    else:
-        found = complete_checkpoints(directory)
-        if not found:
-            raise UsageError(f"{directory} holds no complete checkpoint; train first or pass another --model_dir")
-        _newest_readable(found, read, log or stderr_line, directory)
-    if merge_adapters:
-        merge_lora(model)
-    return model, tokenizer, config
+        return
+    found = complete_checkpoints(directory)
+    if not found:
+        raise UsageError(f"{directory} holds no complete checkpoint; train first or pass another --model_dir")
+    _newest_readable(found, read, log or stderr_line, directory)

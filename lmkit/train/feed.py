@@ -8,7 +8,7 @@ host starts it (a hypothesis: benchmarks/gpu_session.sh's ``idle`` stage
 measures it; the option stays off until it has).
 :class:`WindowFeed` makes the copies on a thread of its own, ``ahead`` steps
 early: the host then starts a step on inputs that are already there.
-:func:`flag_tensors` keeps the step's stop/save flags on the device for the
+:func:`flag_tensors` keeps the step's flags on the device for the
 same reason. On a CPU the copies are no copies; the feed changes nothing
 there but the thread that makes the tensors (which the tests use).
 """
@@ -92,23 +92,24 @@ def window_feed(batches: Sequence[Any], ahead: int) -> Optional[WindowFeed]:
     return WindowFeed(batches, feed_device(), ahead) if ahead else None
 
 
-def host_flags(stop: float, save: float) -> Tuple[tf.Tensor, tf.Tensor]:
-    """The step's stop/save flags as float32 scalars in host memory, made at every step (no device_prefetch)."""
-    return tf.constant(stop, tf.float32), tf.constant(save, tf.float32)
+def host_flags(stop: float, save: float, end: float = 0.0) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The step's flags ``(stop, save, end)`` as float32 scalars in host memory, made at every step (no
+    device_prefetch). Scalars, not one vector: the native backend splits a tensor's rows among its replicas."""
+    return tf.constant(stop, tf.float32), tf.constant(save, tf.float32), tf.constant(end, tf.float32)
 
 
-def flag_tensors(device: str) -> Callable[[float, float], Tuple[tf.Tensor, tf.Tensor]]:
-    """A function ``(stop, save) -> (tensor, tensor)`` whose float32 scalars live on ``device``, made once per
-    value (the flags are 0 or 1): no copy from host memory at each step."""
+def flag_tensors(device: str) -> Callable[..., Tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+    """A function ``(stop, save, end=0) -> (tensor, tensor, tensor)`` whose float32 scalars live on ``device``,
+    made once per value (the flags are 0 or 1): no copy from host memory at each step."""
     cache: Dict[float, tf.Tensor] = {}
 
-    def flags(stop: float, save: float) -> Tuple[tf.Tensor, tf.Tensor]:
+    def flags(stop: float, save: float, end: float = 0.0) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         out = []
-        for value in (float(stop), float(save)):
+        for value in (float(stop), float(save), float(end)):
             if value not in cache:
                 with tf.device(device):
                     cache[value] = tf.identity(tf.constant(value, tf.float32))
             out.append(cache[value])
-        return out[0], out[1]
+        return out[0], out[1], out[2]
 
     return flags

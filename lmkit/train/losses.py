@@ -135,31 +135,7 @@ def sequence_softmax_cross_entropy(labels: tf.Tensor,
     if average_across_batch and sum_over_batch:
         raise UsageError("average_across_batch and sum_over_batch are both True; set one of them to False")
     with tf.name_scope(name or "sequence_softmax_cross_entropy"):
-        logits = tf.convert_to_tensor(logits)
-        if logits.shape.rank is not None and logits.shape.rank != 3:
-            raise UsageError(f"logits have shape {logits.shape} but must be [batch, time, vocab]")
-        logits = tf.cast(logits, tf.float32)  # softmax in float32 for mixed-precision models
-        labels = tf.convert_to_tensor(labels)
-        if labels.dtype.is_integer:
-            if labels.shape.rank is not None and labels.shape.rank != 2:
-                raise UsageError(f"integer labels have shape {labels.shape} but must be [batch, time] ids")
-            losses = sparse_softmax_cross_entropy(labels, logits)
-        else:
-            if labels.shape.rank is not None and labels.shape.rank != 3:
-                raise UsageError(f"float labels have shape {labels.shape} but must be [batch, time, vocab] "
-                                 f"distributions (pass integer ids for [batch, time])")
-            losses = tf.nn.softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.float32), logits=logits)
-        # losses: [batch, time]
-
-        weights = None
-        if sequence_length is not None:
-            weights = tf.sequence_mask(sequence_length, maxlen=tf.shape(losses)[1], dtype=tf.float32)
-        if mask is not None:
-            mask = tf.cast(mask, tf.float32)
-            weights = mask if weights is None else weights * mask
-        if weights is not None:
-            # where(), not a product: a masked step with inf/NaN logits must not poison the sum.
-            losses = tf.where(weights > 0, losses * weights, tf.zeros_like(losses))
+        losses, weights = _masked(_token_losses(labels, logits), sequence_length, mask)  # [batch, time] each
 
         if sum_over_timesteps:
             losses = tf.reduce_sum(losses, axis=1)  # [batch]
@@ -174,6 +150,38 @@ def sequence_softmax_cross_entropy(labels: tf.Tensor,
         elif average_across_batch:
             losses = tf.reduce_mean(losses, axis=0)
         return losses
+
+
+def _masked(losses: tf.Tensor, sequence_length: Optional[tf.Tensor],
+            mask: Optional[tf.Tensor]) -> "tuple[tf.Tensor, Optional[tf.Tensor]]":
+    """``(losses with masked steps at 0, the float32 weights or None)`` from the lengths and the mask."""
+    weights = None
+    if sequence_length is not None:
+        weights = tf.sequence_mask(sequence_length, maxlen=tf.shape(losses)[1], dtype=tf.float32)
+    if mask is not None:
+        mask = tf.cast(mask, tf.float32)
+        weights = mask if weights is None else weights * mask
+    if weights is not None:
+        # where(), not a product: a masked step with inf/NaN logits must not poison the sum.
+        losses = tf.where(weights > 0, losses * weights, tf.zeros_like(losses))
+    return losses, weights
+
+
+def _token_losses(labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """The float32 cross entropy [batch, time] of ids [batch, time] or distributions [batch, time, vocab]."""
+    logits = tf.convert_to_tensor(logits)
+    if logits.shape.rank is not None and logits.shape.rank != 3:
+        raise UsageError(f"logits have shape {logits.shape} but must be [batch, time, vocab]")
+    logits = tf.cast(logits, tf.float32)  # softmax in float32 for mixed-precision models
+    labels = tf.convert_to_tensor(labels)
+    if labels.dtype.is_integer:
+        if labels.shape.rank is not None and labels.shape.rank != 2:
+            raise UsageError(f"integer labels have shape {labels.shape} but must be [batch, time] ids")
+        return sparse_softmax_cross_entropy(labels, logits)
+    if labels.shape.rank is not None and labels.shape.rank != 3:
+        raise UsageError(f"float labels have shape {labels.shape} but must be [batch, time, vocab] "
+                         f"distributions (pass integer ids for [batch, time])")
+    return tf.nn.softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.float32), logits=logits)
 
 
 def window_loss(labels: tf.Tensor, logits: tf.Tensor, reduction: str = "sum") -> tf.Tensor:

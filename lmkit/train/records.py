@@ -95,16 +95,17 @@ class Progress(tf.Module):
 
 @dataclass
 class EpochRun:
-    """What one epoch's loop measured (``Trainer._run_epoch``)."""
+    """What one epoch's loop measured (:meth:`lmkit.train.loop.TrainingLoop.run_epoch`)."""
 
     loss_sum: float = 0.0  # summed window losses (rank-averaged) of the applied steps
     steps: int = 0
     skipped: int = 0  # steps not applied (mixed_float16 overflow): not in loss_sum
     timed_from: int = 0  # steps before this one were compiling, not training
     seconds: float = 0.0
-    stopped: bool = False  # max_steps reached inside the epoch, or a preemption
+    stopped: bool = False  # the epoch stopped before its end (max_steps, a stop or end inside it): position saved
     preempted: bool = False  # the ranks agreed to stop (a signal): checkpoint written
-    save_at_end: bool = False  # a save or stop fell on the epoch's last step
+    ended: bool = False  # the ranks agreed to end the run (a callback asked): checkpoint written
+    save_at_end: bool = False  # a save, stop or end fell on the epoch's last step
     tokens_per_step: float = 0.0  # (mean) tokens a global step trains on
 
     def token_loss(self, loss_tokens: int) -> float:
@@ -119,5 +120,5 @@ class StepResult(NamedTuple):
     loss: tf.Tensor  # averaged over the ranks
     state: Any  # the carried model state after the step
     finite: tf.Tensor  # False: training cannot go on (a non-finite step it cannot recover from)
-    agreed: tf.Tensor  # [stop, save] averaged over the ranks: > 0 when some rank asked
+    agreed: tf.Tensor  # [stop, save, end] averaged over the ranks: > 0 when some rank asked
     applied: tf.Tensor  # False: the update was not applied (a non-finite step)

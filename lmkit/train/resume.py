@@ -17,15 +17,22 @@ hands each rank its part back, also on another number of workers:
   (with dropout off the resumed run is still exact).
 
 :class:`Boundaries` decides, at every step boundary and the same way on
-every rank, whether to save (every ``checkpoint_every_steps`` steps, or
-when rank 0's ``checkpoint_every_minutes`` clock is due) or to stop
-(a preemption signal on any rank). The signal and the clock travel as
-flags inside the compiled step, with the loss's all-reduce, and are read
-one step later, so the host never waits for the step it just started.
+every rank, whether to save (every ``checkpoint_every_steps`` steps, when
+rank 0's ``checkpoint_every_minutes`` clock is due, or when a callback asks),
+to stop (a preemption signal on any rank) or to end the run (a callback on
+any rank asks: :mod:`lmkit.train.callbacks`). The requests travel as flags
+inside the compiled step, with the loss's all-reduce, and are read one step
+later, so the host never waits for the step it just started.
 With ``device_prefetch`` a job of several processes reads them on a thread
 of its own and decides two steps later (``lag``): on a GPU a read waits for
 every step queued when it was made, and the thread keeps that wait off the
 thread that starts the steps.
+
+A loop of your own uses the same parts (examples/lm_ptb_distributed.py):
+:meth:`Checkpointer.for_run` and :meth:`Checkpointer.restore_latest` to
+continue where the last run stopped, :class:`Boundaries` around the step
+with a :class:`~lmkit.core.preemption.PreemptionWatcher`, and
+:func:`preempted` to leave with exit status 75.
 """
 
 from __future__ import annotations
@@ -42,10 +49,12 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit import distributed as dist
-from lmkit.core.errors import CheckpointError
-from lmkit.train.checkpoint import CorruptCheckpointError
+from lmkit.core.errors import CheckpointError, PreemptedError
+from lmkit.core.layout import CHECKPOINT_DIR
+from lmkit.train.checkpoint import CheckpointManager, CorruptCheckpointError
 
-__all__ = ["Boundaries", "Checkpointer", "Position", "STATE_FILE", "gather_position", "restore_position"]
+__all__ = ["Boundaries", "Checkpointer", "Position", "STATE_FILE", "gather_position", "preempted",
+           "restore_position"]
 
 STATE_FILE = "rnn_state.npz"  # inside a checkpoint folder: the carried state of every row
 
@@ -139,7 +148,7 @@ def restore_position(meta: Optional[Dict[str, Any]], state_bytes: Optional[bytes
 
 
 class Boundaries:
-    """When to save and when to stop, decided the same way on every rank.
+    """When to save, stop or end, decided the same way on every rank.
 
     Args:
       watcher: the preemption watcher (its flag is this rank's stop request).
@@ -149,48 +158,51 @@ class Boundaries:
       background: read the agreed flags on a thread of their own, as soon as each step is started
         (a read waits for the device; the thread that starts the steps then does not). Call
         :meth:`close` when done.
+      control: this rank's other requests, an object with ``should_save`` and ``should_stop``
+        (:class:`lmkit.train.callbacks.TrainerControl`): each is sent once, then cleared.
     """
 
     def __init__(self, watcher: Any, every_steps: int, every_minutes: float, lag: int = 1,
-                 background: bool = False) -> None:
+                 background: bool = False, control: Any = None) -> None:
         if lag < 1:
             raise ValueError(f"lag {lag!r} must be >= 1")
         self.watcher = watcher
         self.every_steps = every_steps
         self.every_seconds = every_minutes * 60.0
         self.lag = lag
+        self.control = control
         self._last_save = time.monotonic()
         self._pending: Deque[Any] = collections.deque()  # the agreed flags of the last steps, oldest first
         self._reader = (concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmkit-flags")
                         if background else None)
 
-    def flags(self) -> Tuple[float, float]:
-        """This rank's ``(stop, save)`` requests for the step about to start."""
-        save = 0.0
+    def flags(self) -> Tuple[float, float, float]:
+        """This rank's ``(stop, save, end)`` requests for the step about to start."""
+        save = end = 0.0
         if self.every_seconds > 0 and dist.is_chief() and time.monotonic() - self._last_save >= self.every_seconds:
             save = 1.0
             self._last_save = time.monotonic()  # one request per period: a pulse, not a level
-        return (1.0 if self.watcher.requested else 0.0), save
+        control = self.control
+        if control is not None and (control.should_save or control.should_stop):
+            save, end = max(save, float(control.should_save)), float(control.should_stop)
+            control.should_save = control.should_stop = False  # sent: the step's all-reduce carries it
+        return (1.0 if self.watcher.requested else 0.0), save, end
 
     def after_step(self, agreed: Any, global_step: int) -> List[str]:
-        """What to do now that a step started: ``"stop"`` and/or ``"save"`` (or nothing).
+        """What to do now that a step started: ``"stop"``, ``"end"`` or ``"save"`` (or nothing).
 
         ``agreed`` are that step's flags averaged over the ranks (the step's
-        output), or, in a job of one process, its own ``(stop, save)``: the
-        same values, known without waiting for the device. The flags of the
-        step ``lag`` steps before are decided on, so every rank decides on
-        the same values at the same step.
+        output), or, in a job of one process, its own ``(stop, save, end)``:
+        the same values, known without waiting for the device. The flags of
+        the step ``lag`` steps before are decided on, so every rank decides on
+        the same values at the same step. A stop (a preemption) comes before
+        an end, an end before a save (both save).
         """
         self._pending.append(self._reader.submit(_read_flags, agreed) if self._reader else agreed)
         actions = []
         if len(self._pending) > self.lag:
-            stop, save = _read_flags(self._pending.popleft())
-            if stop:
-                actions.append("stop")
-            elif save:
-                actions.append("save")
-        if "save" not in actions and "stop" not in actions and self.every_steps and \
-                global_step % self.every_steps == 0:
+            actions = _decide([_read_flags(self._pending.popleft())])
+        if not actions and self.every_steps and global_step % self.every_steps == 0:
             actions.append("save")
         return actions
 
@@ -198,9 +210,7 @@ class Boundaries:
         """At the end of an epoch: the decision on the flags not decided yet (no step follows)."""
         read = [_read_flags(entry) for entry in self._pending]
         self._pending.clear()
-        if any(stop for stop, _ in read):
-            return ["stop"]
-        return ["save"] if any(save for _, save in read) else []
+        return _decide(read)
 
     def saved(self) -> None:
         self._last_save = time.monotonic()
@@ -212,12 +222,21 @@ class Boundaries:
             self._reader = None
 
 
-def _read_flags(agreed: Any) -> Tuple[bool, bool]:
-    """``(stop, save)`` of a step's agreed flags (values, a tensor, or a pending read of them)."""
+def _decide(read: List[Tuple[bool, bool, bool]]) -> List[str]:
+    """The one action that flags read (``(stop, save, end)`` each) ask for: stop, else end, else save."""
+    for index, action in ((0, "stop"), (2, "end"), (1, "save")):
+        if any(flags[index] for flags in read):
+            return [action]
+    return []
+
+
+def _read_flags(agreed: Any) -> Tuple[bool, bool, bool]:
+    """``(stop, save, end)`` of a step's agreed flags (values, a tensor, or a pending read of them)."""
     if isinstance(agreed, concurrent.futures.Future):
         return agreed.result()
-    stop, save = (float(v) > 0 for v in np.asarray(agreed))
-    return stop, save
+    values = [float(v) > 0 for v in np.asarray(agreed)]
+    stop, save, end = (values + [False] * 3)[:3]
+    return stop, save, end
 
 
 class Checkpointer:
@@ -227,23 +246,42 @@ class Checkpointer:
       manager: rank 0's :class:`~lmkit.train.checkpoint.CheckpointManager`
         (every rank builds one; only rank 0 writes), or None without a model folder.
       progress: the run's counters and generator (``epoch``, ``global_step``,
-        ``steps_in_epoch``, ``rng``).
-      world: replicas of the job (stored in every checkpoint).
-      log: rank 0's logger.
-      beat: the watchdog's progress call.
+        ``steps_in_epoch``, ``rng``: :class:`~lmkit.train.records.Progress`).
+      world: replicas of the job (stored in every checkpoint; default: this job's).
+      log: rank 0's logger (default: print on rank 0).
+      beat: the watchdog's progress call (default: none).
       loss_scale: the run's :class:`~lmkit.train.loss_scale.DynamicLossScale`
         (mixed_float16), saved in and restored from the checkpoint's meta data.
     """
 
-    def __init__(self, manager: Any, progress: Any, world: int, log: Any, beat: Any,
-                 loss_scale: Any = None) -> None:
+    def __init__(self, manager: Any, progress: Any, world: Optional[int] = None, log: Any = None,
+                 beat: Any = None, loss_scale: Any = None) -> None:
         self.manager = manager
         self.progress = progress
-        self.world = world
-        self.log = log
-        self.beat = beat
+        self.world = dist.num_replicas() if world is None else world
+        self.log = log or _print_on_chief
+        self.beat = beat or (lambda after: None)
         self.loss_scale = loss_scale
         self._write_failed = False
+
+    @classmethod
+    def for_run(cls, model_dir: Optional[str], model: Any, optimizer: Any, progress: Any, keep: int = 3,
+                **options: Any) -> "Checkpointer":
+        """The checkpoints of a run in ``<model_dir>/checkpoints``: ``model``, ``optimizer`` and ``progress``.
+
+        Args:
+          model_dir: the run's folder (None: nothing is kept).
+          model: what the checkpoints hold of the model (a LoRA run's adapters alone).
+          optimizer: the optimizer (its slots and counters).
+          progress: the run's :class:`~lmkit.train.records.Progress`.
+          keep: how many checkpoints to keep (``checkpoints.keep_checkpoints``).
+          **options: ``world``, ``log``, ``beat``, ``loss_scale`` (see the class).
+        """
+        manager = None
+        if model_dir is not None:
+            ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, progress=progress)
+            manager = CheckpointManager(os.path.join(model_dir, CHECKPOINT_DIR), ckpt, keep=keep)
+        return cls(manager, progress, **options)
 
     def save(self, state: Any, meta: Dict[str, Any]) -> Optional[str]:
         """A checkpoint of this step, with the carried state of every row (call on every rank).
@@ -286,8 +324,12 @@ class Checkpointer:
         self.log(f"saved checkpoint {path}")
         return path
 
-    def restore(self, variables: List[tf.Variable], template: Any, seed: int) -> Tuple[Optional[str], Position]:
+    def restore_latest(self, variables: List[tf.Variable], template: Any,
+                       seed: int) -> Tuple[Optional[str], Position]:
         """Rank 0 restores the newest checkpoint that reads back; every rank gets its variables and its position.
+
+        Call it on every rank (it broadcasts), after the optimizer's slots
+        exist; without a checkpoint every rank starts from rank 0's values.
 
         A corrupt newer checkpoint is named in rank 0's log and skipped
         (:meth:`~lmkit.train.checkpoint.CheckpointManager.restore_latest`); rank
@@ -299,7 +341,8 @@ class Checkpointer:
           seed: the config's seed.
 
         Returns:
-          ``(the restored checkpoint or None, this rank's position)``.
+          ``(the restored checkpoint or None, this rank's position)``: resume the epoch
+          ``progress.epoch`` at ``position.steps_in_epoch`` with ``position.state``.
         """
         found: Tuple[Optional[str], Optional[Dict[str, Any]], Optional[bytes]] = (None, None, None)
         if self.manager is not None:
@@ -317,3 +360,31 @@ class Checkpointer:
         position = restore_position(meta, data, int(self.progress.steps_in_epoch.numpy()), template,
                                     self.progress.rng, seed, int(self.progress.global_step.numpy()))
         return path, position
+
+
+def _print_on_chief(text: str) -> None:
+    if dist.is_chief():
+        print(text, flush=True)
+
+
+def preempted(watcher: Any, progress: Any, checkpoint: Optional[str]) -> PreemptedError:
+    """Every rank, after the stop's checkpoint: the error to leave with (exit status 75), saying where it stopped.
+
+    Every rank waits here for rank 0's checkpoint (a broadcast: call it on
+    every rank), so no rank's exit stops a save in progress; then the grace
+    timer of ``watcher`` has nothing left to do.
+
+    Args:
+      watcher: the run's :class:`~lmkit.core.preemption.PreemptionWatcher`.
+      progress: the run's counters, as saved.
+      checkpoint: rank 0's last checkpoint (None elsewhere).
+    """
+    path = dist.broadcast_object(checkpoint, 0)  # DIST: every rank waits for rank 0's save
+    watcher.stopped()
+    step, epoch = int(progress.global_step.numpy()), int(progress.epoch.numpy())
+    step_in_epoch = int(progress.steps_in_epoch.numpy())
+    where = (f"step {step} (epoch {epoch + 1}, {step_in_epoch} steps into it)" if step_in_epoch else
+             f"step {step} (the end of epoch {epoch})")
+    signal_name = watcher.signal_name or "a signal on another rank"
+    return PreemptedError(f"stopped by {signal_name} at {where}; checkpoint {path}; "
+                          "rerun the same command to continue from there")

@@ -64,7 +64,7 @@ class LanguageModeling:
         from lmkit.data.windows import WindowBatches
 
         self._check_stream(ids)
-        cfg = self.config
+        cfg = self.config.data
         if self.stateful:
             if cfg.data.sampling != "windows":
                 raise UsageError(f"sampling = {cfg.data.sampling!r} needs a model without a recurrent state "
@@ -73,11 +73,11 @@ class LanguageModeling:
             if self._bptt is None:
                 self._bptt = BpttBatches(ids, cfg.data.batch_size, cfg.data.num_steps, rank=self.rank, size=self.size)
             return self._bptt
-        return WindowBatches(ids, cfg.data.batch_size, cfg.data.num_steps, epoch=epoch, seed=cfg.run.seed,
-                             rank=self.rank, size=self.size, sampling=cfg.data.sampling)
+        return WindowBatches(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=self.config.run.seed,
+                             rank=self.rank, size=self.size, sampling=cfg.sampling)
 
     def tokens_per_step(self, batches: Any) -> float:
-        return float(self.config.data.batch_size * self.config.data.num_steps)
+        return float(self.config.tokens_per_step)
 
     def loss(self, inputs: tf.Tensor, targets: tf.Tensor, state: Any, training: bool) -> Tuple[tf.Tensor, Any]:
         logits, new_state = self.model(inputs, state, training=training)  # [b, t, vocab], float32 logits
@@ -112,7 +112,7 @@ class Transduction:
     Args:
       model: a conditional model (``encode(source, mask, training)`` and
         ``__call__(target_inputs, condition=, training=)``).
-      config: the run's config (``batch_size``, ``seed``).
+      config: the run's config (``data.batch_size``, ``run.seed``).
       special: the target side's :class:`~lmkit.data.paired.SpecialIds`.
     """
 

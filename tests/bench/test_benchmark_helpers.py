@@ -394,8 +394,8 @@ def test_the_loop_variants_train_through_the_trainers_epoch_loop_as_the_bare_ste
     losses, calls = {}, []
     for variant in ("lmkit_bf16", "lmkit_bf16_loop", "lmkit_bf16_loop_prefetch"):
         runner = train_throughput.LmkitRunner(cfg, ids, inputs, targets, variant)
-        epoch_loop = runner.trainer._run_epoch
-        runner.trainer._run_epoch = lambda *a, **k: calls.append(variant) or epoch_loop(*a, **k)
+        epoch_loop = runner.trainer.loop.run_epoch
+        runner.trainer.loop.run_epoch = lambda *a, **k: calls.append(variant) or epoch_loop(*a, **k)
         assert runner.run(3) > 0 and runner.run(2) > 0
         losses[variant] = runner.losses
     assert calls == ["lmkit_bf16_loop"] * 2 + ["lmkit_bf16_loop_prefetch"] * 2

@@ -89,7 +89,7 @@ def _install(fault: dict) -> None:
                 print(f"rank {me}: injecting {kind} ({fault['step']} s)", flush=True)
                 for _ in range(fault["step"]):
                     time.sleep(1)
-                    self._watchdog.beat("an evaluation batch finished")
+                    self.watchdog.beat("an evaluation batch finished")
             return super().evaluate_loss(ids)
 
         def fit(self, train_ids, valid_ids=None, test_ids=None, *args, **kwargs):

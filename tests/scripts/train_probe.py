@@ -12,6 +12,8 @@ writes ``<out>.<optimizer>.k<k>.rank<r>.npz`` for each. The optimizer
 S-th training call Inf (``tests/scripts/gradient_bomb.py``), on every rank
 or only on ``--bomb_rank``. ``--model transformer_seq2seq`` or ``rnn_seq2seq``
 trains an encoder-decoder on ``--ids`` generated reversal pairs instead.
+``--stop_after S`` gives rank ``--stop_rank`` alone a callback that asks to
+end the run after its step S (every rank must end at the same step).
 """
 import argparse
 import json
@@ -78,6 +80,8 @@ def main() -> None:
     p.add_argument("--learning_rate", type=float, default=None)
     p.add_argument("--bomb_at", type=int, default=-1, help="training call whose gradient becomes Inf")
     p.add_argument("--bomb_rank", type=int, default=-1, help="only this rank's (-1: every rank's)")
+    p.add_argument("--stop_after", type=int, default=0, help="a callback asks to end the run after this step")
+    p.add_argument("--stop_rank", type=int, default=0, help="the rank whose callback asks")
     args = p.parse_args()
 
     from lmkit import distributed as dist
@@ -126,7 +130,7 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
             model = GradientBomb(model, at_call=args.bomb_at if fires else -1)
     before = [v.numpy().copy() for v in model.trainable_variables]
     trainer = Trainer(model, cfg, model_dir=args.model_dir, record_step_losses=True, log=lambda s: None,
-                      vocab=ProbeSpecials() if seq2seq else None)
+                      vocab=ProbeSpecials() if seq2seq else None, callbacks=_callbacks(args))
     result = trainer.fit(ids, max_steps=args.steps, num_epochs=args.num_epochs)
     arrays = {f"var{i}": v.numpy() for i, v in enumerate(model.trainable_variables)}
     arrays.update({f"init{i}": b for i, b in enumerate(before)})
@@ -146,6 +150,19 @@ def train_once(args, optimizer: str, grad_accum_steps: int, out: str) -> None:
                    "loss_scale": result.loss_scale,
                    "learning_rate": float(trainer.optimizer.learning_rate.numpy()),
                    "xla": trainer.xla, "device_type": dist.device_type()}, f)
+
+
+def _callbacks(args):
+    """``--stop_after``'s callback on ``--stop_rank`` (none elsewhere)."""
+    from lmkit import distributed as dist
+    from lmkit.train import Callback
+
+    class StopAfter(Callback):
+        def on_step_end(self, info, control):
+            if info.step == args.stop_after:
+                control.should_stop = True
+
+    return [StopAfter()] if args.stop_after and dist.rank() == args.stop_rank else []
 
 
 if __name__ == "__main__":

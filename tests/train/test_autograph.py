@@ -52,7 +52,7 @@ def test_the_trainer_and_evaluator_steps_follow_the_model():
     ids = (np.arange(200) % 20).astype(np.int32)
     ours = Trainer(build_model(_config().model_config()), _config(), log=lambda s: None)
     ours.fit(ids, max_steps=2)
-    assert ours.autograph is False and ours._compiled_train_step._autograph is False
+    assert ours.autograph is False and ours.step.function._autograph is False
     user = BranchingLM(vocab_size=20, hidden_size=8)
     assert use_autograph(user) is True
     trainer = Trainer(user, _config(), log=lambda s: None)

@@ -100,24 +100,6 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     assert float(box.w.numpy().mean()) == 1.0
 
 
-def test_a_stored_run_with_model_params_resumes_and_changed_adapters_are_named(tmp_path):
-    """model_params (every Llama run's) compare as model_config() merges them; LoRA keys must not change."""
-    from lmkit.config import load_config
-    from lmkit.core.errors import CheckpointError
-    from lmkit.core.fileio import atomic_write_text
-    from lmkit.core.layout import CONFIG_FILE
-    from lmkit.train.startup import _check_stored
-
-    config = load_config("config_transformer", {"model_params": {"position_embedding": "sinusoid"}})
-    atomic_write_text(str(tmp_path / CONFIG_FILE), config.to_json())
-    _check_stored(str(tmp_path), config, None)  # the same run: no error
-    for change, message in (({"model_params": {"position_embedding": "learned"}},
-                             "position_embedding = 'sinusoid', but the config says 'learned'"),
-                            ({"lora_alpha": 32.0}, "lora_alpha = 16.0, but the config says 32.0")):
-        with pytest.raises(CheckpointError, match=message):
-            _check_stored(str(tmp_path), config.replace(**change), None)
-
-
 # ---------------------------------------------------------------- a checkpoint on disk before meta.json
 
 def test_every_file_of_a_checkpoint_is_flushed_before_meta_json(tmp_path, monkeypatch):

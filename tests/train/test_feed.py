@@ -52,11 +52,11 @@ def test_the_feed_makes_the_windows_ahead_on_its_own_thread():
 
 def test_flags_are_made_once_per_value():
     flags = flag_tensors("/CPU:0")
-    a, b = flags(0.0, 0.0)
-    assert a is b and float(a) == 0.0 and a.dtype == tf.float32
-    c, d = flags(1, 0.0)
-    assert float(c) == 1.0 and d is a
-    assert flags(1.0, 1.0)[1] is c
+    a, b, c = flags(0.0, 0.0)
+    assert a is b is c and float(a) == 0.0 and a.dtype == tf.float32
+    d, e, f = flags(1, 0.0, 1.0)
+    assert float(d) == 1.0 and e is a and f is d
+    assert flags(1.0, 1.0)[1] is d
     assert feed_device() == "/CPU:0"  # no GPU here: the host
 
 
@@ -125,9 +125,9 @@ def test_one_process_decides_on_its_own_flags_without_reading_the_device(tmp_pat
     flags = resume.Boundaries.flags
 
     def save_at_step_3(self):
-        stop, save = flags(self)
+        stop, save, end = flags(self)
         asked.append(len(asked) + 1)
-        return stop, (1.0 if len(asked) == 3 else save)
+        return stop, (1.0 if len(asked) == 3 else save), end
 
     monkeypatch.setattr(resume.Boundaries, "flags", save_at_step_3)
     ids = np.random.default_rng(0).integers(0, 40, 400).astype(np.int32)
@@ -137,51 +137,9 @@ def test_one_process_decides_on_its_own_flags_without_reading_the_device(tmp_pat
     assert any(name.endswith("000000004") for name in saved), saved  # asked at step 3, taken after step 4
 
 
-class _Flags:
-    """A step's agreed [stop, save], recording the thread that reads it (on a GPU, the read that waits)."""
-
-    def __init__(self, stop, save, reads):
-        self.values, self.reads = np.array([stop, save], np.float32), reads
-
-    def __array__(self, *args, **kwargs):
-        self.reads.append(threading.current_thread().name)
-        return self.values
 
 
-class _Watcher:
-    requested = False
 
 
-@pytest.mark.parametrize("lag,background", [(1, False), (2, True), (3, True)])
-def test_several_processes_decide_on_each_steps_flags_lag_steps_later(lag, background):
-    """Every rank decides on step s's agreed flags after step s + lag started (the same step on every rank),
-    read on a thread of their own when asked; the epoch's end decides on every flag not decided yet."""
-    from lmkit.train.resume import Boundaries
-
-    reads = []
-    boundaries = Boundaries(_Watcher(), every_steps=0, every_minutes=0.0, lag=lag, background=background)
-    asked = {3: (0.0, 1.0), 6: (1.0, 0.0)}  # a save asked at step 3, a stop at step 6
-    decided = {}
-    for step in range(1, 9):
-        actions = boundaries.after_step(_Flags(*asked.get(step, (0.0, 0.0)), reads), step)
-        if actions:
-            decided[step] = actions
-    assert decided == {3 + lag: ["save"], 6 + lag: ["stop"]} if 6 + lag <= 8 else {3 + lag: ["save"]}
-    tail = boundaries.flush()
-    assert tail == ([] if 6 + lag <= 8 else ["stop"])
-    assert boundaries.flush() == []
-    boundaries.close()
-    assert len(reads) == 8
-    assert all(name.startswith("lmkit-flags") for name in reads) if background else \
-        all(name == threading.current_thread().name for name in reads)
-    with pytest.raises(ValueError, match="lag 0 must be >= 1"):
-        Boundaries(_Watcher(), 0, 0.0, lag=0)
 
 
-def test_every_steps_saves_are_decided_at_once_whatever_the_lag():
-    from lmkit.train.resume import Boundaries
-
-    boundaries = Boundaries(_Watcher(), every_steps=4, every_minutes=0.0, lag=2, background=True)
-    saves = [step for step in range(1, 10) if boundaries.after_step(np.zeros(2, np.float32), step) == ["save"]]
-    boundaries.close()
-    assert saves == [4, 8]

@@ -13,7 +13,6 @@ from lmkit.layers import precision
 from lmkit.layers.norms import LayerNorm
 from lmkit.models import build_model
 from lmkit.train import Trainer
-from lmkit.train.loss_scale import DynamicLossScale
 from tests.scripts.gradient_bomb import GradientBomb
 from tests.scripts.train_probe import probe_ids
 
@@ -92,19 +91,6 @@ def test_mixed_precision_training_learns_like_float32(model):
         # updates its first skipped steps did not make, not a different model.
         assert abs(finite[-10:].mean() - reference[-10:].mean()) < 0.05 * reference[-10:].mean()
         assert (result.loss_scale is not None) == (name == "mixed_float16")
-
-
-def test_loss_scale_grows_halves_and_gives_up():
-    scale = DynamicLossScale(initial_scale=8.0, growth_interval=3, max_consecutive_skips=2)
-    ok = [bool(scale.update(tf.constant(True))) for _ in range(3)]
-    assert ok == [True] * 3 and float(scale.scale.numpy()) == 16.0  # doubled after 3 finite steps
-    assert bool(scale.update(tf.constant(False)))  # one skip: recoverable
-    assert float(scale.scale.numpy()) == 8.0 and int(scale.skipped_steps.numpy()) == 1
-    assert not bool(scale.update(tf.constant(False)))  # the second in a row: give up
-    assert int(scale.consecutive_skips.numpy()) == 2
-    assert bool(scale.update(tf.constant(True))) and int(scale.consecutive_skips.numpy()) == 0
-    grads = scale.unscale([tf.constant([8.0]), None, tf.IndexedSlices(tf.constant([[16.0]]), tf.constant([0]))])
-    assert float(grads[0][0]) == 2.0 and grads[1] is None and float(grads[2].values[0, 0]) == 4.0
 
 
 def test_an_overflowing_step_is_skipped_and_training_goes_on(tmp_path):

@@ -30,9 +30,9 @@ def _watch_the_final_wait() -> None:
 
     def strictly_watched(self) -> None:
         if not self.chief:
-            self._watchdog.stop()
-            self._watchdog = Watchdog(self.rank, STRICT_LIMIT)
-            self._watchdog.beat("training ended")
+            self.watchdog.stop()
+            self.watchdog = Watchdog(self.rank, STRICT_LIMIT)
+            self.watchdog.beat("training ended")
             print(f"rank {self.rank}: a {STRICT_LIMIT:g} s watchdog watches the wait for rank 0", flush=True)
         leave_together(self)
 

@@ -57,7 +57,7 @@ def test_the_default_is_auto_and_the_trainer_follows_the_device(monkeypatch):
     gpu = Trainer(build_model(_config().model_config()), _config(), log=lines.append)
     gpu.fit(_ids(), max_steps=2)
     assert gpu.xla is True and "compiled the training step with XLA in" in "\n".join(lines)
-    assert gpu._compiled_train_step._jit_compile and gpu._evaluator._step._jit_compile
+    assert gpu.step.function._jit_compile and gpu.evaluator._step._jit_compile
 
 
 def _all_op_types(fn, *args):
@@ -77,8 +77,7 @@ def test_the_training_step_has_no_branch(overrides, monkeypatch):
     trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
     trainer.fit(_ids(), max_steps=1)
     x = tf.constant(_ids()[:20].reshape(4, 5))
-    ops = _all_op_types(trainer._compiled_train_step, x, x, trainer.initial_state(), tf.constant(0.0),
-                        tf.constant(0.0))
+    ops = _all_op_types(trainer.step.function, x, x, trainer.initial_state(), *[tf.constant(0.0)] * 3)
     assert "SelectV2" in ops and not ops & BRANCH_OPS, sorted(ops & BRANCH_OPS)
 
 
@@ -89,6 +88,51 @@ def test_the_plain_cpu_step_keeps_its_branch():
     trainer.fit(_ids(), max_steps=1)
     assert trainer.xla is False and trainer.branch_free is False
     x = tf.constant(_ids()[:20].reshape(4, 5))
-    ops = _all_op_types(trainer._compiled_train_step, x, x, trainer.initial_state(), tf.constant(0.0),
-                        tf.constant(0.0))
+    ops = _all_op_types(trainer.step.function, x, x, trainer.initial_state(), *[tf.constant(0.0)] * 3)
     assert ops & {"If", "StatelessIf"}
+
+
+def _ops_with_shape(fn, shape, *specs):
+    """Op types in the graph of ``fn`` traced for ``specs`` whose output has exactly ``shape``."""
+    graph = tf.function(fn).get_concrete_function(*specs).graph
+    return [op.type for op in graph.get_operations()
+            if any(o.shape.rank == len(shape) and o.shape.as_list() == shape for o in op.outputs)]
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 5.0])
+def test_clipping_keeps_the_embedding_gradient_sparse(max_grad_norm, monkeypatch):
+    # The norm of an IndexedSlices gradient is taken over its rows, with or without clipping;
+    # a densified [vocab, dim] gradient would cost a vocab-sized buffer every step.
+    import lmkit.train.step as step_module
+    from lmkit.optim import clip_gradients
+
+    vocab, dim = 97, 13
+    cfg = _config(vocab_size=vocab, hidden_size=dim, num_layers=1, max_grad_norm=max_grad_norm)
+    seen = []
+
+    def recording(grads, *limits):
+        grads = list(grads)
+        seen.append([type(g).__name__ for g in grads])
+        return clip_gradients(grads, *limits)
+
+    # 1. The trainer's step hands the averaged embedding gradient to clip_gradients as slices.
+    monkeypatch.setattr(step_module, "clip_gradients", recording)
+    trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
+    trainer.build(steps_per_epoch=10)
+    x = tf.zeros([cfg.batch_size, cfg.num_steps], tf.int32)
+    no = tf.constant(0.0)  # no stop, save or end request
+    trainer.step.function.get_concrete_function(x, x, trainer.initial_state(), no, no, no)
+    assert seen and seen[0].count("IndexedSlices") == 1, seen
+
+    # 2. clip_gradients never builds a dense [vocab, dim] tensor from slices.
+    def clip(values, indices):
+        slices = tf.IndexedSlices(values, indices, tf.constant([vocab, dim]))
+        return clip_gradients([slices, tf.ones([3])], max_grad_norm, 0.0)
+
+    specs = (tf.TensorSpec([20, dim]), tf.TensorSpec([20], tf.int32))
+    assert _ops_with_shape(clip, [vocab, dim], *specs) == []
+    # The probe sees a densified gradient when there is one: TensorFlow's own
+    # global norm (what the trainer used with clipping off) makes one.
+    densify = lambda v, i: tf.linalg.global_norm(  # noqa: E731
+        [tf.convert_to_tensor(tf.IndexedSlices(v, i, tf.constant([vocab, dim])))])
+    assert _ops_with_shape(densify, [vocab, dim], *specs) == ["UnsortedSegmentSum"]
