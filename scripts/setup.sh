@@ -227,7 +227,8 @@ if [ "$MODE" = "main" ]; then
   # Not the bench extra (make bench-deps): with matplotlib installed, every `import tensorflow`
   # (Keras) also imports matplotlib.pyplot, 0.6 s of CPU in each of the test suite's processes.
   STEP="pip install -e .[test,hf,test-hf]"
-  "${PIP[@]}" install -e ".[test,hf,test-hf]" "${TF_PACKAGE}==${TF_VERSION}" \
+  # editable_mode=compat: a path in a .pth file, no import hook on sys.meta_path (lmkit installs none).
+  "${PIP[@]}" install --config-settings editable_mode=compat -e ".[test,hf,test-hf]" "${TF_PACKAGE}==${TF_VERSION}" \
     || fail "pip install -e .[test,hf,test-hf]"
   STEP="check the environment"
   "$VPY" -c "import tensorflow as tf, horovod.tensorflow as h, sys; sys.exit(0 if tf.__version__ == '${TF_VERSION}' and h.mpi_built() else 1)" \
@@ -240,7 +241,7 @@ else
   fi
   "${PIP[@]}" install "${TF_PACKAGE}==${TF_WANT}" || fail "pip install ${TF_PACKAGE}==${TF_WANT}"
   STEP="pip install -e .[test,hf] (no horovod) in $VENV"
-  "${PIP[@]}" install -e ".[test,hf]" || fail "pip install -e .[test,hf]"
+  "${PIP[@]}" install --config-settings editable_mode=compat -e ".[test,hf]" || fail "pip install -e .[test,hf]"
 fi
 
 STEP="pip check in $VENV"
