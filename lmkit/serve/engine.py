@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -33,7 +34,7 @@ __all__ = ["Engine", "QueueFull", "Request", "Sampling", "Sequence"]
 
 
 class QueueFull(Exception):
-    """The queue holds ``max_queue`` sequences: the request is refused (HTTP 429)."""
+    """No free slot and ``max_queue`` sequences waiting: the request is refused (HTTP 429)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +105,7 @@ class Engine:
     Args:
       slots: the model's slots (:class:`~lmkit.serve.slots.SlotModel`).
       prompts: the folder's :class:`~lmkit.serve.text.Prompts` (end ids, tokenizer, token texts).
-      max_queue: sequences that may wait for a slot; more is :class:`QueueFull`.
+      max_queue: sequences that may wait for a slot beyond the free ones; more is :class:`QueueFull`.
       metrics: a :class:`~lmkit.serve.metrics.Metrics` (or None).
     """
 
@@ -118,6 +119,8 @@ class Engine:
         self.steps = 0
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._loop, name="lmkit-engine", daemon=True)
+        # Seconds to pause after each decode step: lets tests and demos watch requests mid-stream.
+        self.step_delay = float(os.environ.get("LMKIT_SERVE_STEP_DELAY", "0") or 0)
 
     # -- the caller's side (any thread) -----------------------------------------------------------------
     def start(self) -> None:
@@ -137,8 +140,10 @@ class Engine:
         with self.lock:
             if self.stopping or self.error is not None:
                 raise QueueFull("the server is shutting down")
-            if len(self.waiting) + len(sequences) > self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} sequences are waiting (--max_queue {self.max_queue})")
+            free = sum(s is None for s in self.running)  # a free slot takes a sequence at the next step
+            if len(self.waiting) + len(sequences) > self.max_queue + free:
+                raise QueueFull(f"{len(self.waiting)} sequences wait for the {len(self.running) - free} slots in use "
+                                f"(--max_queue {self.max_queue})")
             self.waiting.extend(sequences)
             self.lock.notify()
         return request
@@ -245,6 +250,8 @@ class Engine:
         tokens = np.array([s.generated[-1] if s is not None else 0 for s in rows], np.int32)
         logits, greedy = self.model.step(tokens, np.array([s is not None for s in rows]))
         self.steps += 1
+        if self.step_delay:
+            time.sleep(self.step_delay)
         chosen = {i: int(greedy[i]) for i, s in enumerate(rows) if s is not None and s.sampling.temperature == 0}
         groups: Dict[Tuple[float, Optional[int]], List[int]] = collections.defaultdict(list)
         for i, s in enumerate(rows):
