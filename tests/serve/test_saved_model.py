@@ -23,8 +23,9 @@ ids = json.loads(sys.argv[2])
 width = max(map(len, ids))
 out = []
 for temperature, seed in ((0.0, 0), (0.7, 5)):
-    result = serve(ids=tf.constant([r + [0] * (width - len(r)) for r in ids]), lengths=tf.constant([len(r) for r in ids]),
-                   max_new_tokens=tf.constant(12), temperature=tf.constant(temperature), seed=tf.constant(seed, tf.int64))
+    result = serve(ids=tf.constant([r + [0] * (width - len(r)) for r in ids]),
+                   lengths=tf.constant([len(r) for r in ids]), max_new_tokens=tf.constant(12),
+                   temperature=tf.constant(temperature), seed=tf.constant(seed, tf.int64))
     out.append([row[:n] for row, n in zip(result["new_ids"].numpy().tolist(), result["new_lengths"].numpy().tolist())])
 assert not [m for m in sys.modules if m.startswith("lmkit")]
 print(json.dumps(out))
