@@ -66,6 +66,7 @@ class SlotModel:
         self.vocab_size = int(model.vocab_size)
         self.vocab_limit = vocab_limit if vocab_limit and vocab_limit < self.vocab_size else None
         self.state = model.initial_state(self.slots, self.length)
+        self._structure = self.state  # every state handed back in this nest: one trace of each function
         self.positional = hasattr(self.state, "positions") and hasattr(self.state, "_replace")
         self._fresh = model.initial_state(1, self.length)  # an RNN row's state before its prompt
         self.jit_compile = jit_compile
@@ -107,7 +108,9 @@ class SlotModel:
         if self.positional:  # the padding does not count
             row = row._replace(positions=tf.reshape(start + count, [1]))
         state = tf.nest.map_structure(lambda t, r: tf.tensor_scatter_nd_update(t, index, r), state, row)
-        return self._limited(logits[0, count - 1]), state
+        # A gather, not logits[0, count - 1]: XLA takes a slice's bounds as compile-time constants, and would
+        # compile the prefill again for every prompt length.
+        return self._limited(tf.gather(logits[0], count - 1)), state
 
     def _score_graph(self, ids: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         logits, _ = self.model(ids, None)  # [1, time, vocab]
@@ -132,9 +135,9 @@ class SlotModel:
             tokens = list(ids[start:end]) + [0] * (self.chunk - (end - start))
         else:
             start, tokens = done, list(ids[done:end])
-        logits, self.state = self._prefill(self.state, tf.constant(slot, tf.int32),
-                                           tf.constant([tokens], tf.int32), tf.constant(start, tf.int32),
-                                           tf.constant(end - start, tf.int32))
+        logits, state = self._prefill(self.state, tf.constant(slot, tf.int32), tf.constant([tokens], tf.int32),
+                                      tf.constant(start, tf.int32), tf.constant(end - start, tf.int32))
+        self.state = self._same_nest(state)
         return end, (logits if end == len(ids) else None)
 
     def step(self, tokens: np.ndarray, active: np.ndarray) -> Tuple[tf.Tensor, np.ndarray]:
@@ -143,9 +146,13 @@ class SlotModel:
         Returns:
           ``(logits [slots, vocab] float32, the greedy tokens [slots])``.
         """
-        logits, greedy, self.state = self._step(tf.constant(tokens, tf.int32), tf.constant(active, tf.bool),
-                                                self.state)
+        logits, greedy, state = self._step(tf.constant(tokens, tf.int32), tf.constant(active, tf.bool), self.state)
+        self.state = self._same_nest(state)
         return logits, greedy.numpy()
+
+    def _same_nest(self, state: Any) -> Any:
+        """``state`` in the nest of the initial state (a model may hand back lists for tuples: another trace)."""
+        return tf.nest.pack_sequence_as(self._structure, tf.nest.flatten(state))
 
     def sample(self, logits: tf.Tensor, rows: Sequence[int], temperatures: Sequence[float],
                seeds: Sequence[Sequence[int]], top_p: float, top_k: Optional[int]) -> np.ndarray:
