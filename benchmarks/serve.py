@@ -12,7 +12,8 @@ token. Models: ``tiny`` (config_tiny_transformer, trained 20 steps on
 generated text) and ``gpt2`` (GPT-2's shape, 124M parameters with random
 weights, a 300-token tokenizer, served with --context 256). Writes
 ``benchmarks/results/serve.json`` (with the command, the machine and its load)
-and ``serve.png``.
+and ``serve.png``. It also times, in process, what a join costs the running
+requests: a decode step of 16 busy slots against one 64-token prefill chunk.
 """
 
 from __future__ import annotations
@@ -122,6 +123,32 @@ def measure(port: int, clients: int, tokens: int) -> Dict[str, Any]:
             "lost": sum(r["status"] not in (200, 429) for r in results)}
 
 
+def join_cost(folder: str, context: int) -> Dict[str, float]:
+    """What a join costs the running requests: a decode step of 16 busy slots, and one prefill chunk of 64
+    tokens (which runs between two such steps), in milliseconds (medians of 10)."""
+    import numpy as np
+
+    from lmkit.serve.server import ServeOptions, Server
+    server = Server(folder, ServeOptions(max_batch=16, context=context))
+    server.warm_up()
+    slots = server.slots
+    for slot in range(16):
+        slots.prefill(slot, [0] * 8, 0)
+    tokens, active = np.zeros(16, np.int32), np.ones(16, bool)
+
+    def median_ms(call: Any) -> float:
+        times = []
+        for _ in range(10):
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+        return 1e3 * float(np.median(times))
+
+    step = median_ms(lambda: slots.step(tokens, active))
+    chunk = median_ms(lambda: slots.prefill(15, [0] * 64, 0)[1])
+    return {"step_ms_16_slots": step, "prefill_chunk_64_ms": chunk, "step_with_a_join_x": (step + chunk) / step}
+
+
 def plot(results: Dict[str, Any], path: str) -> None:
     try:
         import matplotlib
@@ -153,6 +180,7 @@ def main() -> None:
     p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))
     args = p.parse_args()
     results: Dict[str, Any] = {}
+    joins: Dict[str, Any] = {}
     load_before = load_average()
     with tempfile.TemporaryDirectory() as work:
         for name in args.models:
@@ -165,13 +193,15 @@ def main() -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=120)
+            joins[name] = join_cost(folder, 64 if name == "tiny" else 256)
+            print(name, "join", json.dumps(joins[name]), flush=True)
     speedup = {name: {f"{r['clients']}_vs_1": r["tokens_per_s"] / rows[0]["tokens_per_s"] for r in rows}
                for name, rows in results.items() if rows and rows[0]["clients"] == 1}
     payload = {"command": command_line(), "machine": machine_info(), "load_average_before": load_before,
                "load_average_after": load_average(), "tokens_per_client": args.tokens,
                "state": {"tiny": "4 layers x 2 x [16 slots, 4 heads, 64 positions, 32] float32 = 2.1 MB",
                          "gpt2": "12 layers x 2 x [16 slots, 12 heads, 256 positions, 64] float32 = 151 MB"},
-               "results": results, "speedup": speedup}
+               "results": results, "speedup": speedup, "join_cost": joins}
     write_json(args.output, payload)
     plot(results, os.path.splitext(args.output)[0] + ".png")
     print(json.dumps(speedup, indent=1))

@@ -93,8 +93,8 @@ def parse_body(raw: bytes) -> Dict[str, Any]:
         raise ApiError(400, f"the request body is not UTF-8 (byte {exc.start}); send JSON in UTF-8") from None
     try:
         body = json.loads(text, parse_constant=_no_constant)
-    except ValueError as exc:
-        raise ApiError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
+        raise ApiError(400, f"the request body is not valid JSON ({str(exc)[:100]}); send a JSON object") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body is a JSON {type(body).__name__}, not an object; send {{...}}")
     return body

@@ -122,10 +122,10 @@ class Server:
         self.metrics.counts = self.engine.counts
 
     def warm_up(self) -> None:
-        """Compiles the step and the prefill before the first request (a greedy token of a short prompt)."""
+        """Compiles the step and the prefills before the first request."""
         import numpy as np
-        ids = self.prompts.started([0]) if self.prompts.start_id is None else [self.prompts.start_id]
-        self.slots.prefill(0, ids, 0)
+        for size in self.slots.chunks:  # each prefill size compiled once
+            self.slots.prefill(0, [0] * size, 0)
         self.slots.step(np.zeros(self.slots.slots, np.int32), np.zeros(self.slots.slots, bool))
 
     def sequences(self, params: Params) -> List[Sequence]:

@@ -12,9 +12,9 @@ to every slot at once through ``model.step`` (each row at its own position,
 rows that are not decoding (free, or still taking their prompt) keep their
 position, so they never run past the cache. A prompt goes in by chunks of
 ``chunk`` tokens through ``model(ids, state)`` on its slot's row alone,
-padded to one shape (one compiled prefill; the padding's keys sit past the
-row's position, where the causal mask hides them until real tokens replace
-them). An RNN's state has no positions: its chunks go in at their own length,
+padded to one of a few sizes (8, 32, ``chunk``: one compiled prefill each;
+the padding's keys sit past the row's position, where the causal mask hides
+them until real tokens replace them). An RNN's state has no positions: its chunks go in at their own length,
 without XLA.
 
 Sampling imports the samplers' math (:class:`~lmkit.decoding.samplers.TopPSampler`):
@@ -63,6 +63,9 @@ class SlotModel:
                  jit_compile: bool = True) -> None:
         self.model, self.slots, self.length = model, int(slots), int(length)
         self.chunk = max(1, min(int(chunk), self.length))
+        # The padded chunk's sizes: a short prompt (or a prompt's last piece) takes the smallest that holds it,
+        # not a whole chunk of compute (one compiled prefill each).
+        self.chunks = sorted({min(size, self.chunk) for size in (8, 32, self.chunk)})
         self.vocab_size = int(model.vocab_size)
         self.vocab_limit = vocab_limit if vocab_limit and vocab_limit < self.vocab_size else None
         self.state = model.initial_state(self.slots, self.length)
@@ -129,10 +132,11 @@ class SlotModel:
         """
         end = min(len(ids), done + self.chunk)
         if self.positional:
+            size = next(c for c in self.chunks if c >= end - done)
             # The padded chunk stays inside the cache: near its end the chunk starts earlier and
             # writes a few cached positions again (the same keys and values).
-            start = min(done, self.length - self.chunk)
-            tokens = list(ids[start:end]) + [0] * (self.chunk - (end - start))
+            start = min(done, self.length - size)
+            tokens = list(ids[start:end]) + [0] * (size - (end - start))
         else:
             start, tokens = done, list(ids[done:end])
         logits, state = self._prefill(self.state, tf.constant(slot, tf.int32), tf.constant([tokens], tf.int32),

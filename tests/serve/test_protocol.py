@@ -5,7 +5,8 @@ from lmkit.serve.protocol import ApiError, chunk, error_body, parse_body, parse_
 
 
 @pytest.mark.parametrize("raw, words", [(b"\xff", "UTF-8"), (b"{", "not valid JSON"), (b"[]", "not an object"),
-                                        (b'{"a": NaN}', "not valid JSON")])
+                                        (b'{"a": NaN}', "not valid JSON"),
+                                        (b"[" * 100000, "not valid JSON")])
 def test_a_body_that_is_not_a_json_object_is_a_400(raw, words):
     with pytest.raises(ApiError, match=words) as caught:
         parse_body(raw)
