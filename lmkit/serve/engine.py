@@ -248,7 +248,7 @@ class Engine:
         rows = [s if s is not None and s.fed == len(s.ids) and s.finish_reason is None else None
                 for s in self.running]
         tokens = np.array([s.generated[-1] if s is not None else 0 for s in rows], np.int32)
-        logits, greedy = self.model.step(tokens, np.array([s is not None for s in rows]))
+        logits, greedy = self.model.step(tokens, np.array([s is not None for s in rows]))  # [width, ...]
         self.steps += 1
         if self.step_delay:
             time.sleep(self.step_delay)

@@ -126,7 +126,9 @@ class Server:
         import numpy as np
         for size in self.slots.chunks:  # each prefill size compiled once
             self.slots.prefill(0, [0] * size, 0)
-        self.slots.step(np.zeros(self.slots.slots, np.int32), np.zeros(self.slots.slots, bool))
+        for width in self.slots.widths:  # each width of the step compiled once
+            active = np.arange(self.slots.slots) == width - 1
+            self.slots.step(np.zeros(self.slots.slots, np.int32), active)
 
     def sequences(self, params: Params) -> List[Sequence]:
         """The engine's sequences of a request: each prompt ``n`` times.

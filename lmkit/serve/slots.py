@@ -66,6 +66,7 @@ class SlotModel:
         # The padded chunk's sizes: a short prompt (or a prompt's last piece) takes the smallest that holds it,
         # not a whole chunk of compute (one compiled prefill each).
         self.chunks = sorted({min(size, self.chunk) for size in (8, 32, self.chunk)})
+        self.widths = sorted({min(width, self.slots) for width in (1, 4, 16, self.slots)})  # the step's row counts
         self.vocab_size = int(model.vocab_size)
         self.vocab_limit = vocab_limit if vocab_limit and vocab_limit < self.vocab_size else None
         self.state = model.initial_state(self.slots, self.length)
@@ -86,8 +87,8 @@ class SlotModel:
             return logits
         return tf.where(tf.range(self.vocab_size) >= self.vocab_limit, -float("inf"), logits)
 
-    def _step_graph(self, ids: tf.Tensor, active: tf.Tensor, state: Any) -> Tuple[tf.Tensor, tf.Tensor, Any]:
-        before = state
+    def _step_graph(self, ids: tf.Tensor, active: tf.Tensor, full: Any, width: int) -> Tuple[tf.Tensor, tf.Tensor, Any]:
+        state = before = tf.nest.map_structure(lambda t: t[:width], full) if width < self.slots else full
         if self.positional:  # a row that does not decode writes (harmlessly) where its next token will go
             state = state._replace(positions=tf.where(active, state.positions,
                                                       tf.minimum(state.positions, self.length - 1)))
@@ -97,6 +98,8 @@ class SlotModel:
         else:
             state = tf.nest.map_structure(lambda new, old: _rows_where(active, new, old), state, before)
         logits = self._limited(logits)
+        if width < self.slots:  # the rows past the width, as they were
+            state = tf.nest.map_structure(lambda new, old: tf.concat([new, old[width:]], 0), state, full)
         return logits, GreedySampler().get_next_token(logits, 0, None), state
 
     def _prefill_graph(self, state: Any, slot: tf.Tensor, ids: tf.Tensor, start: tf.Tensor,
@@ -145,12 +148,18 @@ class SlotModel:
         return end, (logits if end == len(ids) else None)
 
     def step(self, tokens: np.ndarray, active: np.ndarray) -> Tuple[tf.Tensor, np.ndarray]:
-        """One token for every slot (``tokens`` [slots]); only ``active`` rows move on.
+        """One token for every slot up to the last active one (``tokens`` [slots]); only ``active`` rows move on.
+
+        The step runs on the first 1, 4, 16 or all slots, the fewest that hold every active row (one
+        compiled step each): one request alone does not pay for sixteen.
 
         Returns:
-          ``(logits [slots, vocab] float32, the greedy tokens [slots])``.
+          ``(logits [width, vocab] float32, the greedy tokens [width])``, ``width`` >= the last active row + 1.
         """
-        logits, greedy, state = self._step(tf.constant(tokens, tf.int32), tf.constant(active, tf.bool), self.state)
+        used = int(np.max(np.nonzero(active)[0])) + 1 if np.any(active) else 1
+        width = next(w for w in self.widths if w >= used)
+        logits, greedy, state = self._step(tf.constant(tokens[:width], tf.int32),
+                                           tf.constant(active[:width], tf.bool), self.state, width)
         self.state = self._same_nest(state)
         return logits, greedy.numpy()
 
