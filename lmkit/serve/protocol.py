@@ -224,10 +224,9 @@ def parse_chat(body: Mapping[str, Any]) -> Params:
     given = body.get("max_completion_tokens", body.get("max_tokens"))
     params.max_tokens = _max_tokens(given, "max_completion_tokens" if "max_completion_tokens" in body
                                     else "max_tokens")
-    if body.get("logprobs"):
-        params.logprobs = body.get("top_logprobs") or 0
-        _check(0 <= params.logprobs <= MAX_LOGPROBS, "top_logprobs", params.logprobs,
-               f"an integer in [0, {MAX_LOGPROBS}]")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise ApiError(400, "a chat's logprobs are not offered here; use /v1/completions with logprobs",
+                       "logprobs", "unsupported")
     return params
 
 

@@ -30,10 +30,12 @@ def test_good_requests_read_back_with_openais_defaults():
     params = parse_completion({"prompt": ["a", [1, 2]], "stop": "x", "top_k": -1, "seed": 3})
     assert params.prompts == ["a", [1, 2]] and params.stop == ["x"] and params.top_k is None
     assert (params.temperature, params.top_p, params.n, params.max_tokens) == (1.0, 1.0, 1, None)
-    chat = parse_chat({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5, "logprobs": True,
-                       "top_logprobs": 2, "stream": True, "stream_options": {"include_usage": True}})
-    assert chat.chat and chat.max_tokens == 5 and chat.logprobs == 2 and chat.include_usage
-    with pytest.raises(ApiError):
-        parse_chat({"messages": [{"role": "user", "content": 5}]})
+    chat = parse_chat({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    assert chat.chat and chat.max_tokens == 5 and chat.logprobs is None and chat.include_usage
+    for bad in ({"messages": [{"role": "user", "content": 5}]},
+                {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}):
+        with pytest.raises(ApiError):
+            parse_chat(bad)
     assert error_body(404, "no")["error"] == {"message": "no", "type": "not_found_error", "param": None, "code": None}
     assert chunk(chat, "m", "id", []).startswith('data: {"id": "id", "object": "chat.completion.chunk"')
