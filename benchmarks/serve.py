@@ -6,9 +6,9 @@
 For each model a server (``lmkit serve``, a subprocess on a free port, 16
 slots, a queue of 64) answers N clients at once, each streaming one greedy
 completion of ``--tokens`` new tokens from its own prompt; the figures are
-the generated tokens of all clients over the wall time from the first request
-to the last ``[DONE]``, and the p50/p95 time from a request to its first
-token. Models: ``tiny`` (config_tiny_transformer, trained 20 steps on
+the generated tokens of all clients (their ``usage``) over the wall time from
+the first request to the last ``[DONE]``, and the p50/p95 time from a request
+to its first streamed text. Models: ``tiny`` (config_tiny_transformer, trained 20 steps on
 generated text) and ``gpt2`` (GPT-2's shape, 124M parameters with random
 weights, a 300-token tokenizer, served with --context 256). Writes
 ``benchmarks/results/serve.json`` (with the command, the machine and its load)
@@ -62,11 +62,11 @@ def gpt2_folder(work: str) -> str:
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(lines, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
-    GPT2TokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                      unk_token="<|endoftext|>").save_pretrained(folder)
+    # No end token (no <|endoftext|>, no eos_token_id) the random model could pick: every client gets its --tokens.
+    bpe.train_from_iterator(lines, vocab_size=300, min_frequency=1, special_tokens=["<|pad|>"])
+    GPT2TokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|pad|>", eos_token="<|pad|>",
+                      unk_token="<|pad|>").save_pretrained(folder)
     torch.manual_seed(0)
-    # No end id the random model could pick: every client gets its --tokens.
     GPT2LMHeadModel(GPT2Config(bos_token_id=None, eos_token_id=None)).save_pretrained(folder)
     return folder
 
@@ -94,7 +94,7 @@ def start(model_dir: str, flags: List[str]) -> Any:
 def client(port: int, k: int, tokens: int) -> Dict[str, Any]:
     """One streaming completion: its status, tokens and time to first token."""
     body = {"prompt": " ".join(WORDS[(k + i) % len(WORDS)] for i in range(3)), "max_tokens": tokens,
-            "temperature": 0, "stream": True}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -104,8 +104,11 @@ def client(port: int, k: int, tokens: int) -> Dict[str, Any]:
     first, count = None, 0
     for line in response:
         if line.startswith(b"data: {"):
-            first = first or time.perf_counter() - started
-            count += 1
+            event = json.loads(line[6:])
+            if event.get("usage"):  # the tokens generated (a random model's bytes may hold text back)
+                count = event["usage"]["completion_tokens"]
+            elif first is None:
+                first = time.perf_counter() - started
     return {"status": 200, "tokens": count, "ttft": first}
 
 
@@ -178,7 +181,12 @@ def main() -> None:
     p.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16, 64])
     p.add_argument("--tokens", type=int, default=32, help="new tokens per client")
     p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))
+    p.add_argument("--plot_only", action="store_true", help="draw the PNG of --output's JSON (needs matplotlib)")
     args = p.parse_args()
+    if args.plot_only:
+        with open(args.output, encoding="utf-8") as f:
+            plot(json.load(f)["results"], os.path.splitext(args.output)[0] + ".png")
+        return
     results: Dict[str, Any] = {}
     joins: Dict[str, Any] = {}
     load_before = load_average()
