@@ -48,7 +48,7 @@ esac
 
 TF_VERSION="2.18.1"
 HOROVOD_VERSION="0.28.1"
-SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make)
+SYSTEM_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make chromium)
 
 log()  { printf '[setup] %s\n' "$*"; }
 fail() { printf '[setup] FAILED at step "%s": %s\n' "$STEP" "$*" >&2; exit 1; }
@@ -121,6 +121,7 @@ if [ -n "${LMKIT_SETUP_PLAN:-}" ]; then
 fi
 
 # --- 1. system packages -----------------------------------------------------
+# chromium: the browser the serving playground's test drives through Playwright (which cannot download its own here)
 STEP="system packages (${SYSTEM_PACKAGES[*]})"
 if [ "$MODE" = "main" ]; then
   missing=()

@@ -12,7 +12,7 @@ from tests.helpers import ROOT
 #: A package may import (at module level or inside a function) the packages of its rank or lower. A higher
 #: package is named only by a registry's "module:Class" string, which lmkit.core.registry imports on use.
 RANKS = {"core": 0, "configs": 0, "config": 1, "distributed": 2, "data": 3, "layers": 4, "optim": 4,
-         "hub": 5, "models": 6, "train": 7, "decoding": 8, "cli": 9}
+         "hub": 5, "models": 6, "train": 7, "decoding": 8, "serve": 9, "cli": 9}
 #: The entry points and the lazy public API may name anything.
 ENTRY_POINTS = {"lmkit", "lmkit.__main__", "lmkit.launch"}
 #: Test folders that are not a package of lmkit: backends' suites, the examples, benchmark helpers, scripts.

@@ -1,4 +1,4 @@
-"""The ``lmkit`` command: ``lmkit train``, ``prepare``, ``generate``, ``evaluate``, ``export``.
+"""The ``lmkit`` command: ``lmkit train``, ``prepare``, ``generate``, ``evaluate``, ``export``, ``serve``.
 
 Installed with the package (``lmkit``), and also ``python -m lmkit``. Every
 command answers a bad flag at once, before TensorFlow loads, prints one
@@ -28,6 +28,7 @@ COMMANDS = {
     "evaluate": ("lmkit.cli.evaluate", "perplexity of a trained model on a text file or a split (an "
                                        "encoder-decoder: also BLEU and exact match)"),
     "export": ("lmkit.cli.export", "write a trained GPT-2 or Llama-family run as a Hugging Face folder"),
+    "serve": ("lmkit.cli.serve", "serve a model over an OpenAI-compatible HTTP API, with a playground page"),
     "download": ("lmkit.cli.download", "fetch a public corpus (wikitext-2, ptb), each file checked by its hash"),
 }
 

@@ -27,6 +27,12 @@ writes a LoRA run's adapters alone as a PEFT adapter folder
 ``peft.PeftModel.from_pretrained(base_model, output)``. Either folder appears
 whole or not at all.
 
+    lmkit export --model_dir runs/plays --format saved_model --output plays_savedmodel
+
+writes a TensorFlow SavedModel whose ``serving_default`` runs the whole
+decode loop with its key/value cache (--model_dir may also be a Hugging Face
+folder; docs/serving.md).
+
 Exit status: 0 done, 2 bad input (one ``error:`` line), 1 a crash.
 """
 
@@ -39,14 +45,16 @@ from lmkit.core.layout import resolve_checkpoint
 
 __all__ = ["FORMATS", "build_parser", "main"]
 
-FORMATS = ("hf", "peft")
+FORMATS = ("hf", "peft", "saved_model")
 
 
 def build_parser(prog: str = "lmkit export"):
     p = model_dir_parser(prog, __doc__)
     p.add_argument("--format", choices=FORMATS, default="hf",
                    help="hf: a Hugging Face folder (safetensors, config.json, tokenizer files; LoRA "
-                        "adapters merged); peft: a LoRA run's adapters alone, as a PEFT adapter folder")
+                        "adapters merged); peft: a LoRA run's adapters alone, as a PEFT adapter folder; "
+                        "saved_model: a TensorFlow SavedModel whose serving_default runs the whole decode loop "
+                        "(--model_dir may be a Hugging Face folder too; docs/serving.md)")
     p.add_argument("--output", required=True, help="the folder to write (new, or empty)")
     return p
 
@@ -84,6 +92,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
     from lmkit.hub.folders import check_new_folder
 
     args = build_parser(prog).parse_args(argv)
+    if args.format == "saved_model":
+        return _saved_model(args)
     check_model_dir(args.model_dir)
     check_new_folder(args.output)  # before TensorFlow loads
     checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
@@ -104,4 +114,23 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "lmkit export") -> in
     else:
         files = converter.export(model, tokenizer, config, args.output)
     print(f"wrote {args.output}: {', '.join(files)}", flush=True)
+    return 0
+
+
+def _saved_model(args: Any) -> int:
+    """``--format saved_model``: :func:`lmkit.serve.saved_model.export_saved_model` (a run or a Hugging Face folder)."""
+    import os
+
+    from lmkit.core.errors import UsageError
+    from lmkit.hub.folders import check_new_folder
+    if not os.path.isdir(args.model_dir):
+        raise UsageError(f"--model_dir {args.model_dir} does not exist; pass an lmkit run or a Hugging Face folder")
+    check_new_folder(args.output)
+    user_modules_importable()
+    from lmkit import distributed as dist
+    from lmkit.serve.saved_model import export_saved_model
+    dist.init(backend="local")
+    info = export_saved_model(args.model_dir, args.output, args.checkpoint)
+    print(f"wrote {args.output}: a SavedModel (serving_default: ids, lengths, max_new_tokens, temperature, seed -> "
+          f"new_ids, new_lengths; context {info['context']}) and lmkit.json", flush=True)
     return 0

@@ -169,12 +169,20 @@ def _uniform(shape: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     Plain integer arithmetic, so the XLA-compiled decode loop and the
     uncompiled one draw bit-identical numbers (TensorFlow's stateless random
     ops do not: XLA implements them with another stream, whatever ``alg``
-    says). 24 random bits per number.
+    says). 24 random bits per number. A ``[batch, 3]`` seed gives each row its
+    own: ``(seed, position word, row)`` draws the numbers of row ``row`` of a
+    ``[2]`` seed's draw (a server's requests, each sampled as if alone).
     """
-    words = tf.cast(tf.bitwise.bitwise_and(
-        tf.stack([seed[0], tf.bitwise.right_shift(seed[0], 32), seed[1], tf.bitwise.right_shift(seed[1], 32)]),
-        0xFFFFFFFF), tf.uint32)  # the seed's four 32-bit words
-    x = tf.cast(tf.range(tf.reduce_prod(shape)), tf.uint32) * tf.constant(0x9E3779B9, tf.uint32)
+    if seed.shape.rank == 2:  # one seed a row: the counter restarts at the row's place in a batch
+        n = tf.cast(shape[-1], tf.int64)
+        counter = tf.cast(seed[:, 2:] * n + tf.range(n)[tf.newaxis, :], tf.uint32)  # [batch, n]
+        first, second = seed[:, :1], seed[:, 1:2]  # [batch, 1] each
+    else:
+        counter = tf.cast(tf.range(tf.reduce_prod(shape)), tf.uint32)
+        first, second = seed[0], seed[1]
+    words = [tf.cast(tf.bitwise.bitwise_and(w, 0xFFFFFFFF), tf.uint32)  # the seed's four 32-bit words
+             for w in (first, tf.bitwise.right_shift(first, 32), second, tf.bitwise.right_shift(second, 32))]
+    x = counter * tf.constant(0x9E3779B9, tf.uint32)
     for i in range(4):
         x = _mix(x + words[i] + tf.constant(0x7F4A7C15 * (i + 1) & 0xFFFFFFFF, tf.uint32))
     u = (tf.cast(tf.bitwise.right_shift(x, 8), tf.float32) + 0.5) * (1.0 / 16777216.0)
@@ -182,7 +190,8 @@ def _uniform(shape: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
 
 
 def _draw(logits: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """One stateless categorical draw per row of float32 `[batch, n]` logits.
+    """One stateless categorical draw per row of float32 `[batch, n]` logits (``seed``: int64 ``[2]``, or
+    ``[batch, 3]`` for a seed a row, see :func:`_uniform`).
 
     The Gumbel-max draw, ``argmax(logits - log(-log(u)))``, with ``u`` from
     :func:`_uniform`: XLA compiles it and, compiled or not, the same seed gives
