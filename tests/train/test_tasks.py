@@ -22,7 +22,7 @@ def test_stateless_models_train_on_shuffled_windows_a_new_order_each_epoch():
             np.testing.assert_array_equal(first[0], bptt_arrays(ids, 4, 5)[0])
             np.testing.assert_array_equal(first[0], second[0])
         else:
-            np.testing.assert_array_equal(first[0], window_arrays(ids, 4, 5, epoch=0, seed=cfg.seed)[0])
+            np.testing.assert_array_equal(first[0], window_arrays(ids, 4, 5, epoch=0, seed=cfg.run.seed)[0])
             assert first[0].shape == second[0].shape and not np.array_equal(first[0], second[0])
         np.testing.assert_array_equal(first[1][:, :, :-1], first[0][:, :, 1:])  # targets: next ids
 
