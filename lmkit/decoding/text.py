@@ -112,7 +112,7 @@ def readable(text: str) -> str:
                    else repr(c)[1:-1] for c in text)
 
 
-def _start_id(tokenizer: Any, start_token: Optional[bool], unprompted: bool = False) -> Optional[int]:
+def start_id_of(tokenizer: Any, start_token: Optional[bool], unprompted: bool = False) -> Optional[int]:
     """The token put before every prompt.
 
     lmkit's own models start after a line break (``eos_id``), where every
@@ -224,7 +224,7 @@ class _Samples:
         self.model, self.tokenizer, self.config, self.beam = model, tokenizer, config, beam
         self.prompts = [list(p) for p in prompts]
         self.stop = list(config.stop or ())  # checked when the generation was planned
-        self.start_id = _start_id(tokenizer, config.start_token, unprompted=bool(prompts) and not any(prompts))
+        self.start_id = start_id_of(tokenizer, config.start_token, unprompted=bool(prompts) and not any(prompts))
         if self.start_id is None and any(not p for p in prompts):
             raise UsageError("an empty prompt needs a start token, and this tokenizer has none; give a prompt")
         # What ends a sample (the decode loop stops at any of them): the end of a document, and with

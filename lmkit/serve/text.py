@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from lmkit.core.errors import UsageError
-from lmkit.decoding.text import _start_id, check_stop_strings, end_of_document_ids
+from lmkit.decoding.text import check_stop_strings, end_of_document_ids, start_id_of
 
 __all__ = ["Prompts", "Reply"]
 
@@ -32,7 +32,7 @@ class Prompts:
 
     def __init__(self, tokenizer: Any, chat: Any = None) -> None:
         self.tokenizer, self.chat = tokenizer, chat
-        self.start_id = _start_id(tokenizer, None)
+        self.start_id = start_id_of(tokenizer, None)
         self.end_ids = list(end_of_document_ids(tokenizer))
         limit = getattr(tokenizer, "vocab_size", None)
         self.vocab_limit = None if limit is None else int(limit)
