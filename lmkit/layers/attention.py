@@ -48,6 +48,7 @@ from lmkit.layers.base import (
     dropout,
     plain,
 )
+from lmkit.layers.documents import Documents, leave_to_matmuls, within_documents
 from lmkit.layers.precision import cast_like
 from lmkit.layers.rotary import RotaryEmbedding
 
@@ -123,7 +124,8 @@ def attention_blocks_for(blocks: Union[int, str], length: Optional[int]) -> int:
 
 
 def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks: Union[int, str], rate: float,
-                  training: Training, window: Optional[int] = None) -> tf.Tensor:
+                  training: Training, window: Optional[int] = None,
+                  segment_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
     """Causal self-attention over one window, in ``blocks`` query blocks that skip the keys after them.
 
     Query block i (positions ``start_i`` to ``end_i - 1``) attends to keys 0 to
@@ -148,6 +150,8 @@ def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks
         positions, else one.
       rate, training: dropout on the attention probabilities, as :func:`attend`.
       window: None, or how many positions (the query's own included) a query sees.
+      segment_ids: None, or [batch, time] int32: a packed window, where a query sees only the keys of
+        its own example (:mod:`lmkit.layers.documents`; the matmuls compute it).
 
     Returns:
       [batch, heads, time, head_dim]; a fused kernel in :func:`lmkit.layers.kernels.scope`
@@ -155,17 +159,21 @@ def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks
     """
     kernel = attention_kernels.active()
     if kernel is not None and kernel.applies(queries, keys, values, rate, training, window):
-        return kernel(queries, keys, values)
+        if segment_ids is None:
+            return kernel(queries, keys, values)
+        leave_to_matmuls(kernel)
     length = queries.shape[2]
     blocks = attention_blocks_for(blocks, length)
     if blocks <= 1:  # the whole window, unsliced
         positions = tf.range(tf.shape(queries)[2])
-        return grouped_attend(queries, keys, values, causal_mask(positions, positions, window), rate, training)
+        mask = within_documents(causal_mask(positions, positions, window), segment_ids)
+        return grouped_attend(queries, keys, values, mask, rate, training)
     ends = [length * i // blocks for i in range(blocks + 1)]
     outputs = []
     for start, end in zip(ends[:-1], ends[1:]):
         first_key = max(0, start - window + 1) if window else 0
-        mask = causal_mask(tf.range(start, end), tf.range(first_key, end), window)
+        mask = within_documents(causal_mask(tf.range(start, end), tf.range(first_key, end), window), segment_ids,
+                                (start, end), (first_key, end))
         outputs.append(grouped_attend(queries[:, :, start:end], keys[:, :, first_key:end],
                                       values[:, :, first_key:end], mask, rate, training))
     return tf.concat(outputs, axis=2)
@@ -450,7 +458,8 @@ class Attention(Module):
 
     def __call__(self, inputs: tf.Tensor, training: Training = False, cache: Optional[AttentionCache] = None,
                  positions: Optional[tf.Tensor] = None, *, memory: Optional[AttentionCache] = None,
-                 mask: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+                 mask: Optional[tf.Tensor] = None,
+                 documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """Attends from ``inputs`` [batch, time, dim].
 
         Causal: each position attends to itself and the (windowed) positions
@@ -470,6 +479,8 @@ class Attention(Module):
           memory: not causal only: keys and values from :meth:`memory`.
           mask: not causal only: [batch, keys] bool, True where a key holds a
             token (False: padding, never attended); None keeps every key.
+          documents: causal without a cache only: a packed window's per-token examples and positions
+            (:class:`~lmkit.layers.documents.Documents`): a query sees its own example's keys alone.
 
         Returns:
           ``(outputs [batch, time, dim], cache)``; the cache is None when none was given.
@@ -482,21 +493,24 @@ class Attention(Module):
             if memory is not None or mask is not None:
                 raise UsageError("a causal attention attends to its inputs: build it with causal=False to pass "
                                  "a memory or a mask")
-            context, cache = self._causal(inputs, training, cache, positions)
+            context, cache = self._causal(inputs, training, cache, positions, documents)
         else:
-            if cache is not None:
-                raise UsageError("a cache serves causal self-attention; an attention built with causal=False "
-                                 "takes its keys and values as memory=")
+            if cache is not None or documents is not None:
+                raise UsageError("a cache and documents serve causal self-attention; an attention built with "
+                                 "causal=False takes its keys and values as memory=")
             context = self._to_memory(inputs, training, memory, mask)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.num_heads * self.head_dim])
         return self.output(context, training), cache
 
     def _causal(self, inputs: tf.Tensor, training: Training, cache: Optional[AttentionCache],
-                positions: Optional[tf.Tensor]) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+                positions: Optional[tf.Tensor],
+                documents: Optional[Documents]) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """The context [batch, heads, time, head_dim] of causal self-attention, and the extended cache."""
         length = tf.shape(inputs)[1]
-        if cache is None:
-            query_positions = tf.range(length)[tf.newaxis, :]  # [1, time]
+        if documents is not None and cache is not None:
+            raise UsageError("documents describe a packed window, which is attended without a cache")
+        if cache is None:  # [1, time], or a packed window's [batch, time]
+            query_positions = tf.range(length)[tf.newaxis, :] if documents is None else documents.positions
         else:
             if positions is None:
                 raise UsageError("positions is None but a cache was given; pass the [batch] int32 positions")
@@ -510,7 +524,7 @@ class Attention(Module):
         queries = queries * (1.0 / math.sqrt(self.head_dim))
         if cache is None:  # one window from position 0: query i sees keys 0..i (in its sliding window)
             context = causal_attend(queries, keys, values, self.attention_blocks, self.dropout, training,
-                                    self.sliding_window)
+                                    self.sliding_window, None if documents is None else documents.segment_ids)
             return context, None
         cache = write_cache(cache, keys, values, query_positions)
         keys, values = cache  # [batch, kv_heads, max_length, head_dim]
