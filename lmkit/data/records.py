@@ -57,6 +57,9 @@ def read_records(path: Any, what: str = "train_file") -> Iterator[Record]:
     """
     source = source_of(path)
     fmt, compression = format_of(source)
+    if compression and fmt.name in ("parquet", "datasets"):
+        raise DataError(f"{what} {os.fspath(source)!r} is {fmt.kind} compressed as a whole, which is not read; "
+                        f"{fmt.name} compresses its own data: give the {fmt.name} file itself")
     if fmt.name == "parquet":
         yield from _numbered(_parquet_rows(source, what))
     elif fmt.name == "datasets":

@@ -48,6 +48,9 @@ def test_parquet_rows_come_as_dicts_with_their_nested_messages(tmp_path):
     (tmp_path / "fake.parquet").write_text("not parquet")
     with pytest.raises(DataError, match=r"train_file '.*fake.parquet' is not a Parquet file"):
         list(read_records(tmp_path / "fake.parquet"))
+    (tmp_path / "chat.parquet.gz").write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(DataError, match=r"is a Parquet file compressed as a whole, which is not read"):
+        list(read_records(tmp_path / "chat.parquet.gz"))
 
 
 def test_a_datasets_folder_gives_the_split_the_source_names(tmp_path):
