@@ -38,16 +38,18 @@ or, with ``skip_bad_records``, counted by reason and left out
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from lmkit.core.registry import import_object
 from lmkit.data.errors import DataError
 
-__all__ = ["FORMATS", "ROLES", "BadRecord", "ChatEncoder", "Example", "EncodeReport", "check_messages",
-           "encode_conversation", "find_format", "read_examples"]
+__all__ = ["FORMATS", "ROLES", "BadRecord", "ChatEncoder", "Example", "EncodeReport", "Tally", "bad_record",
+           "check_messages", "encode_conversation", "encode_records", "find_format", "holds_examples",
+           "read_examples"]
 
 #: The record formats (``data_format``).
 FORMATS = ("chat", "completion", "text")
@@ -156,6 +158,7 @@ class ChatEncoder:
     def __init__(self, tokenizer: Any, template: Any = None, train_on_prompt: bool = False,
                  end_id: Optional[int] = None) -> None:
         self.tokenizer = _hf_tokenizer(tokenizer)
+        self.template_source = template if isinstance(template, str) else None  # the Jinja text, when given as one
         if isinstance(template, str):
             template = import_object(_TEMPLATE, "chat template")(template, {}, "the chat template")
         self.template = template
@@ -187,6 +190,25 @@ class ChatEncoder:
         encoder = cls(tokenizer, template, train_on_prompt)
         encoder.missing_template = missing or encoder.missing_template
         return encoder
+
+    def identity(self) -> Dict[str, Any]:
+        """What decides the examples besides the tokenizer and the records (the data cache keys on it): the
+        template (a hash of its text, or of the file it came from, and its special tokens), ``train_on_prompt``
+        and the end id."""
+        template: Any = None
+        if self.template is not None:
+            where = getattr(self.template, "where", "")
+            if self.template_source is not None:
+                text = self.template_source.encode("utf-8")
+            elif where and os.path.isfile(where):
+                with open(where, "rb") as f:
+                    text = f.read()
+            else:
+                text = repr(self.template).encode("utf-8")
+            template = {"sha256": hashlib.sha256(text).hexdigest(),
+                        "special": dict(sorted(getattr(self.template, "special_tokens", {}).items()))}
+        return {"template": template, "train_on_prompt": self.train_on_prompt,
+                "end_id": None if self.end_id is None else int(self.end_id)}
 
     def encode_record(self, record: Mapping[str, Any], data_format: Optional[str] = None) -> Example:
         """One record (any format, :func:`find_format`) as an :class:`Example`.
@@ -334,6 +356,49 @@ class EncodeReport(NamedTuple):
         return out
 
 
+class Tally:
+    """What :func:`encode_records` has read so far: records, those skipped by reason, the first one skipped
+    (``(source, where, message, reason)``), merged boundaries; :meth:`report` as an :class:`EncodeReport`."""
+
+    def __init__(self) -> None:
+        self.records, self.merged_boundaries = 0, 0
+        self.skipped: Dict[str, int] = collections.Counter()
+        self.first_bad: Optional[Tuple[str, str, str, str]] = None
+
+    def report(self) -> EncodeReport:
+        return EncodeReport(self.records, dict(self.skipped), self.merged_boundaries)
+
+
+def bad_record(what: str, source: str, where: str, message: str, reason: str) -> BadRecord:
+    """The error of a bad record: ``<what> '<source>': <where>: <message>; fix it, or pass --skip_bad_records ...``."""
+    return BadRecord(f"{what} {source!r}: {where}: {message}; fix it, or pass --skip_bad_records to leave such "
+                     "records out", reason)
+
+
+def encode_records(records: Iterable[Tuple[str, Mapping[str, Any]]], encoder: ChatEncoder, tally: Tally, *,
+                   source: str = "", what: str = "train_file", data_format: Optional[str] = None,
+                   skip_bad_records: bool = False) -> Iterator[Example]:
+    """The examples of ``records`` (``(where, record)`` pairs), one at a time, counted in ``tally``; the
+    arguments as :func:`read_examples`'.
+
+    Raises:
+      BadRecord: the first bad record (without ``skip_bad_records``), named as :func:`bad_record` names it.
+    """
+    for where, record in records:
+        tally.records += 1
+        merged = encoder.merged_boundaries
+        try:
+            example = encoder.encode_record(record, data_format)
+        except BadRecord as exc:
+            if not skip_bad_records:
+                raise bad_record(what, source, where, str(exc), exc.reason) from None
+            tally.skipped[exc.reason] += 1
+            tally.first_bad = tally.first_bad or (source, where, str(exc), exc.reason)
+            continue
+        tally.merged_boundaries += encoder.merged_boundaries - merged
+        yield example
+
+
 def read_examples(records: Iterable[Tuple[str, Mapping[str, Any]]], encoder: ChatEncoder, *, source: str = "",
                   what: str = "train_file", data_format: Optional[str] = None,
                   skip_bad_records: bool = False) -> Tuple[List[Example], EncodeReport]:
@@ -349,17 +414,27 @@ def read_examples(records: Iterable[Tuple[str, Mapping[str, Any]]], encoder: Cha
     Raises:
       BadRecord: the first bad record, ``<what> '<source>': record 3 (line 4) <what is wrong>``.
     """
-    examples: List[Example] = []
-    skipped: Dict[str, int] = collections.Counter()
-    count = 0
-    merged = encoder.merged_boundaries
-    for where, record in records:
-        count += 1
-        try:
-            examples.append(encoder.encode_record(record, data_format))
-        except BadRecord as exc:
-            if not skip_bad_records:
-                raise BadRecord(f"{what} {source!r}: {where}: {exc}; fix it, or pass --skip_bad_records to leave "
-                                "such records out", exc.reason) from None
-            skipped[exc.reason] += 1
-    return examples, EncodeReport(count, dict(skipped), encoder.merged_boundaries - merged)
+    tally = Tally()
+    examples = list(encode_records(records, encoder, tally, source=source, what=what, data_format=data_format,
+                                   skip_bad_records=skip_bad_records))
+    return examples, tally.report()
+
+
+def holds_examples(source: Any, what: str = "train_file") -> bool:
+    """Whether ``source`` holds conversations or prompt/completion pairs: a source of records (JSON Lines,
+    Parquet, a ``datasets`` folder) whose first record has ``messages`` or ``prompt``. Plain text: never.
+
+    Raises:
+      DataError: the first record cannot be read (as :func:`lmkit.data.records.read_records` says).
+    """
+    from lmkit.data.formats import holds_records
+    from lmkit.data.records import read_records
+
+    if not holds_records(source):
+        return False
+    records = read_records(source, what)
+    try:
+        first = next(records, None)
+    finally:
+        records.close()
+    return first is not None and ("messages" in first[1] or "prompt" in first[1])

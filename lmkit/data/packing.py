@@ -33,15 +33,17 @@ weighted token, known on every rank without a collective.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import Any, Iterator, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
 from lmkit.data.batching import check_shard
 from lmkit.data.errors import DataError
+from lmkit.data.examples import ExampleSet
 from lmkit.data.paired import bucketed_batches, padded_length, shard_rows
 
-__all__ = ["FitReport", "PackedBatches", "PaddedBatches", "Rows", "fit_examples", "pack_groups", "rows_of"]
+__all__ = ["FitReport", "PackedBatches", "PaddedBatches", "Rows", "eval_rows", "fit_examples", "pack_groups",
+           "rows_of"]
 
 #: How many of the last rows an example may go into (first fit): more fills rows better, and costs time.
 OPEN_ROWS = 8
@@ -72,33 +74,28 @@ class FitReport(NamedTuple):
                 f"at the end, {self.dropped} dropped (no assistant token left)"]
 
 
-def fit_examples(examples: Sequence[Tuple[np.ndarray, np.ndarray]],
-                 max_length: int) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], FitReport]:
+def fit_examples(examples: Any, max_length: int) -> Tuple[ExampleSet, FitReport]:
     """The examples cut to ``max_length`` ids (``num_steps + 1``) at their end; those then without a
     target of weight > 0 (the first id is never a target) or shorter than 2 ids left out.
 
+    Args:
+      examples: an :class:`~lmkit.data.examples.ExampleSet` or a sequence of ``(ids, weights)``.
+
     Returns:
-      ``(kept examples, FitReport)``.
+      ``(kept examples, FitReport)``: an :class:`~lmkit.data.examples.ExampleSet` sharing the arrays.
     """
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 2:
         raise DataError(f"max_length = {max_length!r} must be an integer >= 2 (num_steps + 1)")
-    kept, cut, dropped = [], 0, 0
-    for example in examples:
-        ids, weights = example
-        long = len(ids) > max_length
-        if long:
-            ids, weights = ids[:max_length], weights[:max_length]
-        if len(ids) < 2 or not np.any(weights[1:]):
-            dropped += 1
-            continue
-        cut += int(long)
-        kept.append(example if not long else example._replace(ids=ids, weights=weights)
-                    if hasattr(example, "_replace") else (ids, weights))
-    return kept, FitReport(len(kept), cut, dropped)
+    examples = ExampleSet.of(examples)
+    long = examples.lengths > max_length
+    fitted = examples.cut(int(max_length))
+    keep = (fitted.lengths >= 2) & (fitted.targets() > 0)
+    return fitted.subset(np.flatnonzero(keep)), FitReport(int(keep.sum()), int((long & keep).sum()),
+                                                          int((~keep).sum()))
 
 
-def _lengths(examples: Sequence[Tuple[np.ndarray, np.ndarray]], length: int) -> np.ndarray:
-    lengths = np.array([len(ids) for ids, _ in examples], np.int64)
+def _lengths(examples: ExampleSet, length: int) -> np.ndarray:
+    lengths = examples.lengths
     if len(lengths) and lengths.max() > length:
         raise DataError(f"an example of {int(lengths.max())} ids does not fit a row of {length} (num_steps + 1); "
                         "cut the examples first (lmkit.data.packing.fit_examples)")
@@ -129,7 +126,7 @@ def pack_groups(lengths: Sequence[int], length: int, order: Sequence[int],
     return groups
 
 
-def rows_of(examples: Sequence[Tuple[np.ndarray, np.ndarray]], groups: Sequence[Sequence[int]], num_steps: int,
+def rows_of(examples: Any, groups: Sequence[Sequence[int]], num_steps: int,
             pad_id: int = 0) -> Rows:
     """The :class:`Rows` of ``groups`` (lists of example indices, each list one row of ``num_steps + 1`` ids,
     the examples one after the other, then ``pad_id``)."""
@@ -157,12 +154,13 @@ class _RowBatches:
     """What the packed and the padded batches share: ``len()`` steps, ``[i]`` this rank's :class:`Rows`
     of global batch ``i``, ``weighted_tokens`` [steps] (every rank's weight per global batch)."""
 
-    def __init__(self, examples: Sequence[Tuple[np.ndarray, np.ndarray]], groups: np.ndarray, num_steps: int,
-                 rank: int, size: int, pad_id: int) -> None:
+    def __init__(self, examples: ExampleSet, groups: List[List[List[int]]], num_steps: int, rank: int, size: int,
+                 pad_id: int) -> None:
         self.examples, self.groups = examples, groups  # groups: [steps, batch_size] of row groups
         self.num_steps, self.rank, self.size, self.pad_id = int(num_steps), int(rank), int(size), int(pad_id)
-        targets = np.array([float(np.sum(w[1:])) for _, w in examples], np.float64)
-        self.weighted_tokens = np.array([sum(targets[i] for row in batch for i in row) for batch in groups])
+        targets = examples.targets()
+        self.weighted_tokens = np.array([sum(targets[i] for row in batch for i in row) for batch in groups],
+                                        np.float64)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -195,10 +193,10 @@ class PackedBatches(_RowBatches):
     batch is ``[batch_size // size, num_steps]``.
     """
 
-    def __init__(self, examples: Sequence[Tuple[np.ndarray, np.ndarray]], batch_size: int, num_steps: int, *,
-                 epoch: int, seed: int, rank: int = 0, size: int = 1, shuffle: bool = True, pad_id: int = 0,
-                 open_rows: int = OPEN_ROWS) -> None:
+    def __init__(self, examples: Any, batch_size: int, num_steps: int, *, epoch: int, seed: int, rank: int = 0,
+                 size: int = 1, shuffle: bool = True, pad_id: int = 0, open_rows: int = OPEN_ROWS) -> None:
         check_shard(batch_size, rank, size)
+        examples = ExampleSet.of(examples)
         lengths = _lengths(examples, int(num_steps) + 1)
         order = np.random.default_rng([int(seed), int(epoch)]).permutation(len(lengths)) if shuffle \
             else np.arange(len(lengths))
@@ -214,9 +212,10 @@ class PaddedBatches(_RowBatches):
     longest example less one, at most ``num_steps``: batches come in a few lengths.
     """
 
-    def __init__(self, examples: Sequence[Tuple[np.ndarray, np.ndarray]], batch_size: int, num_steps: int, *,
-                 epoch: int, seed: int, rank: int = 0, size: int = 1, pad_id: int = 0) -> None:
+    def __init__(self, examples: Any, batch_size: int, num_steps: int, *, epoch: int, seed: int, rank: int = 0,
+                 size: int = 1, pad_id: int = 0) -> None:
         check_shard(batch_size, rank, size)
+        examples = ExampleSet.of(examples)
         self.lengths = _lengths(examples, int(num_steps) + 1)
         if len(self.lengths) < batch_size:
             raise DataError(f"{len(self.lengths)} examples make no batch of batch_size {batch_size}; use a smaller "
@@ -227,3 +226,21 @@ class PaddedBatches(_RowBatches):
     def _length(self, i: int) -> int:
         longest = max(int(self.lengths[row[0]]) for row in self.groups[i])
         return min(self.num_steps, padded_length(longest - 1))
+
+
+def eval_rows(examples: Any, batch_size: int, num_steps: int, pad_id: int = 0) -> Iterator[Rows]:
+    """Every example once, one a row, for an evaluation in one process: sorted by length, ``batch_size`` rows
+    a batch (the last filled up with empty rows), each batch padded to its length bucket, at most
+    ``num_steps`` (cut the examples first: :func:`fit_examples`).
+
+    Yields:
+      each batch's :class:`Rows` (their ``weights`` sum to every example's targets' weight).
+    """
+    examples = ExampleSet.of(examples)
+    lengths = _lengths(examples, int(num_steps) + 1)
+    order = [int(i) for i in np.argsort(lengths, kind="stable")]
+    for first in range(0, len(order), batch_size):
+        rows = [[i] for i in order[first:first + batch_size]]
+        longest = max(int(lengths[row[0]]) for row in rows)
+        rows += [[] for _ in range(batch_size - len(rows))]  # empty rows: padding, weight 0
+        yield rows_of(examples, rows, min(int(num_steps), padded_length(longest - 1)), pad_id)
