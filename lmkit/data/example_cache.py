@@ -41,13 +41,20 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from lmkit.data import textfile
 from lmkit.data.chat import ChatEncoder, EncodeReport, Tally, bad_record, encode_records
 from lmkit.data.encoding_pool import id_dtype
 from lmkit.data.errors import DataError
 from lmkit.data.examples import ExampleSet
 from lmkit.data.records import read_records
-from lmkit.data.token_cache import FORMAT, IDS_FILE, _build_folder, _map, _open_folder, _tokenizer_record
+from lmkit.data.token_cache import (
+    FORMAT,
+    IDS_FILE,
+    _build_folder,
+    _map,
+    _open_folder,
+    _tokenizer_record,
+    source_identities,
+)
 
 __all__ = ["CachedExamples", "cached_examples", "check_bad_records", "encode_examples", "examples_key",
            "open_cached_examples"]
@@ -87,14 +94,9 @@ def examples_key(encoder: ChatEncoder, files: Sequence[Any], data_format: Option
     Raises:
       DataError: a file does not exist or cannot be read.
     """
-    try:
-        sources = [textfile.source_identity(f) for f in files]
-    except FileNotFoundError as exc:
-        raise DataError(f"file {exc.filename!r} does not exist; check the path") from None
-    except OSError as exc:
-        raise DataError(f"file {exc.filename!r} cannot be read ({exc.strerror}); check its permissions") from None
     tokenizer = encoder.tokenizer
-    record = {"format": FORMAT, "layout": LAYOUT, "tokenizer": _tokenizer_record(tokenizer), "files": sources,
+    record = {"format": FORMAT, "layout": LAYOUT, "tokenizer": _tokenizer_record(tokenizer),
+              "files": source_identities(files),
               "data_format": data_format or "", "encoder": encoder.identity()}
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()
     return f"{tokenizer.name}-{LAYOUT}-{digest[:24]}"
@@ -216,8 +218,7 @@ def cached_examples(root: str, encoder: ChatEncoder, files: Sequence[Any], *, da
             tally = _encode(encoder, files, writer, data_format, skip_bad_records, what, log)
         finally:
             writer.close()
-        sources = [textfile.source_identity(f) for f in files]
-        return dict(_counts(tally, writer), dtype=writer.dtype.name, files=sources)
+        return dict(_counts(tally, writer), dtype=writer.dtype.name, files=source_identities(files))
 
     record = {"layout": LAYOUT, "data_format": data_format or "", "encoder": encoder.identity()}
     return _build_folder(root, examples_key(encoder, files, data_format), tokenizer, what, total, 1, record, fill,

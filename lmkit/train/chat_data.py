@@ -32,7 +32,7 @@ from lmkit.core.errors import UsageError
 from lmkit.core.preemption import doing
 from lmkit.data.pipeline import RunData
 
-__all__ = ["chat_encoder", "encode_splits", "example_jobs", "example_run_data", "wants_examples"]
+__all__ = ["chat_encoder", "encode_splits", "example_jobs", "example_run_data", "hf_chat_encoder", "wants_examples"]
 
 Log = Callable[[str], None]
 _FORMATS = ("chat", "completion", "text")
@@ -105,6 +105,21 @@ def chat_encoder(config: Any, tokenizer: Any) -> Any:
     encoder = ChatEncoder(tokenizer, template, data.train_on_prompt)
     encoder.missing_template = missing
     return encoder
+
+
+def hf_chat_encoder(folder: str, tokenizer: Any) -> Any:
+    """The :class:`~lmkit.data.chat.ChatEncoder` of a Hugging Face folder: ``tokenizer`` (the folder's), its chat
+    template (a folder without one encodes completions, and names ``--chat_template`` at a conversation)."""
+    from lmkit.data.chat import ChatEncoder
+    from lmkit.hub.chat import read_chat_template
+
+    try:
+        template = read_chat_template(folder, "give a chat model's folder")
+    except UsageError as exc:
+        encoder = ChatEncoder(tokenizer)
+        encoder.missing_template = str(exc)
+        return encoder
+    return ChatEncoder(tokenizer, template)
 
 
 def encode_splits(encoder: Any, sources: Dict[str, List[Any]], data: Any) -> Dict[str, Any]:

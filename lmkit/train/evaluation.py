@@ -97,7 +97,19 @@ class Evaluator:
         return total / (len(batches) * self.num_steps)
 
 
-class PairEvaluator:
+class _PerTarget:
+    """``mean_loss`` from ``total_loss``: the targets' summed loss over their number (or weight)."""
+
+    def total_loss(self, data: Any, on_batch: Optional[Callable[[], None]] = None) -> "tuple[float, float]":
+        raise NotImplementedError
+
+    def mean_loss(self, data: Any, on_batch: Optional[Callable[[], None]] = None) -> float:
+        """Average cross entropy (nats) per target (per weighted target) of ``data``."""
+        total, tokens = self.total_loss(data, on_batch)
+        return total / max(tokens, 1)
+
+
+class PairEvaluator(_PerTarget):
     """Mean loss per target token of source/target pairs under an encoder-decoder (one process).
 
     Every pair is read once (:func:`lmkit.data.paired.eval_pair_batches`:
@@ -140,13 +152,9 @@ class PairEvaluator:
                 on_batch()
         return total, tokens
 
-    def mean_loss(self, pairs: Any, on_batch: Optional[Callable[[], None]] = None) -> float:
-        """Average cross entropy (nats) per target token of ``pairs``."""
-        total, tokens = self.total_loss(pairs, on_batch)
-        return total / max(tokens, 1)
 
 
-class ExampleEvaluator:
+class ExampleEvaluator(_PerTarget):
     """Mean loss per weighted target (per assistant token, for conversations) of examples, in one process.
 
     Every example is read once, one a row (:func:`lmkit.data.packing.eval_rows`: sorted by length,
@@ -185,7 +193,3 @@ class ExampleEvaluator:
                 on_batch()
         return total, weight
 
-    def mean_loss(self, examples: Any, on_batch: Optional[Callable[[], None]] = None) -> float:
-        """Average cross entropy (nats) per weighted target of ``examples``."""
-        total, weight = self.total_loss(examples, on_batch)
-        return total / max(weight, 1.0)

@@ -70,12 +70,12 @@ class LanguageModeling:
         self._check_stream(ids)
         cfg = self.config.data
         if self.stateful:
-            if cfg.data.sampling != "windows":
-                raise UsageError(f"sampling = {cfg.data.sampling!r} needs a model without a recurrent state "
+            if cfg.sampling != "windows":
+                raise UsageError(f"sampling = {cfg.sampling!r} needs a model without a recurrent state "
                                  f"(a transformer); {type(self.model).__name__} reads the text in order: "
                                  "set sampling = 'windows'")
             if self._bptt is None:
-                self._bptt = BpttBatches(ids, cfg.data.batch_size, cfg.data.num_steps, rank=self.rank, size=self.size)
+                self._bptt = BpttBatches(ids, cfg.batch_size, cfg.num_steps, rank=self.rank, size=self.size)
             return self._bptt
         return WindowBatches(ids, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=self.config.run.seed,
                              rank=self.rank, size=self.size, sampling=cfg.sampling)

@@ -275,3 +275,41 @@ def test_an_answer_that_merges_with_the_generation_prompt_counts_as_the_assistan
     straddling = [i for i, (s, e) in enumerate(encoding.offsets) if s < boundary < e]
     assert straddling and example.weights[straddling[0]] == 1  # "\n\n\n" holds the prompt's "\n" and the answer's
     assert encoder.merged_boundaries == 1
+
+
+def test_a_source_holds_examples_when_its_first_record_has_messages_or_a_prompt(tmp_path):
+    from lmkit.data.chat import holds_examples
+    for name, record, expected in (("chat.jsonl", {"messages": CONVERSATIONS[0]}, True),
+                                   ("pairs.jsonl", {"prompt": "a", "completion": "b"}, True),
+                                   ("text.jsonl", {"text": "the cat"}, False)):
+        path = tmp_path / name
+        path.write_text(json.dumps(record) + "\n" + json.dumps({"text": "x"}) + "\n")
+        assert holds_examples(str(path)) is expected, name
+    plain = tmp_path / "plain.txt"
+    plain.write_text('{"messages": []}\n')  # plain text is never records
+    assert not holds_examples(str(plain))
+    (tmp_path / "empty.jsonl").write_text("")
+    assert not holds_examples(str(tmp_path / "empty.jsonl"))
+
+
+def test_records_encode_one_at_a_time_into_a_tally(chatml):
+    from lmkit.data.chat import Tally, encode_records
+    encoder = ChatEncoder.from_folder(chatml)
+    records = [("record 1", {"messages": CONVERSATIONS[4]}), ("record 2", {"messages": CONVERSATIONS[0][:1]}),
+               ("record 3", {"text": "a cat"})]
+    tally = Tally()
+    examples = encode_records(records, encoder, tally, source="x.jsonl", skip_bad_records=True)
+    assert tally.records == 0  # nothing read before it is asked for
+    assert len(list(examples)) == 2 and tally.records == 3
+    assert tally.first_bad == ("x.jsonl", "record 2", "has no assistant turn: nothing to train on",
+                               "no assistant turn")
+    assert tally.report().skipped == {"no assistant turn": 1} and tally.report().merged_boundaries == 1
+
+
+def test_the_encoders_identity_follows_its_template_and_settings(chatml):
+    encoder = ChatEncoder.from_folder(chatml)
+    same = ChatEncoder.from_folder(chatml)
+    assert encoder.identity() == same.identity() and encoder.identity()["template"]["special"]["eos_token"]
+    assert ChatEncoder(encoder.tokenizer, CHATML).identity() != encoder.identity()  # no special tokens
+    assert ChatEncoder.from_folder(chatml, train_on_prompt=True).identity() != encoder.identity()
+    assert ChatEncoder(encoder.tokenizer).identity()["template"] is None

@@ -122,3 +122,28 @@ def test_examples_that_do_not_fit_or_make_no_batch_are_refused():
         PaddedBatches([example([1, 2], [0, 1])], 2, 4, epoch=0, seed=0)
     with pytest.raises(DataError, match=r"batch_size 3 is not divisible by 2 workers"):
         PackedBatches(random_examples(10), 3, 16, epoch=0, seed=0, size=2, rank=0)
+
+
+def test_an_evaluation_reads_every_example_once_in_length_buckets():
+    from lmkit.data.packing import eval_rows
+    examples = random_examples(11, seed=3, longest=30)
+    batches = list(eval_rows(examples, batch_size=4, num_steps=32))
+    assert len(batches) == 3 and all(rows.inputs.shape[0] == 4 for rows in batches)
+    assert sum(float(rows.weights.sum()) for rows in batches) == sum(float(e.weights[1:].sum()) for e in examples)
+    # a row's ids are its first input, then its targets, then padding (0: no example holds it)
+    rows = [tuple(int(i) for i in np.concatenate([b.inputs[r, :1], b.targets[r]]) if i) for b in batches
+            for r in range(4) if b.segment_ids[r].any()]
+    assert sorted(rows) == sorted(tuple(int(i) for i in e.ids) for e in examples)
+    assert {rows.inputs.shape[1] for rows in batches} <= {8, 16, 24, 32}
+    assert not batches[-1].segment_ids[-1].any()  # the last batch filled up with empty rows
+
+
+def test_fitting_a_memory_mapped_set_keeps_it_mapped(tmp_path):
+    from lmkit.data.examples import ExampleSet
+    flat = ExampleSet.of(random_examples(20, seed=4))
+    flat.ids.tofile(tmp_path / "ids")
+    mapped = ExampleSet(np.memmap(tmp_path / "ids", np.int32, "r"), flat.weights, flat.starts, flat.lengths)
+    kept, report = fit_examples(mapped, 6)
+    assert kept.ids is mapped.ids and report.kept == len(kept) and report.kept + report.dropped == 20
+    lists, _ = fit_examples(list(flat), 6)
+    assert [list(e.ids) for e in kept] == [list(e.ids) for e in lists]
