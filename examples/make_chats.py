@@ -3,23 +3,25 @@
 
     python examples/make_chats.py --out data/chats --tiny_model models/tiny-qwen2
     mpirun -np 2 lmkit train --init_from models/tiny-qwen2 --train_file data/chats/train.jsonl \
-        --valid_file data/chats/valid.jsonl --packing --model_dir runs/chats --set num_steps=64 --max_steps 300
+        --valid_file data/chats/valid.jsonl --packing --model_dir runs/chats --set num_steps=64 \
+        --set batch_size=16 --set learning_rate=3e-3 --set "schedule='constant'" --set dropout=0.0 \
+        --warmup_steps 100 --max_steps 600
     lmkit generate --model_dir runs/chats --chat --strategy greedy --prompt "reverse: b e c"
 
 Each record is one conversation in the OpenAI / Hugging Face chat format::
 
     {"messages": [{"role": "system", "content": "You reverse sequences."},
                   {"role": "user", "content": "reverse: b e c"},
-                  {"role": "assistant", "content": "s2 s4 s1"}]}
+                  {"role": "assistant", "content": "c e b"}]}
 
 about a third with a system turn, a quarter with a second user and
-assistant turn. The task (``lmkit.data.synthetic``: copy, reverse, sort) is
+assistant turn. The task (``lmkit.data.synthetic``: copy, reverse, sort; its symbols as letters) is
 exact, so an answer is right or wrong; the sequences of ``valid.jsonl`` and
 ``heldout.jsonl`` never appear in ``train.jsonl``. ``heldout.jsonl`` holds
 one question each (the answer the assistant must give, for checking).
 
 ``--tiny_model`` also writes a Hugging Face folder of a randomly
-initialised Qwen2 (a few hundred thousand weights) with a byte-level BPE
+initialised Qwen2 (about a hundred thousand weights) with a byte-level BPE
 tokenizer trained on the conversations and a ChatML chat template, as
 transformers saves them (needs ``transformers`` and ``torch``): a model to
 fine-tune in a minute on a CPU. With a real chat model instead
@@ -82,7 +84,7 @@ def write_chats(out, task="reverse", train=2000, valid=200, heldout=100, seed=0,
     return paths
 
 
-def write_tiny_qwen2(folder, train_file, hidden_size=64, layers=2, seed=0):
+def write_tiny_qwen2(folder, train_file, hidden_size=64, layers=2, seed=0, max_positions=256):
     """A random Qwen2 with a BPE tokenizer trained on ``train_file``'s conversations and a ChatML template."""
     import torch
     from tokenizers import ByteLevelBPETokenizer
@@ -102,7 +104,7 @@ def write_tiny_qwen2(folder, train_file, hidden_size=64, layers=2, seed=0):
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=end,
+                         max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_id=end,
                          bos_token_id=None, pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     model = Qwen2ForCausalLM(config).eval()
     model.generation_config = GenerationConfig(eos_token_id=end, do_sample=False)
