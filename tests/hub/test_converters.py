@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from lmkit.core.errors import UsageError
-from lmkit.hub.converters import Converter, build_keys, converter_at, converter_for, converter_of, converter_table
+from lmkit.hub.converters import Converter, converter_at, converter_for, converter_of, converter_table
 from lmkit.models.registry import (
     CONVERTERS,
     FAMILIES,
@@ -137,11 +137,11 @@ BART = {"model_type": "bart", "vocab_size": 61, "d_model": 32, "encoder_layers":
 def test_a_models_arguments_build_it_again():
     from lmkit.models import build_model
     arguments = dict(vocab_size=13, hidden_size=8, num_layers=1, num_heads=2, max_positions=8, dropout=0.1)
-    model = build_model(build_keys("gpt2", arguments))  # the constructor's arguments, as build_model spells them
+    model = build_model(_keys("gpt2", arguments))  # the constructor's arguments, as build_model spells them
     assert model.dropout == pytest.approx(0.1) and model.hidden_size == 8
     back = converter_for("gpt2").arguments(model)
     assert {k: back[k] for k in arguments} == arguments and "model" not in back
-    assert build_model(build_keys("gpt2", back)).get_config() == model.get_config()
+    assert build_model(_keys("gpt2", back)).get_config() == model.get_config()
 
 
 def test_a_fine_tunes_config_takes_the_folders_model_and_keeps_the_recipe(tmp_path):
@@ -172,3 +172,8 @@ def test_a_fine_tunes_config_takes_the_folders_model_and_keeps_the_recipe(tmp_pa
     assert (config.data.kind, config.data.share_vocab, config.model.get("dropout")) == ("pairs", True, 0.1)
     assert converter_for("bart").framing(converter_for("bart").read_config(str(bart))) == {
         "bos": 2, "eos": 2, "pad": 1, "prefix": [0], "suffix": [], "source_suffix": [2]}
+
+
+def _keys(name, arguments):
+    """The mapping build_model takes: the registry name and the constructor's arguments."""
+    return {"model": name, **arguments}

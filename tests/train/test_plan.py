@@ -10,7 +10,7 @@ import tensorflow as tf
 from lmkit.config import TrainConfig
 from lmkit.models import build_model
 from lmkit.train import Trainer
-from tests.optim.test_schedules import _nanogpt_get_lr
+from tests.optim.test_policy import _nanogpt_get_lr
 
 VOCAB = 30
 

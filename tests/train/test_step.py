@@ -47,7 +47,7 @@ def test_a_bad_setting_is_refused(setting):
 
 
 def test_the_default_is_auto_and_the_trainer_follows_the_device(monkeypatch):
-    assert _config().jit_compile == "auto"
+    assert _config().compute.jit_compile == "auto"
     lines = []
     cpu = Trainer(build_model(_config().model_config()), _config(), log=lines.append)
     cpu.fit(_ids(), max_steps=2)
@@ -119,7 +119,7 @@ def test_clipping_keeps_the_embedding_gradient_sparse(max_grad_norm, monkeypatch
     monkeypatch.setattr(step_module, "clip_gradients", recording)
     trainer = Trainer(build_model(cfg.model_config()), cfg, log=lambda s: None)
     trainer.build(steps_per_epoch=10)
-    x = tf.zeros([cfg.batch_size, cfg.num_steps], tf.int32)
+    x = tf.zeros([cfg.data.batch_size, cfg.data.num_steps], tf.int32)
     no = tf.constant(0.0)  # no stop, save or end request
     trainer.step.function.get_concrete_function(x, x, trainer.initial_state(), no, no, no)
     assert seen and seen[0].count("IndexedSlices") == 1, seen

@@ -8,7 +8,6 @@ import pytest
 
 from lmkit import distributed as dist
 from lmkit.core.errors import UsageError
-from lmkit.hub.converters import build_keys
 from lmkit.hub.export import config_json
 from lmkit.hub.safetensors import save_tensors
 from lmkit.models import build_model
@@ -44,7 +43,7 @@ def _norm_names(model):
 
 def test_norm_weights_load_as_one_plus_w_and_export_as_w(tmp_path):
     dist.init(backend="local")
-    model = build_model(build_keys("gemma", CONFIG))
+    model = build_model(_keys("gemma", CONFIG))
     folder, tensors = _folder(tmp_path, model)
     names = _norm_names(model)
     assert sorted(names) == sorted(["model.norm.weight"] + [f"model.layers.{i}.{n}.weight" for i in range(2)
@@ -70,18 +69,18 @@ def test_norm_weights_load_as_one_plus_w_and_export_as_w(tmp_path):
 def test_the_config_maps_both_ways():
     for changes in ({}, {"attention_bias": True, "tie_weights": False, "activation": "silu", "dropout": 0.1,
                          "rope_scaling": {"rope_type": "linear", "factor": 2.0}}):
-        model = build_model(build_keys("gemma", {**CONFIG, **changes}))
+        model = build_model(_keys("gemma", {**CONFIG, **changes}))
         written = _written(model)
         assert written["model_type"] == "gemma" and written["head_dim"] == 8
         assert written["architectures"] == ["GemmaForCausalLM"] and written["pad_token_id"] is None
         assert CONVERTER.model_config(written) == model.get_config()
     with pytest.raises(UsageError, match=r"embedding_scale = 1\.0: a Gemma folder multiplies the embeddings by "
                                          r"sqrt\(hidden_size\) = 3\.4641"):
-        _written(build_model(build_keys("gemma", {**CONFIG, "embedding_scale": 1.0})))
+        _written(build_model(_keys("gemma", {**CONFIG, "embedding_scale": 1.0})))
 
 
 def test_gemmas_own_defaults_fill_the_keys_a_config_leaves_out():
-    written = _written(build_model(build_keys("gemma", CONFIG)))
+    written = _written(build_model(_keys("gemma", CONFIG)))
     for key in ("head_dim", "tie_word_embeddings", "max_position_embeddings", "hidden_act", "hidden_activation"):
         del written[key]
     keys = CONVERTER.model_config(written)
@@ -103,7 +102,7 @@ def test_gemmas_own_defaults_fill_the_keys_a_config_leaves_out():
     ({"rope_theta": -1.0}, r"config\.json: rope_theta = -1\.0 must be a number > 0"),
 ])
 def test_a_setting_lmkit_does_not_compute_is_named(change, message, tmp_path):
-    written = _written(build_model(build_keys("gemma", CONFIG)))
+    written = _written(build_model(_keys("gemma", CONFIG)))
     (tmp_path / "config.json").write_text(json.dumps({**written, **change}))
     with pytest.raises(UsageError, match=message):
         CONVERTER.read_config(str(tmp_path))
@@ -111,9 +110,14 @@ def test_a_setting_lmkit_does_not_compute_is_named(change, message, tmp_path):
 
 def test_weights_that_do_not_fit_are_named_and_nothing_is_assigned(tmp_path):
     dist.init(backend="local")
-    folder, _ = _folder(tmp_path, build_model(build_keys("gemma", CONFIG)))
-    wrong = build_model(build_keys("gemma", {**CONFIG, "head_dim": 4}))
+    folder, _ = _folder(tmp_path, build_model(_keys("gemma", CONFIG)))
+    wrong = build_model(_keys("gemma", {**CONFIG, "head_dim": 4}))
     before = [v.numpy().copy() for v in wrong.variables]
     with pytest.raises(UsageError, match=r"model\.layers\.0\.self_attn\.(q|k|v|o)_proj\.weight has shape"):
         CONVERTER.load_weights(wrong, folder)
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, wrong.variables))  # the norms too
+
+
+def _keys(name, arguments):
+    """The mapping build_model takes: the registry name and the constructor's arguments."""
+    return {"model": name, **arguments}

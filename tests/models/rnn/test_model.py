@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from lmkit.models import build_model
-from tests.models.test_models import _config, _ids
+from tests.models.test_protocols import _config, _ids
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
