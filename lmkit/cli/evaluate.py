@@ -19,6 +19,12 @@ setting by default): the first evaluation of a file encodes it with every
 core, later ones (and the run's own splits, which ``lmkit train`` encoded)
 only map it; progress lines go to stderr.
 
+A file of conversations or prompt/completion records (JSON Lines, Parquet, a
+datasets folder: the records lmkit train reads as examples, found from the
+first record's fields) is scored per assistant token: the loss of every
+token the assistant's turns add (a completion's), over their number, as
+lmkit train's validation reports it; each record read once, one a row.
+
 An encoder-decoder's run (trained on pairs) is evaluated on line-aligned
 --source_file and --target_file (default: the run's --split, test): the
 perplexity of the targets given the sources (per target token, the end id
@@ -79,6 +85,8 @@ def build_parser(prog: str = "lmkit evaluate") -> argparse.ArgumentParser:
     pairs.add_argument("--max_new_tokens", type=int, default=None,
                        help="the longest output (default: the model's max_positions - 1)")
     pairs.add_argument("--output", default=None, metavar="PATH", help="write the outputs there, one a line")
+    p.add_argument("--skip_bad_records", action="store_true",
+                   help="conversations and completions: count and leave out bad records instead of stopping")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of a line")
     p.add_argument("--verbose", action="store_true",
                    help="keep TensorFlow's start-up log lines (also LMKIT_VERBOSE=1)")
@@ -151,6 +159,8 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
         checkpoint = resolve_checkpoint(args.model_dir, args.checkpoint)
         tokenizer = folder.tokenizer()
     path = _text_path(args, config)
+    if _holds_examples(path, config):  # conversations, completions: per assistant token
+        return _evaluate_examples(args, folder, config, (checkpoint, tokenizer, cache), path)
     named = "--text_file" if args.text_file else f"the run's {args.split or 'test'} file"
     # checks the file (no TF yet), then encodes it or maps its cached ids
     set_doing(f"reading {path}" + ("" if cache is None else " (through the data cache)"))
@@ -177,6 +187,57 @@ def _evaluate_text(args: argparse.Namespace, folder: Any) -> int:
         raise UsageError(f"--num_steps {args.num_steps} exceeds the {limit} positions the model holds "
                          f"(max_positions); use --num_steps {limit} or fewer")
     return _report_perplexity(args, model, tokenizer, text, path, num_steps, batch)
+
+
+def _holds_examples(path: str, config: Any) -> bool:
+    """Whether ``path`` is read as examples with loss weights: a run trained on them names its data_format, or
+    the file's first record has messages or a prompt."""
+    from lmkit.data.chat import holds_examples
+    if config is not None and config.data.kind == "text" and config.data.data_format:
+        return True
+    return os.path.exists(path) and holds_examples(path, "--text_file")
+
+
+def _evaluate_examples(args: argparse.Namespace, folder: Any, config: Any, read: Tuple[Any, Any, Any],
+                       path: str) -> int:
+    """Perplexity per weighted target (per assistant token) of a file of conversations or completions."""
+    from lmkit.core.preemption import set_doing
+    from lmkit.data.example_cache import cached_examples, check_bad_records, encode_examples
+    from lmkit.data.packing import fit_examples
+    from lmkit.train.chat_data import chat_encoder, hf_chat_encoder
+
+    checkpoint, tokenizer, cache = read
+    encoder = hf_chat_encoder(folder.path, tokenizer) if config is None else chat_encoder(config, tokenizer)
+    options = dict(data_format=None if config is None else config.data.data_format or None, what="--text_file",
+                   skip_bad_records=args.skip_bad_records, log=stderr_line)
+    set_doing(f"reading {path}" + ("" if cache is None else " (through the data cache)"))
+    found = (encode_examples(encoder, [path], **options) if cache is None else
+             cached_examples(cache, encoder, [path], **options))
+    check_bad_records(found, args.skip_bad_records, "--text_file")
+    user_modules_importable()
+    from lmkit import distributed as dist
+    from lmkit.train.evaluation import ExampleEvaluator
+    from lmkit.train.metrics import perplexity
+
+    dist.init(backend="local")
+    set_doing(f"loading the model of {args.model_dir}")
+    model = folder.load(checkpoint, tokenizer if folder.hugging_face else None).model
+    num_steps = args.num_steps or (model.max_positions if config is None else config.data.num_steps)
+    batch = args.batch_size or (8 if config is None else config.data.eval_batch_size or config.data.batch_size)
+    examples, fitted = fit_examples(found.examples, num_steps + 1)
+    for line in found.report.lines("--text_file") + fitted.lines("--text_file", num_steps + 1):
+        stderr_line(line)
+    set_doing(f"evaluating {path}")
+    total, weight = ExampleEvaluator(model, num_steps, batch).total_loss(examples)
+    loss = total / max(weight, 1.0)
+    report = {"model_dir": args.model_dir, "text": path, "records": found.report.records, "examples": len(examples),
+              "weighted_tokens": int(weight), "loss_per_token": loss, "perplexity": perplexity(loss)}
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        print(f"{path}: perplexity {report['perplexity']:.2f} per assistant token ({int(weight)} weighted tokens "
+              f"in {len(examples)} examples)", flush=True)
+    return 0
 
 
 def _report_perplexity(args: argparse.Namespace, model: Any, tokenizer: Any, text: Any, path: str, num_steps: int,

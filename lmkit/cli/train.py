@@ -7,6 +7,7 @@
     lmkit train --config config_transformer --model my_pkg.my_lm:MyLM --train_file train.txt
     mpirun -np 2 lmkit train --init_from gpt2_folder --train_file train.txt --model_dir runs/ft  # GPT-2
     mpirun -np 2 lmkit train --init_from llama_folder --lora_rank 8 --train_file train.txt  # LoRA
+    mpirun -np 2 lmkit train --init_from qwen_folder --train_file chats.jsonl --packing  # chat: answers' loss only
     lmkit train --init_from bart_folder --source_file train.src --target_file train.tgt  # BART, on pairs
     python -m lmkit.launch --hosts h1,h2 --num_workers 2 -- lmkit train --backend native ...
     lmkit train --config config_seq2seq --source_file src.txt --target_file tgt.txt \
@@ -110,6 +111,7 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                       help=".parquet sources and datasets folders: the column that holds the text (default: "
                            "the config's, 'text')")
     _add_pair_flags(p)
+    _add_chat_flags(p)
     data.add_argument("--data_cache", default=None, metavar="DIR",
                       help="text: the folder where encoded text is kept and reused by later runs "
                            "(default: $LMKIT_DATA_CACHE, else ~/.cache/lmkit/tokens); 'none' encodes "
@@ -156,6 +158,25 @@ def _add_pair_flags(p: argparse.ArgumentParser) -> None:
         pairs.add_argument(f"--{split}_source_file", default=None, metavar="PATH",
                            help=f"{split} sources ({what}), with --{split}_target_file")
         pairs.add_argument(f"--{split}_target_file", default=None, metavar="PATH", help=f"{split} targets")
+
+
+def _add_chat_flags(p: argparse.ArgumentParser) -> None:
+    chat = p.add_argument_group("conversations and completions (records with messages, or prompt and completion: "
+                                "docs/chat.md)")
+    chat.add_argument("--data_format", choices=["chat", "completion", "text"], default=None,
+                      help="read each record of --train_file/--valid_file as a conversation (messages), a prompt and "
+                           "completion, or a text, as an example with a loss weight per token; default: found from "
+                           "the fields of the first record (messages or prompt; other records are a text stream)")
+    chat.add_argument("--chat_template", default=None, metavar="FILE",
+                      help="a Jinja chat template that renders the conversations instead of the model folder's")
+    chat.add_argument("--train_on_prompt", action="store_true",
+                      help="every token of a record is a target, not only the assistant's (or the completion's)")
+    chat.add_argument("--packing", action="store_true",
+                      help="lay several examples in one window, each attending only to itself (positions restart); "
+                           "default: one example a row, padded to the batch's longest (length buckets)")
+    chat.add_argument("--skip_bad_records", action="store_true",
+                      help="count and leave out bad records (no assistant turn, an unknown role, ...) instead of "
+                           "stopping at the first (exit 2)")
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -255,7 +276,10 @@ def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, An
              "vocab_size": args.vocab_size, "max_vocab": args.max_vocab, "min_count": args.min_count,
              "spm_model_type": args.spm_model_type, "precision": args.precision,
              "grad_accum_steps": args.grad_accum_steps, "lora_rank": args.lora_rank,
-             "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets}
+             "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets,
+             "data_format": args.data_format,
+             "chat_template": os.path.abspath(args.chat_template) if args.chat_template else None}
+    named.update({key: True for key in ("train_on_prompt", "packing", "skip_bad_records") if getattr(args, key)})
     from lmkit.config import PAIR_FILE_KEYS
     named.update({key: getattr(args, key) for keys in PAIR_FILE_KEYS for key in keys})
     overrides.update({k: v for k, v in named.items() if v is not None})

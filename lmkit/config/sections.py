@@ -44,6 +44,13 @@ class DataConfig(Section):
     text_field: str = "text"  # .jsonl sources: the field of each record that holds its text
     text_column: str = "text"  # .parquet sources and datasets folders: the column that holds the text
     data_cache: str = ""  # text: token cache folder ("" = $LMKIT_DATA_CACHE or ~/.cache/lmkit/tokens; "none" = off)
+    # Records as examples with loss weights (docs/chat.md): chat | completion | text; "" = found from the first
+    # record (messages or prompt make examples; anything else is read as a text stream)
+    data_format: str = ""
+    chat_template: str = ""  # chat records: a Jinja file to render them with instead of the model folder's template
+    train_on_prompt: bool = False  # chat and completion records: every token is a target, not only the answers
+    packing: bool = False  # examples: several to a window, attending within each; False: one a row, padded
+    skip_bad_records: bool = False  # examples: count and leave out bad records instead of stopping at the first
     source_file: str = ""  # kind = "pairs": line i is the source of line i of target_file
     target_file: str = ""
     valid_source_file: str = ""  # pairs: optional; evaluated by rank 0 after every epoch

@@ -176,6 +176,21 @@ def _tokenizer_record(tokenizer) -> Dict[str, object]:
             "fingerprint": tokenizer.fingerprint()}
 
 
+def source_identities(files: Sequence[Any]) -> List[Dict[str, object]]:
+    """What a cache's key holds of each source (:func:`lmkit.data.textfile.source_identity`).
+
+    Raises:
+      DataError: a file does not exist or cannot be read.
+    """
+    try:
+        return [textfile.source_identity(f) for f in files]
+    except FileNotFoundError as exc:
+        raise DataError(f"text file {exc.filename!r} does not exist; check the path") from None
+    except OSError as exc:
+        raise DataError(f"text file {exc.filename!r} cannot be read ({exc.strerror}); check its "
+                        "permissions") from None
+
+
 def cache_key(tokenizer, files: Sequence[str], add_eos: bool, layout: str = "stream") -> str:
     """The folder name of ``files`` encoded by ``tokenizer`` (see the module's docstring).
 
@@ -184,15 +199,8 @@ def cache_key(tokenizer, files: Sequence[str], add_eos: bool, layout: str = "str
     Raises:
       DataError: a file does not exist or cannot be read.
     """
-    try:
-        sources = [textfile.source_identity(f) for f in files]
-    except FileNotFoundError as exc:
-        raise DataError(f"text file {exc.filename!r} does not exist; check the path") from None
-    except OSError as exc:
-        raise DataError(f"text file {exc.filename!r} cannot be read ({exc.strerror}); check its "
-                        "permissions") from None
     record = {"format": FORMAT, "tokenizer": _tokenizer_record(tokenizer), "add_eos": bool(add_eos),
-              "files": sources}
+              "files": source_identities(files)}
     if layout != "stream":  # the streams' keys stay those of the caches written before layouts
         record["layout"] = layout
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()

@@ -13,7 +13,9 @@ Llama 3). The template is Jinja, stored in ``chat_template.jinja``
 with Jinja2's sandbox, as transformers does, with ``messages``,
 ``add_generation_prompt`` and the folder's special tokens (``bos_token``,
 ``eos_token``, ...) as variables, ``raise_exception`` and ``strftime_now``
-as functions and ``tojson`` as a filter.
+as functions and ``tojson`` as a filter. transformers' ``{% generation %}`` ...
+``{% endgeneration %}`` markers (around an assistant's tokens, for its assistant
+masks) render as their content.
 """
 
 from __future__ import annotations
@@ -42,6 +44,23 @@ def _token_text(value: Any) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
+def _generation_tag() -> type:
+    """A Jinja extension that reads ``{% generation %}`` ... ``{% endgeneration %}`` as its body alone
+    (a scope of its own, as transformers' tracker renders it)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return Generation
+
+
 class ChatTemplate:
     """A folder's chat template and special tokens.
 
@@ -63,7 +82,7 @@ class ChatTemplate:
             raise UsageError(f"{where}: the chat template refused the messages: {message}")
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+                                            extensions=["jinja2.ext.loopcontrols", _generation_tag()])
         env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -99,8 +118,10 @@ class ChatTemplate:
         return out + [{"role": "user", "content": prompt}]
 
 
-def read_chat_template(folder: str) -> ChatTemplate:
-    """The chat template of a Hugging Face folder.
+def read_chat_template(folder: str, fix: str = "--chat needs a chat model's folder, or leave --chat out",
+                       template_file: Optional[str] = None) -> ChatTemplate:
+    """The chat template of a Hugging Face folder, or of ``template_file`` with the folder's special tokens
+    (``--chat_template FILE``); ``fix``: what the message about a folder without one says to do.
 
     Raises:
       UsageError: the folder has none (naming the files looked at), or it is broken.
@@ -114,7 +135,9 @@ def read_chat_template(folder: str) -> ChatTemplate:
         except (OSError, ValueError) as exc:
             raise UsageError(f"{config_path} is not readable JSON ({exc})") from None
     special = {k: t for k in _SPECIAL if (t := _token_text(config.get(k))) is not None}
-    path = os.path.join(folder, TEMPLATE_FILE)
+    path = template_file or os.path.join(folder, TEMPLATE_FILE)
+    if template_file is not None and not os.path.isfile(template_file):
+        raise UsageError(f"the chat template file {template_file!r} does not exist; give a Jinja file")
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as f:
             return ChatTemplate(f.read(), special, path)
@@ -125,7 +148,7 @@ def read_chat_template(folder: str) -> ChatTemplate:
     if isinstance(template, str) and template:
         return ChatTemplate(template, special, config_path)
     raise UsageError(f"{folder} has no chat template (neither {TEMPLATE_FILE} nor chat_template in "
-                     f"{TOKENIZER_CONFIG}); a conversation needs a chat model's folder (or a run fine-tuned from one)")
+                     f"{TOKENIZER_CONFIG}); {fix}")
 
 
 def _template(template: Union[ChatTemplate, str, "os.PathLike[str]"]) -> ChatTemplate:

@@ -15,6 +15,7 @@ import tensorflow as tf
 from lmkit.core.errors import UsageError
 from lmkit.layers import kernels as attention_kernels
 from lmkit.layers.base import Training, dropout
+from lmkit.layers.documents import leave_to_matmuls, within_documents
 from lmkit.layers.precision import cast_like
 
 __all__ = ["AUTO_BLOCKS", "AUTO_BLOCKS_FROM", "attend", "attention_blocks_for", "causal_attend", "causal_mask",
@@ -71,7 +72,8 @@ def attention_blocks_for(blocks: Union[int, str], length: Optional[int]) -> int:
 
 
 def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks: Union[int, str], rate: float,
-                  training: Training, window: Optional[int] = None) -> tf.Tensor:
+                  training: Training, window: Optional[int] = None,
+                  segment_ids: Optional[tf.Tensor] = None) -> tf.Tensor:
     """Causal self-attention over one window, in ``blocks`` query blocks that skip the keys after them.
 
     Query block i (positions ``start_i`` to ``end_i - 1``) attends to keys 0 to
@@ -96,6 +98,8 @@ def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks
         positions, else one.
       rate, training: dropout on the attention probabilities, as :func:`attend`.
       window: None, or how many positions (the query's own included) a query sees.
+      segment_ids: None, or [batch, time] int32: a packed window, where a query sees only the keys of
+        its own example (:mod:`lmkit.layers.documents`; the matmuls compute it).
 
     Returns:
       [batch, heads, time, head_dim]; a fused kernel in :func:`lmkit.layers.kernels.scope`
@@ -103,17 +107,21 @@ def causal_attend(queries: tf.Tensor, keys: tf.Tensor, values: tf.Tensor, blocks
     """
     kernel = attention_kernels.active()
     if kernel is not None and kernel.applies(queries, keys, values, rate, training, window):
-        return kernel(queries, keys, values)
+        if segment_ids is None:
+            return kernel(queries, keys, values)
+        leave_to_matmuls(kernel)
     length = queries.shape[2]
     blocks = attention_blocks_for(blocks, length)
     if blocks <= 1:  # the whole window, unsliced
         positions = tf.range(tf.shape(queries)[2])
-        return grouped_attend(queries, keys, values, causal_mask(positions, positions, window), rate, training)
+        mask = within_documents(causal_mask(positions, positions, window), segment_ids)
+        return grouped_attend(queries, keys, values, mask, rate, training)
     ends = [length * i // blocks for i in range(blocks + 1)]
     outputs = []
     for start, end in zip(ends[:-1], ends[1:]):
         first_key = max(0, start - window + 1) if window else 0
-        mask = causal_mask(tf.range(start, end), tf.range(first_key, end), window)
+        mask = within_documents(causal_mask(tf.range(start, end), tf.range(first_key, end), window), segment_ids,
+                                (start, end), (first_key, end))
         outputs.append(grouped_attend(queries[:, :, start:end], keys[:, :, first_key:end],
                                       values[:, :, first_key:end], mask, rate, training))
     return tf.concat(outputs, axis=2)

@@ -57,6 +57,7 @@ from lmkit.layers.base import (
     check_rate,
     plain,
 )
+from lmkit.layers.documents import Documents
 from lmkit.layers.precision import cast_like
 from lmkit.layers.rotary import RotaryEmbedding
 
@@ -264,7 +265,8 @@ class Attention(Module):
 
     def __call__(self, inputs: tf.Tensor, training: Training = False, cache: Optional[AttentionCache] = None,
                  positions: Optional[tf.Tensor] = None, *, memory: Optional[AttentionCache] = None,
-                 mask: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+                 mask: Optional[tf.Tensor] = None,
+                 documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """Attends from ``inputs`` [batch, time, dim].
 
         Causal: each position attends to itself and the (windowed) positions
@@ -284,6 +286,8 @@ class Attention(Module):
           memory: not causal only: keys and values from :meth:`memory`.
           mask: not causal only: [batch, keys] bool, True where a key holds a
             token (False: padding, never attended); None keeps every key.
+          documents: causal without a cache only: a packed window's per-token examples and positions
+            (:class:`~lmkit.layers.documents.Documents`): a query sees its own example's keys alone.
 
         Returns:
           ``(outputs [batch, time, dim], cache)``; the cache is None when none was given.
@@ -296,21 +300,24 @@ class Attention(Module):
             if memory is not None or mask is not None:
                 raise UsageError("a causal attention attends to its inputs: build it with causal=False to pass "
                                  "a memory or a mask")
-            context, cache = self._causal(inputs, training, cache, positions)
+            context, cache = self._causal(inputs, training, cache, positions, documents)
         else:
-            if cache is not None:
-                raise UsageError("a cache serves causal self-attention; an attention built with causal=False "
-                                 "takes its keys and values as memory=")
+            if cache is not None or documents is not None:
+                raise UsageError("a cache and documents serve causal self-attention; an attention built with "
+                                 "causal=False takes its keys and values as memory=")
             context = self._to_memory(inputs, training, memory, mask)
         context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, length, self.num_heads * self.head_dim])
         return self.output(context, training), cache
 
     def _causal(self, inputs: tf.Tensor, training: Training, cache: Optional[AttentionCache],
-                positions: Optional[tf.Tensor]) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+                positions: Optional[tf.Tensor],
+                documents: Optional[Documents]) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """The context [batch, heads, time, head_dim] of causal self-attention, and the extended cache."""
         length = tf.shape(inputs)[1]
-        if cache is None:
-            query_positions = tf.range(length)[tf.newaxis, :]  # [1, time]
+        if documents is not None and cache is not None:
+            raise UsageError("documents describe a packed window, which is attended without a cache")
+        if cache is None:  # [1, time], or a packed window's [batch, time]
+            query_positions = tf.range(length)[tf.newaxis, :] if documents is None else documents.positions
         else:
             if positions is None:
                 raise UsageError("positions is None but a cache was given; pass the [batch] int32 positions")
@@ -324,7 +331,7 @@ class Attention(Module):
         queries = queries * (1.0 / math.sqrt(self.head_dim))
         if cache is None:  # one window from position 0: query i sees keys 0..i (in its sliding window)
             context = causal_attend(queries, keys, values, self.attention_blocks, self.dropout, training,
-                                    self.sliding_window)
+                                    self.sliding_window, None if documents is None else documents.segment_ids)
             return context, None
         cache = write_cache(cache, keys, values, query_positions)
         keys, values = cache  # [batch, kv_heads, max_length, head_dim]

@@ -30,6 +30,7 @@ from lmkit.core.checks import check_heads
 from lmkit.core.errors import UsageError
 from lmkit.layers.attention import Attention, AttentionCache, check_attention_blocks
 from lmkit.layers.base import Linear, Module, Training, check_positive_float, check_positive_int, check_rate, dropout
+from lmkit.layers.documents import Documents
 from lmkit.layers.feedforward import check_activation, feed_forward
 from lmkit.layers.norms import LayerNorm
 
@@ -59,17 +60,18 @@ class TransformerState(NamedTuple):
     caches: Tuple[AttentionCache, ...]
 
 
-def run_layers(layers: Sequence[Any], inputs: tf.Tensor, state: Optional[TransformerState],
-               training: Training) -> Tuple[tf.Tensor, Optional[TransformerState]]:
+def run_layers(layers: Sequence[Any], inputs: tf.Tensor, state: Optional[TransformerState], training: Training,
+               documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[TransformerState]]:
     """Runs decoder ``layers`` (each ``layer(x, training, cache, positions) -> (x, cache)``) over a window.
 
-    Without a state every layer attends within the window; with one, each
+    Without a state every layer attends within the window (within each example of a packed window:
+    ``documents``, passed to each layer as ``documents=``); with one, each
     extends its cache and the state advances by the window's length.
     """
     x = inputs
     if state is None:
         for layer in layers:
-            x, _ = layer(x, training)
+            x, _ = layer(x, training) if documents is None else layer(x, training, documents=documents)
         return x, None
     if len(state.caches) != len(layers):
         raise UsageError(f"state has {len(state.caches)} layer caches but the decoder has "
@@ -205,22 +207,24 @@ class TransformerLayer(ResidualLayer):
                  inputs: tf.Tensor,
                  training: Training = False,
                  cache: Optional[AttentionCache] = None,
-                 positions: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+                 positions: Optional[tf.Tensor] = None,
+                 documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """Applies the layer; arguments as in :meth:`lmkit.layers.attention.Attention.__call__`.
 
         Returns:
           ``(outputs [batch, time, dim], cache)``.
         """
-        x, cache = self._self_attention(inputs, training, cache, positions)
+        x, cache = self._self_attention(inputs, training, cache, positions, documents)
         return self._residual(x, self.ffn_norm, lambda h: self._feed_forward(h, training), training), cache
 
     def _self_attention(self, inputs: tf.Tensor, training: Training, cache: Optional[AttentionCache],
-                        positions: Optional[tf.Tensor]) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+                        positions: Optional[tf.Tensor],
+                        documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """The first block (residual included) and the extended cache."""
         extended = [cache]
 
         def attention(x: tf.Tensor) -> tf.Tensor:
-            attended, extended[0] = self.attention(x, training, cache, positions)
+            attended, extended[0] = self.attention(x, training, cache, positions, documents=documents)
             return attended
 
         return self._residual(inputs, self.attention_norm, attention, training), extended[0]
@@ -369,7 +373,8 @@ class TransformerDecoder(Module):
     def __call__(self,
                  inputs: tf.Tensor,
                  state: Optional[TransformerState] = None,
-                 training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:
+                 training: Training = False,
+                 documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[TransformerState]]:
         """Runs the stack over a window.
 
         Args:
@@ -378,12 +383,13 @@ class TransformerDecoder(Module):
             :meth:`initial_state` or an earlier call, whose cache this window
             extends (prompt prefill, chunked decoding).
           training: apply dropout.
+          documents: without a state: a packed window's examples (:mod:`lmkit.layers.documents`).
 
         Returns:
           ``(outputs [batch, time, dim], state)``; the state is None when
           none was given, else advanced by ``time`` positions.
         """
-        x, state = run_layers(self.layers, inputs, state, training)
+        x, state = run_layers(self.layers, inputs, state, training, documents)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, state

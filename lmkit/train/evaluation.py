@@ -12,6 +12,10 @@ total negative log-likelihood of a text divided by its number of words
 stream's first ``num_batches * batch_size * num_steps``; the per-word figure
 scales their mean loss by the whole stream's tokens per word, i.e. it treats
 the few tokens of the last partial batch as average ones.
+
+Examples with loss weights (conversations, completions: :class:`ExampleEvaluator`)
+are read one a row, each once, and their loss is per weighted target: per
+assistant token.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from lmkit.layers.precision import scope as precision_scope
 from lmkit.train.losses import sequence_softmax_cross_entropy, window_loss
 from lmkit.train.metrics import perplexity
 
-__all__ = ["Evaluator", "PairEvaluator", "word_perplexity"]
+__all__ = ["Evaluator", "ExampleEvaluator", "PairEvaluator", "word_perplexity"]
 
 
 def word_perplexity(mean_token_loss: float, num_tokens: int, num_words: int) -> Optional[float]:
@@ -93,7 +97,19 @@ class Evaluator:
         return total / (len(batches) * self.num_steps)
 
 
-class PairEvaluator:
+class _PerTarget:
+    """``mean_loss`` from ``total_loss``: the targets' summed loss over their number (or weight)."""
+
+    def total_loss(self, data: Any, on_batch: Optional[Callable[[], None]] = None) -> "tuple[float, float]":
+        raise NotImplementedError
+
+    def mean_loss(self, data: Any, on_batch: Optional[Callable[[], None]] = None) -> float:
+        """Average cross entropy (nats) per target (per weighted target) of ``data``."""
+        total, tokens = self.total_loss(data, on_batch)
+        return total / max(tokens, 1)
+
+
+class PairEvaluator(_PerTarget):
     """Mean loss per target token of source/target pairs under an encoder-decoder (one process).
 
     Every pair is read once (:func:`lmkit.data.paired.eval_pair_batches`:
@@ -136,7 +152,44 @@ class PairEvaluator:
                 on_batch()
         return total, tokens
 
-    def mean_loss(self, pairs: Any, on_batch: Optional[Callable[[], None]] = None) -> float:
-        """Average cross entropy (nats) per target token of ``pairs``."""
-        total, tokens = self.total_loss(pairs, on_batch)
-        return total / max(tokens, 1)
+
+
+class ExampleEvaluator(_PerTarget):
+    """Mean loss per weighted target (per assistant token, for conversations) of examples, in one process.
+
+    Every example is read once, one a row (:func:`lmkit.data.packing.eval_rows`: sorted by length,
+    ``batch_size`` rows padded to a length bucket, the last batch filled up with empty rows); the loss sums
+    each target's loss times its weight, in float32 per batch, and divides by the weights' sum.
+
+    Args:
+      model: a language model (``docs/design.md``).
+      num_steps: the longest row (the examples are cut to ``num_steps + 1`` ids).
+      batch_size: rows read side by side.
+      precision, jit_compile, attention_kernel: as :class:`Evaluator`.
+    """
+
+    def __init__(self, model: Any, num_steps: int, batch_size: int, precision: str = "float32",
+                 jit_compile: bool = False, attention_kernel: str = "matmul") -> None:
+        self.model, self.num_steps, self.batch_size = model, num_steps, batch_size
+
+        def eval_step(ids, targets, weights):
+            with precision_scope(precision), attention_kernels.scope(attention_kernel):
+                logits, _ = model(ids, training=False)
+                return sequence_softmax_cross_entropy(targets, logits, mask=weights, average_across_batch=False,
+                                                      sum_over_batch=True)
+
+        self._step = tf.function(eval_step, jit_compile=jit_compile, reduce_retracing=True,
+                                 autograph=use_autograph(model))
+
+    def total_loss(self, examples: Any, on_batch: Optional[Callable[[], None]] = None) -> "tuple[float, float]":
+        """``(sum of the targets' weighted losses, sum of their weights)`` over every example."""
+        from lmkit.data.packing import eval_rows
+
+        total, weight = 0.0, 0.0
+        for rows in eval_rows(examples, self.batch_size, self.num_steps):
+            total += float(self._step(tf.constant(rows.inputs), tf.constant(rows.targets), tf.constant(rows.weights)))
+            weight += float(rows.weights.sum())
+            if on_batch is not None:
+                on_batch()
+        return total, weight
+

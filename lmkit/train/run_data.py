@@ -7,6 +7,10 @@
   (or reuses the one there); the other ranks read it (or receive its files
   from rank 0); rank 0 encodes the text files into the data cache, and every
   rank maps them.
+* Conversations and prompt/completion records (``data = "text"`` whose records have ``messages`` or
+  ``prompt``, or ``data_format`` set): the pretrained tokenizer as for text,
+  each split encoded once into examples with loss weights
+  (:mod:`lmkit.train.chat_data`), mapped by every rank.
 * Pairs (``data = "pairs"``, encoder-decoders): the tokenizer is trained as
   for text, on both sides (``share_vocab``) or one for each side (the
   source's in ``<model_dir>/source_tokenizer``); every rank reads and
@@ -109,6 +113,9 @@ def _load_text_data(config: Any, model_dir: str, log: Log) -> RunData:
     readable = local is not None
     sources = dist.read_or_receive(readable, lambda: local if local is not None else text_sources(config.data))
     cache = cache_root(config.data.data_cache)
+    from lmkit.train.chat_data import wants_examples
+    if wants_examples(config.data, sources["train"], readable):  # conversations, completions: weighted examples
+        return _load_examples(config, model_dir, sources, readable, cache, log)
     dist.read_or_receive(readable, lambda: check_sources(sources, cached=cache is not None))
     tokenizer = tokenizer_everywhere(config, model_dir, cache, train_file=sources["train"])
     streams, counts = _text_streams(tokenizer, sources, cache, readable, log)
@@ -118,6 +125,21 @@ def _load_text_data(config: Any, model_dir: str, log: Log) -> RunData:
     log(f"tokenizer: {name}, {tokenizer.vocab_size} ids, in {model_dir}{said}")
     words = {} if tokenizer.name == "word" else counts
     return RunData(streams["train"], streams.get("valid"), streams.get("test"), tokenizer, config, words)
+
+
+def _load_examples(config: Any, model_dir: str, sources: Dict[str, List[Any]], readable: bool,
+                   cache: Optional[str], log: Log) -> RunData:
+    """Conversations and prompt/completion records as weighted examples, on every rank (:mod:`lmkit.train.chat_data`):
+    the pretrained tokenizer, the chat template, each split encoded once (into the data cache), cut to the context."""
+    from lmkit.train.chat_data import chat_encoder, encode_splits, example_jobs, example_run_data
+
+    tokenizer = tokenizer_everywhere(config, model_dir, cache, train_file=sources["train"])
+    encoder = dist.agree(lambda: chat_encoder(config, tokenizer))
+    if cache is None:
+        found = dist.read_or_receive(readable, lambda: encode_splits(encoder, sources, config.data))
+    else:
+        found = cached_everywhere(example_jobs(encoder, sources, config.data, cache), readable, log)
+    return example_run_data(config, tokenizer, found, cache, log)
 
 
 def _text_streams(tokenizer: Any, sources: Dict[str, List[str]], cache: Optional[str], readable: bool,

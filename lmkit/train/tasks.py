@@ -14,8 +14,12 @@ depends on the kind of data lives here, behind one small interface:
   (:class:`~lmkit.data.paired.PairBatches`), the model reads
   ``encode(source, mask)`` as its condition, and the loss of a step is the
   global batch's mean per target token.
+* :class:`WeightedExamples`: conversations and completions as examples with
+  a loss weight per token (:class:`~lmkit.data.examples.ExampleSet`), packed
+  or padded (:mod:`lmkit.data.packing`); the loss of a step is the global
+  batch's loss per weighted (assistant) token.
 
-:func:`task_for` picks one from the model. Every task gives
+:func:`task_for` picks one from the model and the training data. Every task gives
 ``batches(data, epoch)`` (``len()`` steps, ``[i]`` = ``(inputs, targets)``,
 nests of arrays split by rows), ``loss(inputs, targets, state, training)``,
 ``loss_tokens`` (a step's loss divided by it is per token), ``batch_unit``
@@ -34,7 +38,7 @@ import tensorflow as tf
 from lmkit.core.errors import UsageError
 from lmkit.train.losses import sequence_softmax_cross_entropy, window_loss
 
-__all__ = ["LanguageModeling", "Transduction", "task_for"]
+__all__ = ["LanguageModeling", "Transduction", "WeightedBatches", "WeightedExamples", "task_for"]
 
 
 class LanguageModeling:
@@ -169,8 +173,110 @@ class Transduction:
             self._check_pairs(data, name)
 
 
-def task_for(model: Any, config: Any, vocab: Any, rank: int, size: int) -> Any:
-    """The task of ``model``: :class:`Transduction` for a conditional model, else :class:`LanguageModeling`.
+class WeightedExamples:
+    """Examples with a loss weight per target (conversations, completions: :mod:`lmkit.data.chat`), on an
+    :class:`~lmkit.data.examples.ExampleSet`: packed rows (``data.packing``) or one example a row, padded.
+
+    A batch is ``((ids, positions, segment_ids), (targets, weights))`` when packed (the model attends within
+    each example, positions restarting) and ``((ids,), (targets, weights))`` when padded. ``weights`` hold
+    each target's weight times ``batch_size / W``, ``W`` the weight of the whole global batch
+    (``weighted_tokens``, known on every rank from the batch itself: no collective); the loss is the mean
+    over rows of the weighted sums, so the mean over micro-batches and ranks is the global batch's loss per
+    weighted token, however the rows are split. A batch with no weight has weights 0: loss and gradient 0.
+    """
+
+    loss_tokens = 1  # the loss of a step is already the mean per weighted token
+
+    def __init__(self, model: Any, config: Any, rank: int, size: int) -> None:
+        self.model, self.config, self.rank, self.size = model, config, rank, size
+        self.packing = bool(config.data.packing)
+        if getattr(model, "stateful", False):
+            raise UsageError(f"{type(model).__name__} carries a recurrent state, but examples with loss weights "
+                             "(conversations, completions) train a transformer: use a transformer model")
+        self.batch_unit = (f"x {config.data.num_steps} steps, examples packed" if self.packing else
+                           f"examples, padded (at most {config.data.num_steps} steps)")
+
+    def reset(self) -> None:
+        pass
+
+    def _check_examples(self, examples: Any, name: str = "training") -> None:
+        from lmkit.data.examples import ExampleSet
+        if examples is not None and not isinstance(examples, ExampleSet):
+            raise UsageError(f"the {name} data is a {type(examples).__name__}, but a run on conversations or "
+                             "completions reads examples (lmkit.data.examples.ExampleSet) in every split; give "
+                             "every split in the same format")
+
+    def batches(self, examples: Any, epoch: int) -> Any:
+        from lmkit.data.packing import PackedBatches, PaddedBatches
+        self._check_examples(examples)
+        cfg = self.config.data
+        kind = PackedBatches if self.packing else PaddedBatches
+        rows = kind(examples, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=self.config.run.seed, rank=self.rank,
+                    size=self.size)
+        return WeightedBatches(rows, cfg.batch_size, self.packing)
+
+    def tokens_per_step(self, batches: Any) -> float:
+        return batches.tokens_per_step
+
+    def loss(self, inputs: Any, targets: Any, state: Any, training: bool) -> Tuple[tf.Tensor, Any]:
+        if self.packing:
+            ids, positions, segment_ids = inputs
+            logits, _ = self.model(ids, training=training, positions=positions, segment_ids=segment_ids)
+        else:
+            logits, _ = self.model(inputs[0], training=training)  # [b, t, vocab], float32 logits
+        target_ids, weights = targets
+        # sum over time of weight * loss (float32), mean over rows: see the class's docstring
+        return sequence_softmax_cross_entropy(target_ids, logits, mask=weights, average_across_batch=True,
+                                              sum_over_timesteps=True), None
+
+    def evaluator(self, batch_size: int, precision: str, jit_compile: bool, attention_kernel: str = "matmul") -> Any:
+        from lmkit.train.evaluation import ExampleEvaluator
+        return ExampleEvaluator(self.model, self.config.data.num_steps, batch_size, precision=precision,
+                                jit_compile=jit_compile, attention_kernel=attention_kernel)
+
+    def eval_sample(self, examples: Any, batches: int, batch_size: int) -> Any:
+        """The first ``batches * batch_size`` examples (all when fewer): ``eval_steps``' fixed sample."""
+        return examples.subset(np.arange(min(len(examples), batches * batch_size)))
+
+    def check_eval_data(self, batch_size: int, **examples: Any) -> None:
+        """The evaluation data are examples (any number of them: the last batch is filled up)."""
+        for name, data in examples.items():
+            self._check_examples(data, name)
+
+
+class WeightedBatches:
+    """An epoch's batches of :class:`WeightedExamples`: ``len()`` steps, ``[i]`` = ``(inputs, targets)``.
+
+    Args:
+      rows: :class:`~lmkit.data.packing.PackedBatches` or :class:`~lmkit.data.packing.PaddedBatches`.
+      batch_size: the global batch, in rows.
+      packing: whether the inputs carry positions and segment ids.
+    """
+
+    def __init__(self, rows: Any, batch_size: int, packing: bool) -> None:
+        self.rows, self.batch_size, self.packing = rows, int(batch_size), packing
+        self.weighted_tokens = rows.weighted_tokens  # [steps]: every rank's weight of each global batch
+        lengths = rows.examples.lengths
+        ids = [sum(int(lengths[i]) for row in batch for i in row) for batch in rows.groups]
+        #: ids of the global batch a step reads, padding left out (the log's tokens/sec)
+        self.tokens_per_step = float(np.mean(ids)) if ids else 0.0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Tuple[Tuple[np.ndarray, ...], Tuple[np.ndarray, np.ndarray]]:
+        rows = self.rows[i]
+        total = float(self.weighted_tokens[i])
+        scale = np.float32(self.batch_size / total if total > 0 else 0.0)  # all masked: no loss, no gradient
+        targets = (rows.targets, rows.weights * scale)
+        if self.packing:
+            return (rows.inputs, rows.positions, rows.segment_ids), targets
+        return (rows.inputs,), targets
+
+
+def task_for(model: Any, config: Any, vocab: Any, rank: int, size: int, data: Any = None) -> Any:
+    """The task of ``model`` (and of the training ``data``, when given): :class:`Transduction` for a conditional
+    model, :class:`WeightedExamples` for examples with loss weights, else :class:`LanguageModeling`.
 
     Raises:
       UsageError: a conditional model without a tokenizer that has start, end and padding ids
@@ -182,4 +288,7 @@ def task_for(model: Any, config: Any, vocab: Any, rank: int, size: int) -> Any:
             raise UsageError("an encoder-decoder trains with its target tokenizer: pass vocab=<the tokenizer> "
                              "(its start, end and padding ids frame the targets)")
         return Transduction(model, config, rank, size, SpecialIds.of(vocab))
+    from lmkit.data.examples import ExampleSet
+    if isinstance(data, ExampleSet):
+        return WeightedExamples(model, config, rank, size)
     return LanguageModeling(model, config, rank, size)

@@ -233,7 +233,8 @@ class Trainer:
 
         Args:
           train_ids: the training id stream (every rank passes the whole
-            stream; each takes its rows), or an encoder-decoder's pairs.
+            stream; each takes its rows), an encoder-decoder's pairs, or examples
+            with loss weights (:class:`~lmkit.data.examples.ExampleSet`: conversations).
           valid_ids: evaluated by rank 0 after every epoch.
           test_ids: evaluated by rank 0 at the end.
           max_steps: stop after this many global steps (before the plan's end; the
@@ -256,11 +257,21 @@ class Trainer:
         # With peers, a watchdog ends this process when training stops making
         # progress (LMKIT_COLLECTIVE_TIMEOUT), instead of waiting forever.
         self.watchdog = Watchdog.from_env(self.rank, dist.size())
+        self.use_data(train_ids)
         self.loop = TrainingLoop(self, self.callbacks)
         try:
             return self.loop.run(RunData(train_ids, valid_ids, test_ids, dict(words or {})), max_steps, num_epochs)
         finally:
             self.watchdog.stop()
+
+    def use_data(self, train: Any) -> None:
+        """Picks the task of the training data: examples with loss weights (an
+        :class:`~lmkit.data.examples.ExampleSet`) train per weighted token
+        (:class:`~lmkit.train.tasks.WeightedExamples`). :meth:`fit` calls it; call it before :meth:`build`
+        to drive :meth:`train_step` on such data yourself."""
+        task = task_for(self.model, self.config, self.vocab, self.rank, dist.size(), train)
+        if type(task) is not type(self.task):
+            self.task = task
 
     def epoch_batches(self, ids: Any, epoch: int) -> Batches:
         """This process's batches of ``epoch``: ``len()`` steps, ``[i]`` gives ``(inputs, targets)``.

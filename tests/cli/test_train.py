@@ -85,3 +85,15 @@ def test_a_plan_flag_replaces_the_configs_plan_and_a_set_mixes_it():
         _from_flags("--config", "config_transformer", "--set", "max_steps=5")
     with pytest.raises(UsageError, match="--num_epochs and --max_steps both plan the run's length; pass one"):
         _from_flags("--config", "config_transformer", "--num_epochs", "1", "--max_steps", "5")
+
+
+def test_the_chat_flags_reach_the_data_section(tmp_path):
+    flags = ["--train_file", "chats.jsonl", "--data_format", "chat", "--chat_template", "t.jinja",
+             "--train_on_prompt", "--packing", "--skip_bad_records"]
+    data = config_from_args(build_parser().parse_args(flags)).data
+    assert (data.kind, data.data_format, data.chat_template) == ("text", "chat", str(tmp_path.cwd() / "t.jinja"))
+    assert data.train_on_prompt and data.packing and data.skip_bad_records
+    data = config_from_args(build_parser().parse_args(["--train_file", "chats.jsonl"])).data
+    assert (data.data_format, data.chat_template, data.packing) == ("", "", False)  # found from the records
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--train_file", "c.jsonl", "--data_format", "messages"])

@@ -94,3 +94,16 @@ def test_generate_with_chat_lays_out_the_turn(folder):
                                  "<|im_end|>\\n<|im_start|>assistant\\n"), res.stdout  # one sample: its text alone
     res = _lmkit("generate", "--model_dir", folder, "--system", "x", "--prompt", "the cat")
     assert res.returncode == 2 and "--system gives a chat's system turn; add --chat" in res.stderr
+
+
+def test_generation_markers_render_as_their_content_and_a_template_file_takes_the_folders_tokens(folder, tmp_path):
+    """transformers' {% generation %} ... {% endgeneration %} (its assistant masks) is no error: its body renders,
+    whitespace control included; --chat_template FILE keeps the folder's special tokens."""
+    marked = tmp_path / "marked.jinja"
+    marked.write_text("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}A:{%- generation -%}\n"
+                      "  {{ m['content'] }}!{% endgeneration %}{% else %}U:{{ m['content'] }}{% endif %}{% endfor %}")
+    template = read_chat_template(folder, template_file=str(marked))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert template.render(messages, add_generation_prompt=False) == "<|endoftext|>U:hiA:yo!"
+    with pytest.raises(UsageError, match=r"the chat template file '.*nothing.jinja' does not exist"):
+        read_chat_template(folder, template_file=str(tmp_path / "nothing.jinja"))

@@ -6,6 +6,7 @@ import tensorflow as tf
 from lmkit.core.errors import UsageError
 from lmkit.models import build_model
 from lmkit.train import Trainer
+from tests.helpers import assert_relatively_close
 from tests.train.support import small_config as _config
 from tests.train.support import stream as _ids
 
@@ -93,3 +94,93 @@ def test_the_evaluation_sample_and_too_little_evaluation_data():
     with pytest.raises(UsageError, match=r"the valid data has 20 tokens, too few for one evaluation batch of 4 rows "
                                          r"x 5 steps \(needs 24\)"):
         lm.check_eval_data(4, valid=_ids(20), test=None)
+
+
+# ------------------------------------------------------------------ examples with loss weights
+def _examples(count=10, seed=4):
+    from lmkit.data.chat import Example
+    from lmkit.data.examples import ExampleSet
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        n = int(rng.integers(3, 9))
+        weights = (rng.random(n) < 0.5).astype(np.uint8)
+        weights[-1] = 1
+        out.append(Example(rng.integers(1, 40, n).astype(np.int32), weights))
+    return ExampleSet.of(out)
+
+
+def _weighted_task(batch_size, packing, seed=5):
+    from lmkit.config import TrainConfig
+    from lmkit.train.tasks import WeightedExamples
+    cfg = TrainConfig.from_dict(dict(
+        model=dict(name="llama", vocab_size=40, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2,
+                   max_positions=32, init_scale=0.1, dropout=0.0),
+        data=dict(batch_size=batch_size, num_steps=16, packing=packing),
+        optimization=dict(learning_rate=0.1, max_grad_norm=0.0, max_steps=1)))
+    tf.random.set_seed(seed)
+    return WeightedExamples(build_model(cfg.model_config()), cfg, 0, 1)
+
+
+def _loss_and_gradients(task, batch):
+    inputs, targets = tf.nest.map_structure(tf.constant, batch)
+    with tf.GradientTape() as tape:
+        loss, _ = task.loss(inputs, targets, None, training=True)
+    return loss, tape.gradient(loss, task.model.trainable_variables)
+
+
+def test_a_packed_batch_trains_like_the_same_examples_padded():
+    # The trainer's loss and gradients (not only the model's logits): one global batch holding every example,
+    # packed into rows or one a row, gives the same loss per weighted token and the same gradients.
+    from lmkit.data.packing import PackedBatches
+    examples = _examples()
+    rows = len(PackedBatches(examples, 1, 16, epoch=0, seed=_weighted_task(1, True).config.run.seed))
+    packed, padded = _weighted_task(rows, True), _weighted_task(len(examples), False)
+    for mine, theirs in zip(padded.model.variables, packed.model.variables):
+        mine.assign(theirs)
+    packed_batches, padded_batches = packed.batches(examples, 0), padded.batches(examples, 0)
+    assert len(packed_batches) == len(padded_batches) == 1  # every example in the one global batch
+    (ids, positions, segments), (targets, weights) = packed_batches[0]
+    assert ids.shape == (rows, 16) and segments.max() > 1 and rows < len(examples)  # several to a row
+    assert len(padded_batches[0][0]) == 1 and padded_batches[0][0][0].shape[0] == len(examples)
+    loss, grads = _loss_and_gradients(packed, packed_batches[0])
+    alone_loss, alone_grads = _loss_and_gradients(padded, padded_batches[0])
+    np.testing.assert_allclose(float(loss), float(alone_loss), rtol=1e-5)
+    per_token = 0.0  # the loss is per weighted target: the examples' own, one at a time
+    for ids_, w in examples:
+        logits, _ = padded.model(ids_[None, :-1])
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids_[None, 1:], logits=logits)
+        per_token += float(tf.reduce_sum(losses * w[None, 1:].astype(np.float32)))
+    np.testing.assert_allclose(float(loss), per_token / examples.targets().sum(), rtol=1e-5)
+    for got, want in zip(grads, alone_grads):
+        assert_relatively_close(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(want).numpy(), 1e-5)
+
+
+def test_a_batch_whose_targets_are_all_masked_has_no_loss_and_a_zero_gradient():
+    from lmkit.data.chat import Example
+    from lmkit.data.examples import ExampleSet
+    task = _weighted_task(2, True)
+    masked = ExampleSet.of([Example(np.arange(1, 9, dtype=np.int32), np.zeros(8, np.uint8))] * 6)
+    batches = task.batches(masked, 0)
+    assert batches.weighted_tokens[0] == 0
+    loss, grads = _loss_and_gradients(task, batches[0])
+    assert float(loss) == 0.0
+    assert all(np.all(tf.convert_to_tensor(g).numpy() == 0) for g in grads if g is not None)
+
+
+def test_weighted_examples_are_picked_from_the_data_and_refuse_other_data():
+    from lmkit.train.tasks import WeightedExamples, task_for
+    task = _weighted_task(2, False)
+    cfg, model = task.config, task.model
+    examples = _examples()
+    assert isinstance(task_for(model, cfg, None, 0, 1, examples), WeightedExamples)
+    assert not isinstance(task_for(model, cfg, None, 0, 1, _ids()), WeightedExamples)
+    with pytest.raises(UsageError, match=r"the valid data is a ndarray, but a run on conversations"):
+        task.check_eval_data(4, valid=_ids())
+    assert len(task.eval_sample(examples, 2, 3)) == 6 and len(task.eval_sample(examples, 9, 3)) == len(examples)
+    trainer = Trainer(model, cfg, log=lambda s: None)
+    trainer.use_data(examples)
+    assert isinstance(trainer.task, WeightedExamples) and trainer.task.batch_unit.startswith("examples, padded")
+    lstm = _config(model="lstm", packing=True)
+    with pytest.raises(UsageError, match=r"RNNLanguageModel carries a recurrent state, but examples with loss weights"):
+        WeightedExamples(build_model(lstm.model_config()), lstm, 0, 1)

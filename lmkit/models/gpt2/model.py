@@ -9,6 +9,7 @@ import tensorflow as tf
 from lmkit.core.checks import check_heads, check_positive_float, check_positive_int, check_rate
 from lmkit.core.errors import UsageError
 from lmkit.layers.base import Training, dropout, uniform_initializer
+from lmkit.layers.documents import documents_of
 from lmkit.layers.embeddings import PositionEmbedder, SinusoidsPositionEmbedder, WordEmbedder
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerDecoder, TransformerState, initialize_like_gpt2
@@ -161,8 +162,9 @@ class TransformerLanguageModel(LanguageModel):
         x = self.embedder(ids) + self.position_embedder(positions)  # [..., hidden]
         return dropout(x, self.dropout, training)
 
-    def __call__(self, ids: tf.Tensor, state: Optional[TransformerState] = None,
-                 training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:
+    def __call__(self, ids: tf.Tensor, state: Optional[TransformerState] = None, training: Training = False, *,
+                 positions: Optional[tf.Tensor] = None,
+                 segment_ids: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[TransformerState]]:
         """Teacher-forced pass over a window.
 
         Args:
@@ -171,18 +173,21 @@ class TransformerLanguageModel(LanguageModel):
             or a state whose cache this window extends (positions continue
             from ``state.positions``).
           training: apply dropout.
+          positions, segment_ids: without a state, a packed window's (:mod:`lmkit.layers.documents`):
+            [batch, time] int32, each token's position in its example and the example it belongs to.
 
         Returns:
           ``(logits [batch, time, vocab] float32, state or None)``.
         """
         ids = check_window(ids, state, self.max_positions)
         length = tf.shape(ids)[1]
+        documents = documents_of(segment_ids, positions, state)
         if state is None:
-            positions = tf.range(length)[tf.newaxis, :]  # [1, time]
+            positions = tf.range(length)[tf.newaxis, :] if documents is None else documents.positions
         else:
             positions = state.positions[:, tf.newaxis] + tf.range(length)[tf.newaxis, :]  # [batch, time]
         inputs = self._embed(ids, positions, training)  # [batch, time, hidden]
-        outputs, state = self.decoder(inputs, state, training)
+        outputs, state = self.decoder(inputs, state, training, documents)
         return self.projection(outputs), state
 
     def step(self, ids: tf.Tensor, state: TransformerState) -> Tuple[tf.Tensor, TransformerState]:

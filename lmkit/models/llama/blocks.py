@@ -19,6 +19,7 @@ import tensorflow as tf
 from lmkit.core.errors import UsageError
 from lmkit.layers.attention import Attention, AttentionCache
 from lmkit.layers.base import Module, Training, check_positive_int, check_rate, dropout, plain
+from lmkit.layers.documents import Documents
 from lmkit.layers.feedforward import GatedFeedForward
 from lmkit.layers.norms import RMSNorm
 from lmkit.layers.transformer import TransformerState, empty_state, run_layers
@@ -77,10 +78,12 @@ class LlamaLayer(Module):
                                         name="ffn")
 
     def __call__(self, inputs: tf.Tensor, training: Training = False, cache: Optional[AttentionCache] = None,
-                 positions: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
+                 positions: Optional[tf.Tensor] = None,
+                 documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[AttentionCache]]:
         """inputs [batch, time, dim] -> ``(outputs [batch, time, dim], cache)``; arguments as
         :meth:`lmkit.layers.attention.Attention.__call__`'s."""
-        attended, cache = self.attention(self.attention_norm(inputs), training, cache, positions)
+        attended, cache = self.attention(self.attention_norm(inputs), training, cache, positions,
+                                         documents=documents)
         x = inputs + dropout(attended, self.dropout, training)
         x = x + dropout(self.ffn(self.ffn_norm(x), training), self.dropout, training)
         return x, cache
@@ -133,10 +136,11 @@ class LlamaDecoder(Module):
         """An empty cache of ``max_length`` (default ``max_positions``) positions."""
         return empty_state([layer.attention for layer in self.layers], batch_size, max_length, self.max_positions)
 
-    def __call__(self, inputs: tf.Tensor, state: Optional[TransformerState] = None,
-                 training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:
-        """Runs the stack over ``inputs`` [batch, time, dim]; a state's cache is extended (as TransformerDecoder)."""
-        x, state = run_layers(self.layers, inputs, state, training)
+    def __call__(self, inputs: tf.Tensor, state: Optional[TransformerState] = None, training: Training = False,
+                 documents: Optional[Documents] = None) -> Tuple[tf.Tensor, Optional[TransformerState]]:
+        """Runs the stack over ``inputs`` [batch, time, dim]; a state's cache is extended, a packed window's
+        ``documents`` attend apart (as TransformerDecoder's)."""
+        x, state = run_layers(self.layers, inputs, state, training, documents)
         return self.final_norm(x), state
 
     def get_config(self) -> Dict[str, Any]:

@@ -16,6 +16,7 @@ import tensorflow as tf
 from lmkit.core.checks import check_non_negative_int, check_positive_float, check_positive_int, check_rate
 from lmkit.core.errors import UsageError
 from lmkit.layers.base import Training, dropout, plain, uniform_initializer
+from lmkit.layers.documents import documents_of
 from lmkit.layers.embeddings import WordEmbedder
 from lmkit.layers.projection import OutputProjection
 from lmkit.layers.transformer import TransformerState
@@ -130,12 +131,14 @@ class LlamaLanguageModel(LanguageModel):
         """An empty key/value cache for ``max_length`` tokens (``max_positions`` when None)."""
         return self.decoder.initial_state(batch_size, max_length)
 
-    def __call__(self, ids: tf.Tensor, state: Optional[TransformerState] = None,
-                 training: Training = False) -> Tuple[tf.Tensor, Optional[TransformerState]]:
-        """ids [batch, time] -> (logits [batch, time, vocab] float32, state or None), as the transformer's."""
+    def __call__(self, ids: tf.Tensor, state: Optional[TransformerState] = None, training: Training = False, *,
+                 positions: Optional[tf.Tensor] = None,
+                 segment_ids: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, Optional[TransformerState]]:
+        """ids [batch, time] -> (logits [batch, time, vocab] float32, state or None), as the transformer's
+        (``positions`` and ``segment_ids`` too: a packed window's)."""
         ids = check_window(ids, state, self.max_positions)
         x = dropout(self.embed(ids), self.dropout, training)
-        outputs, state = self.decoder(x, state, training)
+        outputs, state = self.decoder(x, state, training, documents_of(segment_ids, positions, state))
         return self.projection(outputs), state
 
     def step(self, ids: tf.Tensor, state: TransformerState) -> Tuple[tf.Tensor, TransformerState]:

@@ -1,0 +1,198 @@
+#!/usr/bin/env python
+"""Chat fine-tuning with ``--packing`` against padding: assistant tokens per second and the loss curves.
+
+Conversations whose median length is an eighth of the context (``--num_steps``
+256, median about 32 tokens, lengths spread log-normally from 10 to the
+context) train a tiny random Qwen2 (``examples/make_chats.py``'s, wider) as
+``lmkit train --init_from FOLDER --train_file chats.jsonl [--packing]`` does,
+with the same batch and context, one mode per process:
+
+* ``packed``: several conversations to a row, attending within each;
+* ``padded``: one a row, rows of similar lengths batched together and padded to
+  the batch's longest, rounded up to a length bucket (lmkit's default);
+* ``padded_same_tokens`` (with ``--equal_tokens``): padding with as many rows as
+  packing's rows hold conversations, about the same tokens a step: what packing
+  gains besides larger steps.
+
+Each mode trains on about ``--tokens`` assistant tokens (as many optimizer
+steps as that takes) after a warm-up (``--warmup`` steps that trace and
+compile, not timed). Reported per mode: assistant (weighted)
+tokens per second, ids per second (padding left out), the step time, and the
+loss per assistant token of every step (plotted against the assistant tokens
+seen). Every mode trains on the same conversations, in the same order of
+epochs, from the same initial weights.
+
+Usage::
+
+    .venv/bin/python benchmarks/chat_packing.py                 # about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/chat_packing.py --equal_tokens  # and the third mode
+
+Writes ``benchmarks/results/chat_packing.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks._common import (  # noqa: E402
+    REPO,
+    RESULTS_DIR,
+    command_line,
+    load_average,
+    machine_info,
+    package_version,
+    save_figure,
+    write_json,
+)
+
+LETTERS = "abcdefghij"
+
+
+def write_conversations(path: str, count: int, context: int, seed: int) -> Dict[str, float]:
+    """``count`` reversal conversations whose lengths (about 2 tokens a letter, 12 of scaffolding) spread
+    log-normally around an eighth of ``context``; returns their length's median and quartiles in letters."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    letters = np.clip(np.rint(rng.lognormal(np.log((context / 8 - 12) / 2), 0.7, count)), 1,
+                      (context - 16) // 2).astype(int)
+    with open(path, "w", encoding="utf-8") as f:
+        for n in letters:
+            question = " ".join(rng.choice(list(LETTERS), int(n)))
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"reverse: {question}"},
+                                             {"role": "assistant", "content": question[::-1]}]}) + "\n")
+    return {"median_letters": float(np.median(letters)), "quartiles": [float(q) for q in np.percentile(letters,
+                                                                                                        [25, 75])]}
+
+
+def worker(args: argparse.Namespace) -> Dict[str, Any]:
+    """One mode's run in this process; returns its figures."""
+    import numpy as np
+
+    from lmkit import distributed as dist
+    from lmkit.config import load_config
+    from lmkit.hub.converters import pretrained_training_config
+    from lmkit.models.build import build_run_model
+    from lmkit.train import Callback, Trainer
+    from lmkit.train.run_data import load_run_data
+
+    dist.init(backend="local", intra_op_threads=args.threads or None)
+    packing = args.mode == "packed"
+    batch = args.batch_size * (args.rows_factor if args.mode == "padded_same_tokens" else 1)
+    overrides = {"init_from": args.folder, "data": "text", "train_file": args.chats, "packing": packing,
+                 "batch_size": batch, "num_steps": args.num_steps, "max_steps": 10 ** 6,
+                 "num_epochs": 0, "optimizer": "adam", "optimizer_params": {}, "learning_rate": 1e-3,
+                 "warmup_epochs": 0.0, "schedule": "constant", "dropout": 0.0, "data_cache": "none",
+                 "checkpoint_every_epochs": 0, "log_every_steps": 10 ** 6}
+    config = pretrained_training_config(load_config("config_gpt2_finetune", overrides), args.folder)
+    data = load_run_data(config, os.path.join(args.tmp, args.mode), log=lambda line: None)
+    model = build_run_model(data.config)
+    clock: List[float] = []
+
+    class Clock(Callback):
+        def on_step_end(self, info, control):
+            clock.append(time.perf_counter())
+
+    trainer = Trainer(model, data.config, record_step_losses=True, log=lambda line: None, callbacks=[Clock()])
+    trainer.use_data(data.train)
+    per_step = float(np.mean(trainer.task.batches(data.train, 0).weighted_tokens))
+    steps = max(10, int(np.ceil(args.tokens / per_step)))  # about --tokens assistant tokens after the warm-up
+    result = trainer.fit(data.train, max_steps=args.warmup + steps)
+    weights: List[float] = []
+    epoch = 0
+    while len(weights) < len(clock):  # the global batches' weights, epoch after epoch, as fit read them
+        weights.extend(trainer.task.batches(data.train, epoch).weighted_tokens.tolist())
+        epoch += 1
+    ids = float(trainer.task.batches(data.train, 0).tokens_per_step)
+    seconds = clock[-1] - clock[args.warmup - 1]
+    timed = weights[args.warmup:len(clock)]
+    return {"mode": args.mode, "batch_size": batch, "packing": packing, "steps": steps,
+            "assistant_tokens_per_sec": sum(timed) / seconds, "ids_per_sec": ids * steps / seconds,
+            "step_ms": 1000 * seconds / steps, "assistant_tokens_per_step": float(np.mean(timed)),
+            "losses": [float(x) for x in result.step_losses], "assistant_tokens": weights[:len(clock)],
+            "seconds": [t - clock[args.warmup - 1] for t in clock]}  # from the end of the warm-up
+
+
+def _plot(results: Dict[str, Any], path: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, (curves, clock, bars) = plt.subplots(1, 3, figsize=(15, 4))
+    for name, run in results.items():
+        label = f"{name} (batch {run['batch_size']})"
+        curves.plot(np.cumsum(run["assistant_tokens"]), run["losses"], label=label, linewidth=1)
+        clock.plot(run["seconds"], run["losses"], label=label, linewidth=1)
+    curves.set(xlabel="assistant tokens trained on", ylabel="loss per assistant token", yscale="log",
+               title="training loss by tokens")
+    clock.set(xlabel="seconds after the warm-up", ylabel="loss per assistant token", yscale="log",
+              title="training loss by time")
+    curves.legend()
+    names = list(results)
+    bars.bar(names, [results[n]["assistant_tokens_per_sec"] for n in names], color=["C0", "C1", "C2"][:len(names)])
+    bars.set(ylabel="assistant tokens / s", title="throughput")
+    return save_figure(fig, path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--conversations", type=int, default=6000)
+    p.add_argument("--num_steps", type=int, default=256, help="the context")
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=100000,
+                   help="assistant tokens each mode trains on after its warm-up (timed)")
+    p.add_argument("--warmup", type=int, default=8, help="steps before the timing (tracing, compiling)")
+    p.add_argument("--hidden_size", type=int, default=128)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
+    p.add_argument("--equal_tokens", action="store_true", help="also padding with as many rows as packing holds")
+    p.add_argument("--output", default=os.path.join(RESULTS_DIR, "chat_packing.json"))
+    p.add_argument("--mode", default=None, help=argparse.SUPPRESS)  # a worker's
+    p.add_argument("--folder", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--chats", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rows_factor", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.mode:
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+        return
+    from examples.make_chats import write_tiny_qwen2
+    with tempfile.TemporaryDirectory() as tmp:
+        chats, folder = os.path.join(tmp, "chats.jsonl"), os.path.join(tmp, "qwen2")
+        lengths = write_conversations(chats, args.conversations, args.num_steps, seed=0)
+        write_tiny_qwen2(folder, chats, hidden_size=args.hidden_size, max_positions=2 * args.num_steps)
+        results: Dict[str, Any] = {}
+        modes = ["packed", "padded"] + (["padded_same_tokens"] if args.equal_tokens else [])
+        for mode in modes:
+            factor = 1 if mode != "padded_same_tokens" else max(1, round(  # conversations a packed row holds
+                results["packed"]["assistant_tokens_per_step"] / results["padded"]["assistant_tokens_per_step"]))
+            cmd = [sys.executable, __file__, "--mode", mode, "--folder", folder, "--chats", chats, "--tmp", tmp,
+                   "--rows_factor", str(factor)] + [f"--{k}={getattr(args, k)}" for k in
+                                                    ("num_steps", "batch_size", "tokens", "warmup", "threads")]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+            if out.returncode or not line:
+                raise SystemExit(f"{mode} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
+            results[mode] = json.loads(line[0][len("RESULT "):])
+            print(f"{mode}: {results[mode]['assistant_tokens_per_sec']:.0f} assistant tokens/s, "
+                  f"{results[mode]['step_ms']:.0f} ms a step", flush=True)
+    speedup = results["packed"]["assistant_tokens_per_sec"] / results["padded"]["assistant_tokens_per_sec"]
+    print(f"packing: {speedup:.2f}x the assistant tokens per second of padding", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    png = _plot(results, args.output.replace(".json", ".png"))
+    machine = machine_info(tensorflow=package_version("tensorflow-cpu") or package_version("tensorflow"))
+    write_json(args.output, {"command": command_line(), "machine": machine, "load_average": load_average(),
+                             "context": args.num_steps, "conversations": args.conversations, "lengths": lengths,
+                             "hidden_size": args.hidden_size, "speedup": speedup, "runs": results,
+                             "plot": os.path.relpath(png, REPO)})
+
+
+if __name__ == "__main__":
+    main()
