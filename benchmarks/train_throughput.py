@@ -23,7 +23,7 @@ Variants of the lmkit step, not in the default set (name them in
 ``lmkit_k2`` and ``lmkit_k4`` (``grad_accum_steps = 2`` / ``4``, the same
 global batch in 2 or 4 micro-batches), and ``lmkit_bf16_f32probs``: the
 ``mixed_bfloat16`` step with attention's softmax as it was before
-:func:`lmkit.layers.attention.masked_softmax` (float32 probabilities kept
+:func:`lmkit.layers.attend.masked_softmax` (float32 probabilities kept
 for the backward pass; swapped in its own worker), the baseline of
 ``lmkit_bf16`` measured in the same run; ``lmkit_blocks4`` and
 ``lmkit_bf16_blocks4``: attention in 4 query blocks that skip the masked keys
@@ -185,7 +185,7 @@ PAIRED_RATIOS = (("lmkit_bf16", "lmkit_bf16_f32probs"), ("lmkit_bf16_blocks4", "
 # lmkit variants that swap a function of lmkit in their own worker process (an older program as a
 # baseline measured in the same run): name -> (module, attribute, replacement)
 LMKIT_PATCHES: Dict[str, Tuple[str, str, Callable[..., Any]]] = {
-    "lmkit_bf16_f32probs": ("lmkit.layers.attention", "masked_softmax", float32_probs_softmax),
+    "lmkit_bf16_f32probs": ("lmkit.layers.attend", "masked_softmax", float32_probs_softmax),
 }
 # PyTorch columns: name -> (bfloat16 autocast, torch.compile)
 TORCH_VARIANTS: Dict[str, Tuple[bool, bool]] = {

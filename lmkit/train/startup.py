@@ -43,14 +43,25 @@ def check_agreement(config: Any, vocab: Any, facts: Dict[str, Any]) -> None:
     for r, theirs in enumerate(everyone):
         if theirs != first:
             # Name every value that differs; configs are compared key by key.
-            keys = sorted(set(first["config"]) | set(theirs["config"]))
-            diffs = [f"config key {k} (rank 0: {first['config'].get(k)!r}, rank {r}: "
-                     f"{theirs['config'].get(k)!r})"
-                     for k in keys if first["config"].get(k) != theirs["config"].get(k)]
+            ours, other = _dotted(first["config"]), _dotted(theirs["config"])
+            diffs = [f"config key {k} (rank 0: {ours.get(k)!r}, rank {r}: {other.get(k)!r})"
+                     for k in sorted(set(ours) | set(other)) if ours.get(k) != other.get(k)]
             diffs += [f"{k} (rank 0: {first[k]!r}, rank {r}: {theirs[k]!r})"
                       for k in mine if k != "config" and theirs[k] != first[k]]
             raise UsageError(f"ranks disagree at start-up: rank {r} differs from rank 0 in "
                              f"{'; '.join(diffs)}; make every rank read the same config and data files")
+
+
+def _dotted(config: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """``config``'s values by dotted key: a section's ``{"optimization": {"learning_rate": 1}}`` as
+    ``{"optimization.learning_rate": 1}`` (the spelling ``--set`` takes)."""
+    flat: Dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value and not prefix:
+            flat.update(_dotted(value, f"{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 def _check_writable(model_dir: str) -> None:

@@ -427,10 +427,10 @@ def test_the_bf16_baseline_variant_is_the_old_attention_program(monkeypatch):
     import tensorflow as tf
 
     from benchmarks import train_throughput
-    from lmkit.layers import attention
+    from lmkit.layers import attend as attention
 
     module, attribute, replacement = train_throughput.LMKIT_PATCHES["lmkit_bf16_f32probs"]
-    assert (module, attribute) == ("lmkit.layers.attention", "masked_softmax")
+    assert (module, attribute) == ("lmkit.layers.attend", "masked_softmax")
     assert train_throughput.LMKIT_VARIANTS["lmkit_bf16_f32probs"] == {"precision": "mixed_bfloat16"}
     rng = np.random.RandomState(0)
     q, k, v = (tf.constant(rng.randn(1, 2, 8, 4), tf.bfloat16) for _ in range(3))

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.horovod, pytest.mark.mpi]
 @pytest.mark.parametrize("fault, difference", [
     ("rank=1,kind=truncate", r"train_ids \(rank 0: (\d+), rank 1: (\d+)\); steps_per_epoch \(rank 0: 64, "
                              r"rank 1: \d+\)"),
-    ("rank=1,kind=config", r"config key learning_rate \(rank 0: 1\.0, rank 1: 2\.0\)"),
+    ("rank=1,kind=config", r"config key optimization\.learning_rate \(rank 0: 1\.0, rank 1: 2\.0\)"),
 ], ids=["rank 1 has fewer ids", "rank 1 has another learning rate"])
 def test_ranks_that_disagree_stop_at_start_up(corpus, tmp_path, fault, difference):
     before = tree_digest(corpus.data)
