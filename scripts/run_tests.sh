@@ -46,7 +46,7 @@ run_dist() {
 
 run_native() {
   echo "=== tests without Horovod on the newest TensorFlow (.venv-tf-latest) ==="
-  "$NATIVE_PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -m "not horovod and not wheel and not transformers" --ignore=tests/hub -x
+  "$NATIVE_PY" -m pytest tests -q -p no:cacheprovider --timeout 900 -m "not horovod and not wheel and not transformers" --ignore=tests/hub -x --durations=25
   pytest_rc_ok $? || failed+=("tests on the newest TensorFlow without Horovod")
 }
 
