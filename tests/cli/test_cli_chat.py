@@ -35,6 +35,7 @@ def _train(files, model_dir, train_file, *flags, folder="folder"):
             "--data_cache", "none", *SMALL, *flags]
 
 
+@pytest.mark.horovod  # one of the runs is under mpirun, on Horovod
 def test_bad_records_stop_the_run_in_one_line_or_are_skipped_and_counted(files, tmp_path):
     cmds = [LMKIT + _train(files, str(tmp_path / "bad"), "bad"),
             LMKIT + _train(files, str(tmp_path / "skip"), "bad", "--skip_bad_records", "--packing"),
