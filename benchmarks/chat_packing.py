@@ -186,12 +186,16 @@ def main() -> None:
     speedup = results["packed"]["assistant_tokens_per_sec"] / results["padded"]["assistant_tokens_per_sec"]
     print(f"packing: {speedup:.2f}x the assistant tokens per second of padding", flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    png = _plot(results, args.output.replace(".json", ".png"))
     machine = machine_info(tensorflow=package_version("tensorflow-cpu") or package_version("tensorflow"))
-    write_json(args.output, {"command": command_line(), "machine": machine, "load_average": load_average(),
-                             "context": args.num_steps, "conversations": args.conversations, "lengths": lengths,
-                             "hidden_size": args.hidden_size, "speedup": speedup, "runs": results,
-                             "plot": os.path.relpath(png, REPO)})
+    record = {"command": command_line(), "machine": machine, "load_average": load_average(),
+              "context": args.num_steps, "conversations": args.conversations, "lengths": lengths,
+              "hidden_size": args.hidden_size, "speedup": speedup, "runs": results, "plot": None}
+    write_json(args.output, record)  # the figures first: the plot needs matplotlib (make bench-deps)
+    try:
+        record["plot"] = os.path.relpath(_plot(results, args.output.replace(".json", ".png")), REPO)
+    except ImportError as e:
+        print(f"no plot: {e} (make bench-deps installs matplotlib)", flush=True)
+    write_json(args.output, record)
 
 
 if __name__ == "__main__":
