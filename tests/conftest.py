@@ -21,7 +21,25 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
+_PYTEST_PID = os.getpid()
+_os_exit = os._exit
+
+
+def _exit_outside_pytest(code: int) -> None:
+    """``os._exit`` for the processes pytest forks; inside pytest's own process, a test failure.
+
+    A test that reached a CLI's hard exit (``lmkit.cli.common._hard_exit``) in-process once ended a
+    pytest-xdist worker without a word, and xdist then waited for it until CI's timeout.
+    """
+    if os.getpid() == _PYTEST_PID:
+        raise AssertionError(f"os._exit({code}) inside the pytest process: run the command in a subprocess, "
+                             "or patch lmkit.cli.common._hard_exit")
+    _os_exit(code)
+
+
 def pytest_configure(config):
     import tensorflow as tf
+
+    os._exit = _exit_outside_pytest
 
     tf.config.experimental.enable_tensor_float_32_execution(False)  # TensorFlow's and XLA's switch

@@ -41,11 +41,12 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit.core.errors import UsageError
+from lmkit.core.xla import use_autograph
 from lmkit.decoding.batch import DecodeResult, PromptBatch
 from lmkit.decoding.checks import check_setting
 from lmkit.decoding.constraints import Constraints, is_end
 from lmkit.decoding.registry import EARLY_STOPPING
-from lmkit.decoding.sampler import OnToken, Sampler, pick_loop
+from lmkit.decoding.sampler import OnToken, Sampler, compiled_forms, pick_loop
 
 __all__ = ["BeamSampler", "BeamSearchResult", "gnmt_length_penalty"]
 _NEG_INF = float("-inf")
@@ -132,8 +133,8 @@ class BeamSampler(Sampler):
         inputs = BeamInputs(tf.constant(batch.ids), tf.constant(batch.lengths), min_new)
         settings = BeamSettings(self.beam_width, batch.max_length, batch.ends, self.length_penalty, self.scoring,
                                 self.early_stopping)
-        search = pick_loop(_beam_search, _beam_search_compiled, _beam_search_xla, config.compiled is not False, True,
-                           config.jit_compile)
+        search = pick_loop(_beam_search, _BEAM_SEARCHES, config.compiled is not False, True, config.jit_compile,
+                           autograph=use_autograph(model))
         ids, lengths, scores, log_probs = search(model, inputs, settings, rules or Constraints(), condition=condition)
         ids, lengths, scores, log_probs = ids.numpy(), lengths.numpy(), scores.numpy(), log_probs.numpy()
         return BeamSearchResult(ids=ids[:, 0], lengths=lengths[:, 0], prompt_lengths=batch.lengths,
@@ -321,5 +322,4 @@ def _results(s: _Search, prompt_lengths: tf.Tensor) -> Tuple[tf.Tensor, tf.Tenso
             tf.where(empty[:, tf.newaxis], alive, fin_log_probs))
 
 
-_beam_search_compiled = tf.function(_beam_search)
-_beam_search_xla = tf.function(_beam_search, jit_compile=True)
+_BEAM_SEARCHES = compiled_forms(_beam_search)

@@ -99,6 +99,5 @@ def _sampler(sampler: Any, config: GenerationConfig) -> Sampler:
 def trace_count() -> int:
     """How many times the decode loops were traced (compiled) in this process (tests, benchmarks)."""
     from lmkit.decoding import beam, sampler
-    loops = (sampler._decode_loop_compiled, sampler._decode_loop_xla, beam._beam_search_compiled,
-             beam._beam_search_xla)
+    loops = (*sampler._DECODE_LOOPS.values(), *beam._BEAM_SEARCHES.values())
     return sum(int(f.experimental_get_tracing_count()) for f in loops)

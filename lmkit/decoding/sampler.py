@@ -34,10 +34,11 @@ from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from lmkit.core.xla import use_autograph
 from lmkit.decoding.batch import DecodeResult, PromptBatch, check_seed
 from lmkit.decoding.constraints import is_end
 
-__all__ = ["Sampler", "pick_loop"]
+__all__ = ["Sampler", "compiled_forms", "pick_loop"]
 
 #: ``on_token(tokens, generated)``: a step's tokens and which rows generated theirs (NumPy ``[batch]``).
 OnToken = Callable[[np.ndarray, np.ndarray], None]
@@ -97,8 +98,8 @@ class Sampler:
                 raise UsageError("on_token (streaming) runs the loop without XLA; leave jit_compile unset")
             jit_compile = False
         use_cache = config.use_cache is not False
-        loop = pick_loop(_decode_loop, _decode_loop_compiled, _decode_loop_xla, config.compiled is not False,
-                         use_cache, jit_compile)
+        loop = pick_loop(_decode_loop, _DECODE_LOOPS, config.compiled is not False, use_cache, jit_compile,
+                         autograph=use_autograph(model, self))
         penalty = 1.0 if config.repetition_penalty is None else float(config.repetition_penalty)
         settings = _LoopSettings(batch.max_length, batch.ends, batch.pad_id, use_cache, penalty, batch.holds_ends)
         min_new = np.zeros(len(batch.lengths), np.int32) if batch.min_new_tokens is None else batch.min_new_tokens
@@ -232,16 +233,23 @@ def _after_callback(on_token: OnToken, token: tf.Tensor, generated: tf.Tensor) -
     return token + done
 
 
-# The model and sampler are Python arguments: TensorFlow traces once per model
-# object, sampler object and shape, and drops the trace when they die.
-_decode_loop_compiled = tf.function(_decode_loop)
-_decode_loop_xla = tf.function(_decode_loop, jit_compile=True)
 _CANONICAL: Dict[Any, Sampler] = {}  # (type, settings) -> the sampler object the traces are keyed on
 
 
-def pick_loop(eager: Any, graph: Any, xla: Any, compiled: bool, use_cache: bool,
-              jit_compile: Optional[bool]) -> Any:
-    """The loop to run: eager, a ``tf.function``, or one compiled with XLA (default with the cache).
+def compiled_forms(loop: Any) -> Dict[Tuple[bool, bool], Any]:
+    """``{(jit_compile, autograph): tf.function(loop)}``: the traced forms of a decode loop.
+
+    lmkit's models and samplers trace without AutoGraph (:func:`lmkit.core.xla.use_autograph`); a user's
+    model or sampler, which may branch on tensors in Python, keeps it.
+    """
+    return {(jit, autograph): tf.function(loop, jit_compile=jit, autograph=autograph)
+            for jit in (False, True) for autograph in (False, True)}
+
+
+def pick_loop(eager: Any, forms: Dict[Tuple[bool, bool], Any], compiled: bool, use_cache: bool,
+              jit_compile: Optional[bool], autograph: bool = True) -> Any:
+    """The loop to run: eager, one of ``forms`` (:func:`compiled_forms`), compiled with XLA by default with
+    the cache.
 
     Raises:
       UsageError: XLA asked for without ``compiled`` or without the cache.
@@ -252,4 +260,9 @@ def pick_loop(eager: Any, graph: Any, xla: Any, compiled: bool, use_cache: bool,
         from lmkit.core.errors import UsageError
         raise UsageError("jit_compile=True needs compiled=True and use_cache=True (the uncached reference "
                          "grows its input every step, which XLA cannot compile once)")
-    return xla if jit_compile else graph if compiled else eager
+    return forms[(bool(jit_compile), bool(autograph))] if compiled else eager
+
+
+# The model and sampler are Python arguments: TensorFlow traces once per model
+# object, sampler object and shape, and drops the trace when they die.
+_DECODE_LOOPS = compiled_forms(_decode_loop)

@@ -31,6 +31,7 @@ from typing import Any, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from lmkit.core.xla import use_autograph
 from lmkit.decoding.samplers import GreedySampler, TopPSampler
 
 __all__ = ["SlotModel", "TOP_LOGPROBS"]
@@ -74,10 +75,13 @@ class SlotModel:
         self.positional = hasattr(self.state, "positions") and hasattr(self.state, "_replace")
         self._fresh = model.initial_state(1, self.length)  # an RNN row's state before its prompt
         self.jit_compile = jit_compile
-        self._step = tf.function(self._step_graph, jit_compile=jit_compile)
-        self._prefill = (tf.function(self._prefill_graph, jit_compile=jit_compile) if self.positional
-                         else tf.function(self._prefill_graph, reduce_retracing=True))
-        self._score = tf.function(self._score_graph, input_signature=[tf.TensorSpec([1, None], tf.int32)])
+        autograph = use_autograph(model)  # lmkit's models trace without it (start-up time)
+        self._step = tf.function(self._step_graph, jit_compile=jit_compile, autograph=autograph)
+        self._prefill = (tf.function(self._prefill_graph, jit_compile=jit_compile, autograph=autograph)
+                         if self.positional else
+                         tf.function(self._prefill_graph, reduce_retracing=True, autograph=autograph))
+        self._score = tf.function(self._score_graph, input_signature=[tf.TensorSpec([1, None], tf.int32)],
+                                  autograph=autograph)
         self._samplers: "collections.OrderedDict[Tuple[float, Optional[int]], Any]" = collections.OrderedDict()
 
     # -- compiled ----------------------------------------------------------------------------------
@@ -193,7 +197,7 @@ class SlotModel:
         def draw(logits: tf.Tensor, rows: tf.Tensor, temperatures: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
             scaled = tf.gather(logits, rows) / temperatures[:, tf.newaxis]  # lmkit generate's logits / T
             return sampler.get_next_token(scaled, 0, seeds)
-        return tf.function(draw, jit_compile=self.jit_compile)
+        return tf.function(draw, jit_compile=self.jit_compile, autograph=use_autograph(sampler))
 
     def score(self, ids: Sequence[int]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Log-probabilities of a prompt's tokens: ``(chosen [n - 1], top [n - 1, k], top ids [n - 1, k])``."""

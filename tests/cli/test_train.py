@@ -87,7 +87,7 @@ def test_a_plan_flag_replaces_the_configs_plan_and_a_set_mixes_it():
         _from_flags("--config", "config_transformer", "--num_epochs", "1", "--max_steps", "5")
 
 
-def test_the_chat_flags_reach_the_data_section(tmp_path):
+def test_the_chat_flags_reach_the_data_section(tmp_path, monkeypatch):
     flags = ["--train_file", "chats.jsonl", "--data_format", "chat", "--chat_template", "t.jinja",
              "--train_on_prompt", "--packing", "--skip_bad_records"]
     data = config_from_args(build_parser().parse_args(flags)).data
@@ -95,5 +95,11 @@ def test_the_chat_flags_reach_the_data_section(tmp_path):
     assert data.train_on_prompt and data.packing and data.skip_bad_records
     data = config_from_args(build_parser().parse_args(["--train_file", "chats.jsonl"])).data
     assert (data.data_format, data.chat_template, data.packing) == ("", "", False)  # found from the records
-    with pytest.raises(SystemExit):
+    # A bad flag leaves through os._exit (no atexit handler may wait on other ranks): caught here, so the
+    # test's own process lives on (it once ended a pytest-xdist worker).
+    def leave(code):
+        raise SystemExit(code)
+    monkeypatch.setattr("lmkit.cli.common._hard_exit", leave)
+    with pytest.raises(SystemExit) as left:
         build_parser().parse_args(["--train_file", "c.jsonl", "--data_format", "messages"])
+    assert left.value.code == 2

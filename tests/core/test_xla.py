@@ -28,3 +28,5 @@ def test_autograph_only_for_models_from_outside_lmkit():
 
     Inside = type("Inside", (), {"__module__": "lmkit.models.gpt2.model"})
     assert use_autograph(Outside()) and not use_autograph(Inside())
+    # A decode loop: the model and its sampler; any one from outside lmkit keeps AutoGraph.
+    assert use_autograph(Inside(), Outside()) and not use_autograph(Inside(), Inside(), None)

@@ -190,6 +190,29 @@ def test_a_custom_sampler_plugs_into_the_loop(compiled):
                                                [6, 6, 6, 3, 4, 5, 6, 7, 0, 1, 2]])
 
 
+class BranchingSampler(Sampler):
+    """A user's strategy with a Python ``if`` on a tensor: it traces only through AutoGraph."""
+
+    def get_next_token(self, logits, step, seed):
+        del seed
+        if step % 2 == 0:  # a tensor: AutoGraph turns this into tf.cond
+            return tf.fill(tf.shape(logits)[:1], 2)
+        return tf.fill(tf.shape(logits)[:1], 5)
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_a_users_sampler_keeps_autograph_and_lmkit_s_own_trace_without_it(jit_compile):
+    # lmkit's models and samplers trace without AutoGraph (start-up time); a user's sampler on lmkit's
+    # model keeps it, or its `if` on a tensor could not trace.
+    from lmkit.core.xla import use_autograph
+    from lmkit.models import build_model
+    model = build_model({"model": "transformer", "vocab_size": 11, "hidden_size": 8, "num_layers": 1,
+                         "num_heads": 2, "max_positions": 16})
+    result = decode(model, 6, BranchingSampler(), prompts=[[6]], jit_compile=jit_compile)
+    np.testing.assert_array_equal(result.ids, [[6, 5, 2, 5, 2, 5]])
+    assert use_autograph(model, BranchingSampler()) and not use_autograph(model, GreedySampler())
+
+
 @pytest.mark.parametrize("build, message", [
     (lambda: TopKSampler(k=0), "top_k = 0 must be an integer >= 1"),
     (lambda: TopPSampler(p=0.0), r"top_p = 0.0 must be in \(0, 1\]"),
