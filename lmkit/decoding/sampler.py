@@ -101,7 +101,9 @@ class Sampler:
         loop = pick_loop(_decode_loop, _DECODE_LOOPS, config.compiled is not False, use_cache, jit_compile,
                          autograph=use_autograph(model, self))
         penalty = 1.0 if config.repetition_penalty is None else float(config.repetition_penalty)
-        settings = _LoopSettings(batch.max_length, batch.ends, batch.pad_id, use_cache, penalty, batch.holds_ends)
+        prefill = prefill_length(model, batch.lengths, use_cache, condition)
+        settings = _LoopSettings(batch.max_length, batch.ends, batch.pad_id, use_cache, penalty, batch.holds_ends,
+                                 prefill)
         min_new = np.zeros(len(batch.lengths), np.int32) if batch.min_new_tokens is None else batch.min_new_tokens
         ids, lengths, log_probs = loop(
             model, self.canonical(), tf.constant(batch.ids), tf.constant(batch.lengths),
@@ -146,6 +148,7 @@ class _LoopSettings(NamedTuple):
     use_cache: bool  # one token a step through model.step (False: the whole prefix again)
     repetition_penalty: float  # 1: off
     hold_eos: bool  # some row must generate min_new_tokens before an end
+    prefill: int = 0  # leading prompt tokens of every row fed in one teacher-forced call (0: none)
 
 
 def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, seed: tf.Tensor,
@@ -165,6 +168,11 @@ def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_l
     penalize = settings.repetition_penalty != 1.0
     # The tokens each row holds so far (for the repetition penalty), carried through the loop.
     seen = tf.zeros([batch_size, vocab_size if penalize else 0], tf.bool)
+    start = settings.prefill
+    if start:  # the prompts' common start in one pass (matrix products), as transformers' prefill
+        _, state = model(prompt_ids[:, :start], state, training=False)
+        if penalize:
+            seen = tf.reduce_any(tf.cast(tf.one_hot(prompt_ids[:, :start], vocab_size), tf.bool), axis=1)
 
     def not_done(t, ids, state, finished, lengths, log_probs, seen):
         del ids, state, lengths, log_probs, seen
@@ -200,7 +208,7 @@ def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_l
         ids = tf.where(tf.equal(positions, pos)[tf.newaxis, :], token[:, tf.newaxis], ids)
         return t + 1, ids, state, finished, lengths, log_probs, seen
 
-    loop_vars = (tf.constant(0, tf.int32), prompt_ids, state,
+    loop_vars = (tf.constant(start, tf.int32), prompt_ids, state,
                  tf.zeros([batch_size], tf.bool), prompt_lengths, tf.zeros([batch_size], tf.float32), seen)
     _, ids, _, _, lengths, log_probs, _ = tf.while_loop(not_done, body, loop_vars)
     return ids, lengths, log_probs
@@ -234,6 +242,22 @@ def _after_callback(on_token: OnToken, token: tf.Tensor, generated: tf.Tensor) -
 
 
 _CANONICAL: Dict[Any, Sampler] = {}  # (type, settings) -> the sampler object the traces are keyed on
+
+
+PREFILL_MULTIPLE = 8  # prefill lengths are multiples of this: few traces across prompt lengths
+
+
+def prefill_length(model: Any, prompt_lengths: np.ndarray, use_cache: bool, condition: Any) -> int:
+    """How many leading prompt tokens of every row the cached loop feeds in one teacher-forced call.
+
+    The rest of the prompts go one token a step, as before. A multiple of :data:`PREFILL_MULTIPLE`
+    below the shortest prompt (its last token gives the first new one), for lmkit's decoder-only
+    models (their ``model(ids, state)`` extends the cache, ``docs/design.md``); 0 otherwise: no cache,
+    an encoder-decoder's condition, or a model from outside lmkit, whose call may not take a state.
+    """
+    if not use_cache or condition is not None or use_autograph(model) or len(prompt_lengths) == 0:
+        return 0
+    return (int(np.min(prompt_lengths)) - 1) // PREFILL_MULTIPLE * PREFILL_MULTIPLE
 
 
 def compiled_forms(loop: Any) -> Dict[Tuple[bool, bool], Any]:
