@@ -568,3 +568,23 @@ def test_the_cudnn_install_probes_the_machines_own_cudnn_before_asking_for_the_p
     assert f"trying the machine's CUDA 13 cuDNN: {site}/nvidia/cudnn/lib:{site}/nvidia/cu13/lib" in lines
     assert "copy the parts" in lines[-1]
     assert (os.path.exists("/tmp/cudnn-env.sh") and open("/tmp/cudnn-env.sh").read()) == before
+
+
+def test_decode_profile_parts_run_on_a_tiny_model():
+    # benchmarks/decode_profile.py: each part of the step compiled in a loop of its own; the model's
+    # step fed its own argmax ends where greedy decoding from the same token ends.
+    import numpy as np
+
+    from benchmarks import decode_profile
+    from lmkit.decoding import decode
+    from lmkit.models import build_model
+    model = build_model({"model": "gpt2", "vocab_size": 13, "hidden_size": 8, "num_layers": 1, "num_heads": 2,
+                         "max_positions": 16, "init_scale": 0.8})
+    parts = decode_profile.build_parts(model, 6, 8)
+    assert sorted(parts) == ["decoder.step", "empty loop", "model.step", "output projection"]
+    np.testing.assert_allclose(parts["empty loop"](), np.full([1, 8], 7.0))  # ones + 6 steps
+    greedy = decode(model, 7, prompts=[[3]]).ids[0]
+    assert int(parts["model.step"]()[0]) == greedy[-1]
+    for name in ("decoder.step", "output projection"):
+        assert np.isfinite(parts[name]()).all() and parts[name]().shape == (1, 8)
+    assert decode_profile.parse_args([]).prompt == 16
