@@ -168,11 +168,7 @@ def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_l
     penalize = settings.repetition_penalty != 1.0
     # The tokens each row holds so far (for the repetition penalty), carried through the loop.
     seen = tf.zeros([batch_size, vocab_size if penalize else 0], tf.bool)
-    start = settings.prefill
-    if start:  # the prompts' common start in one pass (matrix products), as transformers' prefill
-        _, state = model(prompt_ids[:, :start], state, training=False)
-        if penalize:
-            seen = tf.reduce_any(tf.cast(tf.one_hot(prompt_ids[:, :start], vocab_size), tf.bool), axis=1)
+    state, seen = _prefill(model, prompt_ids, state, seen, settings.prefill, vocab_size)
 
     def not_done(t, ids, state, finished, lengths, log_probs, seen):
         del ids, state, lengths, log_probs, seen
@@ -208,10 +204,22 @@ def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_l
         ids = tf.where(tf.equal(positions, pos)[tf.newaxis, :], token[:, tf.newaxis], ids)
         return t + 1, ids, state, finished, lengths, log_probs, seen
 
-    loop_vars = (tf.constant(start, tf.int32), prompt_ids, state,
+    loop_vars = (tf.constant(settings.prefill, tf.int32), prompt_ids, state,
                  tf.zeros([batch_size], tf.bool), prompt_lengths, tf.zeros([batch_size], tf.float32), seen)
     _, ids, _, _, lengths, log_probs, _ = tf.while_loop(not_done, body, loop_vars)
     return ids, lengths, log_probs
+
+
+def _prefill(model: Any, prompt_ids: tf.Tensor, state: Any, seen: tf.Tensor, length: int,
+             vocab_size: int) -> Tuple[Any, tf.Tensor]:
+    """``(state, seen)`` after the prompts' first ``length`` tokens in one teacher-forced pass (matrix
+    products, as transformers' prefill); ``seen`` (the repetition penalty's, when kept) holds them."""
+    if not length:
+        return state, seen
+    _, state = model(prompt_ids[:, :length], state, training=False)
+    if seen.shape[-1]:  # the repetition penalty is on
+        seen = tf.reduce_any(tf.cast(tf.one_hot(prompt_ids[:, :length], vocab_size), tf.bool), axis=1)
+    return state, seen
 
 
 def _allowed(logits: tf.Tensor, seen: tf.Tensor, ids: tf.Tensor, pos: tf.Tensor, prompt_lengths: tf.Tensor,
