@@ -74,8 +74,9 @@ class Sampler:
           model: a language model following the protocol of ``docs/design.md``.
           batch: the padded prompts, their end and pad ids and ``min_new_tokens``.
           config: a :class:`~lmkit.decoding.config.GenerationConfig`; this reads its ``seed`` (None
-            draws one), ``use_cache`` (True feeds one token per step through ``model.step``, False
-            recomputes the prefix each step, a reference), ``compiled`` (``tf.function``),
+            draws one), ``use_cache`` (True feeds one token per step through ``model.step``, after
+            :func:`prefill_length` tokens of every prompt in one pass; False recomputes the prefix
+            each step, a reference), ``compiled`` (``tf.function``),
             ``jit_compile`` (XLA; None: when compiled and cached, as the uncached reference grows
             its input every step) and ``repetition_penalty`` (a positive logit of every token already
             in the row, prompt included, divided by it, a negative one multiplied, before the sampler
