@@ -232,11 +232,13 @@ def _evaluate_examples(args: argparse.Namespace, folder: Any, config: Any, read:
     loss = total / max(weight, 1.0)
     report = {"model_dir": args.model_dir, "text": path, "records": found.report.records, "examples": len(examples),
               "weighted_tokens": int(weight), "loss_per_token": loss, "perplexity": perplexity(loss)}
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        print(f"{path}: perplexity {report['perplexity']:.2f} per assistant token ({int(weight)} weighted tokens "
-              f"in {len(examples)} examples)", flush=True)
+    return _print_report(args, report, f"{path}: perplexity {report['perplexity']:.2f} per assistant token "
+                         f"({int(weight)} weighted tokens in {len(examples)} examples)")
+
+
+def _print_report(args: argparse.Namespace, report: dict, line: str) -> int:
+    """Prints ``report`` as JSON with --json, else ``line``; the command's exit status (0)."""
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else line, flush=True)
     return 0
 
 
@@ -263,12 +265,8 @@ def _report_perplexity(args: argparse.Namespace, model: Any, tokenizer: Any, tex
     report = {"model_dir": args.model_dir, "text": path, "tokenizer": tokenizer.name,
               "tokens": tokens, "words": words, "loss_per_token": loss,
               "perplexity": perplexity(loss), "word_perplexity": word_perplexity(loss, tokens, words)}
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        print(f"{path}: perplexity {report['perplexity']:.2f} per token ({tokens} tokens), "
-              f"{report['word_perplexity']:.2f} per word ({words} words)", flush=True)
-    return 0
+    return _print_report(args, report, f"{path}: perplexity {report['perplexity']:.2f} per token ({tokens} tokens), "
+                         f"{report['word_perplexity']:.2f} per word ({words} words)")
 
 
 def _pair_paths(args: argparse.Namespace, config) -> "tuple[str, str]":
@@ -338,14 +336,10 @@ def _evaluate_pairs(args: argparse.Namespace, folder: Any) -> int:
     report = {"model_dir": args.model_dir, "source_file": source_path, "target_file": target_path,
               "pairs": len(sources), "scored_pairs": len(pairs), "target_tokens": tokens,
               "loss_per_token": loss, "perplexity": perplexity(loss), **_decoding(plan.settings), **scores}
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        skipped = "" if len(pairs) == len(sources) else f" of {len(pairs)} readable pairs ({pairs.report.summary()})"
-        print(f"{target_path}: perplexity {report['perplexity']:.2f} per token ({tokens} target tokens{skipped}), "
-              f"BLEU {scores['bleu']:.2f}, exact match {100 * scores['exact_match']:.1f}% of {len(sources)} "
-              f"({plan.settings.strategy})", flush=True)
-    return 0
+    skipped = "" if len(pairs) == len(sources) else f" of {len(pairs)} readable pairs ({pairs.report.summary()})"
+    return _print_report(args, report, f"{target_path}: perplexity {report['perplexity']:.2f} per token ({tokens} "
+                         f"target tokens{skipped}), BLEU {scores['bleu']:.2f}, exact match "
+                         f"{100 * scores['exact_match']:.1f}% of {len(sources)} ({plan.settings.strategy})")
 
 
 def _decode_pairs(args: argparse.Namespace, generator: Any, sources: Sequence[str], source_path: str,

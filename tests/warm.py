@@ -1,0 +1,378 @@
+"""Warm starts for the Python commands that tests run: a process that has imported TensorFlow forks one
+child per command.
+
+TensorFlow's import is about 3 of the 4-5 CPU-seconds of a short ``lmkit generate``, and the suite
+runs hundreds of such commands on 2 cores. :func:`tests.helpers.run` hands a command of the form
+``[sys.executable, "-m", MODULE, ...]`` or ``[sys.executable, SCRIPT.py, ...]`` to this module's
+server (one per pytest process, started on first use), which forks. For all a test can see the child
+is a process of its own, started as the command says:
+
+* its own pid, and its own session when asked (``start_new_session``): the test kills its group;
+* the command's environment (``os.environ``, so ``getenv`` too), working directory, ``sys.argv``,
+  ``sys.path`` (``PYTHONPATH``, then the module's or script's folder, as Python puts it);
+* the test's pipes as stdin, stdout and stderr;
+* Python's way out: ``SystemExit``'s status, a traceback and 1 for an exception, non-daemon
+  threads joined, atexit handlers run, output flushed; a signal's death reads as ``-signum``.
+
+What differs is that TensorFlow's modules (and NumPy's) are already imported. So a command runs cold,
+as a real subprocess, whenever its environment differs from the server's in a variable that these
+imports read (``TF_*``, ``XLA_FLAGS``, thread and allocator settings, ``PYTHON*`` other than
+``PYTHONPATH``), and always under ``LMKIT_TEST_WARM=0``. Launchers (``mpirun``, ``horovodrun``)
+and other interpreters are never routed here: those tests start every process cold.
+
+The server is single-threaded (it forks from the one thread it has): it polls its socket and reaps
+its children, reports each child's pid when it starts and its status when it ends, and leaves,
+killing what it started, when the test process that started it is gone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+# Environment variables whose value at import time can change what the imported modules do.
+IMPORT_TIME_PREFIXES = ("TF_", "XLA_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "ONEDNN_", "DNNL_", "CUDA_",
+                        "LD_", "MALLOC_", "JEMALLOC_", "PYTHON", "KERAS_")
+DISABLE_ENV = "LMKIT_TEST_WARM"
+_HEADER = struct.Struct("!I")
+
+
+def import_time_env(env: Dict[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k != "PYTHONPATH"}
+
+
+def routable(cmd: Sequence[str]) -> bool:
+    """``[sys.executable, "-m", MODULE, ...]`` or ``[sys.executable, SCRIPT.py, ...]``: no interpreter flags."""
+    if len(cmd) < 2 or cmd[0] != sys.executable:
+        return False
+    if cmd[1] == "-m":
+        return len(cmd) >= 3 and not cmd[2].startswith("-")
+    return cmd[1].endswith(".py") and os.path.isfile(cmd[1])
+
+
+# --------------------------------------------------------------------------
+# The server
+# --------------------------------------------------------------------------
+def _read_exact(conn: socket.socket, count: int, first: bytes = b"") -> bytes:
+    data = bytearray(first)
+    while len(data) < count:
+        chunk = conn.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError("the client left mid-request")
+        data += chunk
+    return bytes(data)
+
+
+def _receive(conn: socket.socket) -> "tuple[dict, List[int]]":
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    data = _read_exact(conn, _HEADER.size, data)
+    (length,) = _HEADER.unpack(data[:_HEADER.size])
+    body = _read_exact(conn, length, data[_HEADER.size:])
+    return json.loads(body.decode("utf-8")), list(fds)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def _run_child(request: dict, fds: List[int], base_path: List[str]) -> None:
+    """In the forked child: becomes the command, runs it, and leaves as Python would (never returns)."""
+    code = 1
+    try:
+        if request["new_session"]:
+            os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in set(fds):
+            if fd > 2:
+                os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        argv = request["argv"]
+        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        import runpy
+        if argv[0] == "-m":
+            sys.path[:] = [os.getcwd(), *extra, *base_path]
+            sys.argv = ["-m", *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(argv[0])
+            sys.path[:] = [os.path.dirname(script), *extra, *base_path]
+            sys.argv = list(argv)
+            runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except KeyboardInterrupt:
+        import traceback
+        traceback.print_exc()
+        code = 130
+    except BaseException:  # noqa: BLE001 - what Python prints for an uncaught exception
+        import traceback
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            threading._shutdown()  # non-daemon threads, as at interpreter exit
+        except BaseException:  # noqa: BLE001
+            pass
+        try:
+            import atexit
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+def serve(path: str) -> None:
+    """Imports TensorFlow, then forks a child per request on the Unix socket ``path``."""
+    import numpy  # noqa: F401
+    import tensorflow  # noqa: F401
+    parent = os.getppid()
+    python_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = [p for p in sys.path[1:] if p not in python_path]
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(64)
+    os.rename(path + ".tmp", path)  # ready: clients connect only now
+    waiting: Dict[int, socket.socket] = {}
+    try:
+        while os.getppid() == parent:
+            ready, _, _ = select.select([listener], [], [], 0.05)
+            if ready:
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _receive(conn)
+                except (OSError, ValueError, ConnectionError):
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for other in waiting.values():
+                        other.close()
+                    conn.close()
+                    _run_child(request, fds, base_path)
+                for fd in fds:
+                    os.close(fd)
+                try:
+                    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                except OSError:
+                    pass
+                waiting[pid] = conn
+            _reap(waiting)
+    finally:
+        for pid in list(waiting):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        listener.close()
+
+
+def _reap(waiting: Dict[int, socket.socket]) -> None:
+    while waiting:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is None:
+            continue
+        try:
+            conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+        except OSError:
+            pass
+        conn.close()
+
+
+# --------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------
+class _Server:
+    def __init__(self, env: Dict[str, str]):
+        self.folder = tempfile.mkdtemp(prefix="lmkit-warm-")
+        self.path = os.path.join(self.folder, "socket")
+        self.env = dict(env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.warm", self.path], env=env,
+                                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(self.path):
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_server: Optional[_Server] = None
+_lock = threading.Lock()
+
+
+def _get_server(env: Dict[str, str], server_env: Dict[str, str]) -> Optional[_Server]:
+    global _server
+    with _lock:
+        if _server is None:
+            import atexit
+            _server = _Server(server_env)
+            atexit.register(_server.close)
+        server = _server
+    if not server.wait_ready() or server.proc.poll() is not None:
+        return None
+    if import_time_env(env) != import_time_env(server.env):
+        return None
+    return server
+
+
+class WarmProcess:
+    """A command forked by the server; :meth:`communicate` as :class:`subprocess.Popen`'s, text mode."""
+
+    def __init__(self, conn: socket.socket, pid: int, pipes: "tuple", input: Optional[str], buffer: bytes):
+        self.conn, self.pid, self.returncode, self._buffer = conn, pid, None, buffer
+        self._stdin, self._stdout, self._stderr = pipes
+        self._input = input
+
+    def communicate(self, timeout: Optional[float] = None) -> "tuple[str, str]":
+        out: List[bytes] = []
+        err: List[bytes] = []
+        readers = [threading.Thread(target=_drain, args=(self._stdout, out), daemon=True),
+                   threading.Thread(target=_drain, args=(self._stderr, err), daemon=True)]
+        for reader in readers:
+            reader.start()
+        if self._stdin is not None:
+            writer = threading.Thread(target=_feed, args=(self._stdin, self._input or ""), daemon=True)
+            writer.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status = self._wait_status(deadline)
+        if status is None:
+            raise subprocess.TimeoutExpired(["(warm)"], timeout or 0.0)
+        for reader in readers:  # the command's children may still hold its output open
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.returncode = status
+        return b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace")
+
+    def _wait_status(self, deadline: Optional[float]) -> Optional[int]:
+        buffer = self._buffer
+        while b"\n" not in buffer:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            ready, _, _ = select.select([self.conn], [], [], left)
+            if not ready:
+                return None
+            chunk = self.conn.recv(4096)
+            if not chunk:
+                raise ConnectionError("the warm-start server left before the command ended")
+            buffer += chunk
+        self.conn.close()
+        return int(json.loads(buffer.split(b"\n", 1)[0])["status"])
+
+    def kill(self) -> None:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(self.pid, signal.SIGKILL)
+                return
+            except OSError:
+                continue
+
+
+def _drain(fd: int, sink: List[bytes]) -> None:
+    with open(fd, "rb", buffering=0, closefd=True) as f:
+        while True:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                return
+            sink.append(chunk)
+
+
+def _feed(fd: int, text: str) -> None:
+    with open(fd, "wb", closefd=True) as f:
+        try:
+            f.write(text.encode("utf-8"))
+        except BrokenPipeError:
+            pass
+
+
+def start(cmd: Sequence[str], env: Dict[str, str], cwd: str, input: Optional[str],
+          server_env: Dict[str, str]) -> Optional[WarmProcess]:
+    """Starts ``cmd`` as a fork of the warm server (started with ``server_env`` on first use), or returns
+    None: run it cold."""
+    if os.environ.get(DISABLE_ENV, "1") == "0" or env.get(DISABLE_ENV, "1") == "0" or not routable(cmd):
+        return None
+    server = _get_server(env, server_env)
+    if server is None:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(server.path)
+    except OSError:
+        conn.close()
+        return None
+    stdin_r, stdin_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), None)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    body = json.dumps({"argv": list(cmd[1:]), "env": dict(env), "cwd": os.path.abspath(cwd),
+                       "new_session": True}).encode("utf-8")
+    message = _HEADER.pack(len(body)) + body
+    try:
+        sent = socket.send_fds(conn, [message], [stdin_r, out_w, err_w])
+        conn.sendall(message[sent:])
+        reply = b""
+        while b"\n" not in reply:
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise ConnectionError("no pid")
+            reply += chunk
+        line, reply = reply.split(b"\n", 1)
+        pid = int(json.loads(line)["pid"])
+    except (OSError, ValueError, ConnectionError):
+        conn.close()
+        for fd in (stdin_w, out_r, err_r):
+            if fd is not None:
+                os.close(fd)
+        return None
+    finally:
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+    return WarmProcess(conn, pid, (stdin_w, out_r, err_r), input, reply)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
