@@ -33,8 +33,10 @@ run_single() {
   # Two pytest workers (pytest-xdist), a test file each at a time: many tests wait on the
   # processes they start, and one worker left a core idle once the suite beside it ended.
   # No -x: after a worker crashed, xdist with -x waited forever for it (seen here); `timeout` bounds the
-  # whole suite so that no hang outlives CI.
-  timeout --signal=TERM --kill-after=30 3000 \
+  # whole suite so that no hang outlives CI (90 minutes). The bound is about three times the suite's
+  # time on 2 idle cores (25 minutes): a machine shared with two CPU-bound jobs takes twice as long.
+  # Commands that tests run as `python -m MODULE` or `python SCRIPT.py` start warm (tests/warm.py).
+  timeout --signal=TERM --kill-after=30 4500 \
     "$PY" -m pytest tests -q -p no:cacheprovider --timeout 900 --durations=25 --ignore=tests/distributed/mpi \
     -n "${LMKIT_TEST_WORKERS:-2}" --dist loadfile
   pytest_rc_ok $? || failed+=("single-process tests")
@@ -56,7 +58,7 @@ run_native() {
   # What the TensorFlow version can change: layers, models, optimizers, decoding, the compiled step and
   # loop, the native backend, the serving engine and the SavedModel. The CLI, data and hub tests run on
   # TensorFlow 2.18 above (the same Python code); tests/test_wheel.py installs the wheel on the newest.
-  timeout --signal=TERM --kill-after=30 3000 \
+  timeout --signal=TERM --kill-after=30 4500 \
     "$NATIVE_PY" -m pytest "${NATIVE_TESTS[@]}" -q -p no:cacheprovider --timeout 900 \
     -m "not horovod and not wheel and not transformers" -x --durations=25
   pytest_rc_ok $? || failed+=("tests on the newest TensorFlow without Horovod")

@@ -19,6 +19,7 @@ as a real subprocess, whenever its environment differs from the server's in a va
 imports read (``TF_*``, ``XLA_FLAGS``, thread and allocator settings, ``PYTHON*`` other than
 ``PYTHONPATH``), and always under ``LMKIT_TEST_WARM=0``. Launchers (``mpirun``, ``horovodrun``)
 and other interpreters are never routed here: those tests start every process cold.
+``LMKIT_TEST_WARM_LOG=FILE`` appends a line per routable command to FILE: warm, or cold.
 
 The server is single-threaded (it forks from the one thread it has): it polls its socket and reaps
 its children, reports each child's pid when it starts and its status when it ends, and leaves,
@@ -222,18 +223,20 @@ class _Server:
         self.folder = tempfile.mkdtemp(prefix="lmkit-warm-")
         self.path = os.path.join(self.folder, "socket")
         self.env = dict(env)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.warm", self.path], env=env,
-                                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(os.path.join(self.folder, "server.log"), "wb") as log:  # TensorFlow's start-up lines
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.warm", self.path], env=env,
+                                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         start_new_session=True)
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
+        """Whether the server is up; one that is not up within ``timeout`` is never waited for again."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.proc.poll() is None:
             if os.path.exists(self.path):
                 return True
-            if self.proc.poll() is not None:
-                return False
             time.sleep(0.05)
+        self.close()
         return False
 
     def close(self) -> None:
@@ -337,6 +340,10 @@ def start(cmd: Sequence[str], env: Dict[str, str], cwd: str, input: Optional[str
     if os.environ.get(DISABLE_ENV, "1") == "0" or env.get(DISABLE_ENV, "1") == "0" or not routable(cmd):
         return None
     server = _get_server(env, server_env)
+    if os.environ.get("LMKIT_TEST_WARM_LOG"):
+        with open(os.environ["LMKIT_TEST_WARM_LOG"], "a", encoding="utf-8") as f:
+            why = "warm" if server else "cold (the server is not up, or an import-time variable differs)"
+            f.write(f"{why}: {' '.join(cmd[:4])}\n")
     if server is None:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
