@@ -7,7 +7,8 @@ WHAT="${1:-all}"
 PY=.venv/bin/python
 NATIVE_PY=.venv-tf-latest/bin/python
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-export PYTHONDONTWRITEBYTECODE=1
+# Bytecode is written (__pycache__, ignored by git): each of the suite's hundreds of processes would
+# otherwise compile lmkit's modules, and pytest rewrite every test file, again.
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
@@ -48,7 +49,7 @@ run_dist() {
   # anywhere becomes a failure. mpirun exits non-zero when any rank fails.
   timeout --signal=TERM --kill-after=30 900 \
     mpirun -np 2 --oversubscribe --tag-output \
-      -x TF_CPP_MIN_LOG_LEVEL -x PYTHONDONTWRITEBYTECODE \
+      -x TF_CPP_MIN_LOG_LEVEL \
       "$PY" -m pytest tests/distributed/mpi -q -p no:cacheprovider --color=no --timeout 240 -x
   pytest_rc_ok $? || failed+=("distributed tests (mpirun -np 2)")
 }
