@@ -187,14 +187,18 @@ def serve(path: str) -> None:
             _reap(waiting)
     finally:
         for pid in list(waiting):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill_group(pid)
         listener.close()
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL to ``pid``'s process group (its session, when it made one), else to ``pid`` alone."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+            return
+        except OSError:
+            continue
 
 
 def _reap(waiting: Dict[int, socket.socket]) -> None:
@@ -288,32 +292,41 @@ class WarmProcess:
             raise subprocess.TimeoutExpired(["(warm)"], timeout or 0.0)
         for reader in readers:  # the command's children may still hold its output open
             reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if any(reader.is_alive() for reader in readers):  # as Popen.communicate: no end of output in time
+            raise subprocess.TimeoutExpired(["(warm)"], timeout or 0.0)
         self.returncode = status
         return b"".join(out).decode("utf-8", "replace"), b"".join(err).decode("utf-8", "replace")
 
     def _wait_status(self, deadline: Optional[float]) -> Optional[int]:
-        buffer = self._buffer
-        while b"\n" not in buffer:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            ready, _, _ = select.select([self.conn], [], [], left)
-            if not ready:
-                return None
-            chunk = self.conn.recv(4096)
-            if not chunk:
-                raise ConnectionError("the warm-start server left before the command ended")
-            buffer += chunk
+        line, _ = _read_line(self.conn, self._buffer, deadline)
+        if line is None:
+            return None
         self.conn.close()
-        return int(json.loads(buffer.split(b"\n", 1)[0])["status"])
+        return int(json.loads(line)["status"])
 
     def kill(self) -> None:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(self.pid, signal.SIGKILL)
-                return
-            except OSError:
-                continue
+        _kill_group(self.pid)
+
+
+def _read_line(conn: socket.socket, buffer: bytes, deadline: Optional[float] = None) -> "tuple":
+    """``(the server's next JSON line, what came after it)``; ``(None, buffer)`` past ``deadline``.
+
+    Raises:
+      ConnectionError: the server closed the connection first.
+    """
+    while b"\n" not in buffer:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None, buffer
+        ready, _, _ = select.select([conn], [], [], left)
+        if not ready:
+            return None, buffer
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ConnectionError("the warm-start server closed the connection")
+        buffer += chunk
+    line, rest = buffer.split(b"\n", 1)
+    return line, rest
 
 
 def _drain(fd: int, sink: List[bytes]) -> None:
@@ -361,13 +374,7 @@ def start(cmd: Sequence[str], env: Dict[str, str], cwd: str, input: Optional[str
     try:
         sent = socket.send_fds(conn, [message], [stdin_r, out_w, err_w])
         conn.sendall(message[sent:])
-        reply = b""
-        while b"\n" not in reply:
-            chunk = conn.recv(4096)
-            if not chunk:
-                raise ConnectionError("no pid")
-            reply += chunk
-        line, reply = reply.split(b"\n", 1)
+        line, reply = _read_line(conn, b"")
         pid = int(json.loads(line)["pid"])
     except (OSError, ValueError, ConnectionError):
         conn.close()
