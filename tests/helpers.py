@@ -51,8 +51,8 @@ def run(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None
       subprocess.TimeoutExpired: the command (and its children) ran longer
         than ``timeout`` seconds; they have been killed.
     """
-    env = env or subprocess_env()
     from tests import warm  # a fork of a process that has imported TensorFlow, where nothing tells them apart
+    env = warm.rank_env(env or subprocess_env(), server_env=subprocess_env())  # mpirun's ranks too
     proc = warm.start(cmd, env, cwd, input, server_env=subprocess_env())
     if proc is not None:
         try:

@@ -1,5 +1,6 @@
 """tests/warm.py: a command started warm by helpers.run behaves as the same command started cold."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,3 +111,132 @@ def test_other_interpreters_launchers_and_import_time_settings_start_cold(script
     # A TensorFlow setting read at import differs from the server's: a real subprocess runs it.
     res = run([sys.executable, script, "0"], timeout=120, env=subprocess_env({"TF_ENABLE_ONEDNN_OPTS": "0"}))
     assert res.returncode == 0 and '"tf_loaded": false' in res.stdout
+
+
+# --------------------------------------------------------------------------
+# Ranks under mpirun: a stand-in forwards to a fork of the server
+# --------------------------------------------------------------------------
+RANK_PROBE = r"""
+import json, os, signal, sys, time
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+got = []
+signal.signal(signal.SIGUSR1, lambda *_: got.append("USR1"))
+print(json.dumps({"rank": rank, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
+                  "probe": os.getenv("WARM_PROBE"), "tf_loaded": "tensorflow" in sys.modules,
+                  "main": __name__, "pid": os.getpid()}), flush=True)
+if sys.argv[1] == "wait":  # until a signal comes, then as many seconds as the test allows
+    while not got:
+        time.sleep(0.05)
+    print(f"rank {rank} got {got[0]}", flush=True)
+    sys.exit(5)
+sys.exit(int(sys.argv[1]) if rank == 1 else 0)
+"""
+
+
+@pytest.fixture
+def rank_script(tmp_path):
+    path = tmp_path / "rank_probe.py"
+    path.write_text(RANK_PROBE)
+    return str(path)
+
+
+def _ranks_seen(output):
+    """The ranks' JSON lines, by rank. Unbuffered (``PYTHONUNBUFFERED``), a rank writes its line and the
+    newline apart, and mpirun may put the other rank's line between them: each object is found alone."""
+    import json
+    import re
+    seen = [json.loads(found) for found in re.findall(r"\{[^{}]*\}", output)]
+    return sorted(seen, key=lambda s: s["rank"])
+
+
+def test_mpirun_ranks_start_warm_and_see_what_cold_ranks_see(rank_script, tmp_path):
+    from tests.helpers import mpirun_cmd
+    cmd = mpirun_cmd(2, [rank_script, "3"], env_keys=("WARM_PROBE",))
+    hot, cold = _both(cmd, env=subprocess_env({"WARM_PROBE": "yes"}), cwd=str(tmp_path))
+    assert hot.returncode == cold.returncode == 3, hot.stderr[-2000:] + cold.stderr[-2000:]
+    seen_hot, seen_cold = _ranks_seen(hot.stdout), _ranks_seen(cold.stdout)
+    assert [s.pop("tf_loaded") for s in seen_hot] == [True, True]  # both ranks started warm
+    assert [s.pop("tf_loaded") for s in seen_cold] == [False, False]
+    for s in seen_hot + seen_cold:
+        s.pop("pid")
+    assert seen_hot == seen_cold
+    assert seen_hot[1]["argv"] == [rank_script, "3"] and seen_hot[1]["probe"] == "yes"
+    assert seen_hot[1]["cwd"] == str(tmp_path) and seen_hot[1]["main"] == "__main__"
+
+
+@pytest.mark.parametrize("warm_ranks", [True, False], ids=["warm", "cold"])
+def test_mpirun_passes_a_signal_on_to_warm_ranks_as_to_cold_ones(rank_script, warm_ranks):
+    """mpirun forwards SIGUSR1 to its ranks (how lmkit's wrapper asks them to stop): through a stand-in."""
+    from tests.distributed.reliability.support import mpirun, run_streamed
+    started, ready = [], []
+
+    def on_line(line):
+        if "{" in line:
+            ready.extend(_ranks_seen(line))
+            if len(ready) == 2:
+                os.kill(started[0].pid, signal.SIGUSR1)
+
+    env = {} if warm_ranks else {warm.DISABLE_ENV: "0"}
+    out = run_streamed(mpirun([rank_script, "wait"]), timeout=120, env=env, on_line=on_line,
+                       on_start=started.append)
+    assert out.count("rank 0 got USR1") == out.count("rank 1 got USR1") == 1, out.explain()
+    assert out.returncode == 5, out.explain()
+    assert [s["tf_loaded"] for s in _ranks_seen(out.output)] == [warm_ranks, warm_ranks]
+
+
+def _children(pid):
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().split(")")[-1].split()[1]) == pid:
+                        found.append(int(name))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _dead(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_stand_in_killed_by_sigkill_takes_its_command_with_it(rank_script):
+    """As a rank killed by SIGKILL: the stand-in cannot pass SIGKILL on, so the server kills the command."""
+    from tests.distributed.reliability.support import mpirun, run_streamed
+    started, commands, killed = [], [], []
+
+    def on_line(line):
+        if "{" in line:
+            commands.extend(seen["pid"] for seen in _ranks_seen(line))
+            if len(commands) == 2:
+                stand_ins = [p for p in _children(started[0].pid) if p not in commands]
+                assert len(stand_ins) == 2, stand_ins
+                for pid in stand_ins:
+                    os.kill(pid, signal.SIGKILL)
+                killed.extend(stand_ins)
+
+    out = run_streamed(mpirun([rank_script, "wait"]), timeout=120, on_line=on_line, on_start=started.append)
+    assert killed and out.returncode != 0, out.explain()
+    assert "got USR1" not in out.output
+    deadline = time.monotonic() + 60  # the server polls every 50 ms; the wait is only for the reaping
+    while not all(_dead(pid) for pid in commands) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_dead(pid) for pid in commands), "a warm rank outlived its stand-in"
+
+
+def test_ranks_of_another_host_or_other_settings_start_cold(monkeypatch):
+    own = warm.namespaces()
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "LD_LIBRARY_PATH": "/usr/lib:/usr/lib/"}
+    assert warm.import_time_env(env) == {"TF_CPP_MIN_LOG_LEVEL": "2"}  # Open MPI's own folder: as without
+    own_env = warm.import_time_env(env)
+    assert warm._why_cold({"env": env, "namespaces": own}, own_env, own) == ""
+    other_host = dict(own, net="net:[4026532999]")  # a rank in another network namespace (tests/distributed/netns)
+    assert "namespaces" in warm._why_cold({"env": env, "namespaces": other_host}, own_env, own)
+    for change in ({"LD_LIBRARY_PATH": "/opt/lib"}, {"TF_ENABLE_ONEDNN_OPTS": "0"}):
+        assert "variable" in warm._why_cold({"env": dict(env, **change), "namespaces": own}, own_env, own)
+    assert warm._why_cold({"env": dict(env, TF_CONFIG="{}"), "namespaces": own}, own_env, own) == ""

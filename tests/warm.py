@@ -21,6 +21,15 @@ imports read (``TF_*``, ``XLA_FLAGS``, thread and allocator settings, ``PYTHON*`
 and other interpreters are never routed here: those tests start every process cold.
 ``LMKIT_TEST_WARM_LOG=FILE`` appends a line per routable command to FILE: warm, or cold.
 
+Ranks under ``mpirun`` start warm too. :func:`rank_env` adds to a launcher's environment the server's
+socket and ``tests/warm_site`` (on ``PYTHONPATH``), whose ``sitecustomize`` calls :func:`become_rank`
+in every Python the launcher starts. In an Open MPI rank whose command is routable, that process (the
+*stand-in*: the launcher's child, with the launcher's pipes, group and pid) has the server fork the
+command with its environment, directory and pipes, passes on every signal it gets to the command's
+group, and ends as the command ended (its status, or death by the same signal). Should the stand-in
+die of SIGKILL, the server kills the command. A rank whose namespaces (another simulated host) or
+import-time variables differ from the server's runs cold, as does any other Python the launcher starts.
+
 The server is single-threaded (it forks from the one thread it has): it polls its socket and reaps
 its children, reports each child's pid when it starts and its status when it ends, and leaves,
 killing what it started, when the test process that started it is gone.
@@ -47,8 +56,38 @@ DISABLE_ENV = "LMKIT_TEST_WARM"
 _HEADER = struct.Struct("!I")
 
 
+# ... less those read later: the path of modules to import, and the cluster of tf.distribute's resolver.
+RUN_TIME = ("PYTHONPATH", "TF_CONFIG")
+SOCKET_ENV, PYTHON_ENV = "LMKIT_TEST_WARM_SOCKET", "LMKIT_TEST_WARM_PYTHON"
+SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_site")
+# What a stand-in passes on to its command: what a launcher or a test sends to stop, pause or resume it.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGCONT, signal.SIGALRM)
+
+
+# Folders the dynamic linker searches anyway: Open MPI puts its own (``/usr/lib``) on a rank's
+# ``LD_LIBRARY_PATH``, which then finds the libraries it found without.
+SYSTEM_LIB_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")
+
+
 def import_time_env(env: Dict[str, str]) -> Dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k != "PYTHONPATH"}
+    found = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in RUN_TIME}
+    if "LD_LIBRARY_PATH" in found:
+        own = [p for p in found.pop("LD_LIBRARY_PATH").split(os.pathsep) if p.rstrip("/") not in SYSTEM_LIB_DIRS]
+        if own:
+            found["LD_LIBRARY_PATH"] = os.pathsep.join(own)
+    return found
+
+
+def namespaces() -> Dict[str, str]:
+    """This process's Linux namespaces (``/proc/self/ns``): a rank on another simulated host has others."""
+    found = {}
+    for name in ("net", "mnt", "pid", "ipc", "uts", "user", "cgroup"):
+        try:
+            found[name] = os.readlink(f"/proc/self/ns/{name}")
+        except OSError:
+            found[name] = ""
+    return found
 
 
 def routable(cmd: Sequence[str]) -> bool:
@@ -157,15 +196,25 @@ def serve(path: str) -> None:
     listener.bind(path + ".tmp")
     listener.listen(64)
     os.rename(path + ".tmp", path)  # ready: clients connect only now
-    waiting: Dict[int, socket.socket] = {}
+    own_env, own_namespaces = import_time_env(dict(os.environ)), namespaces()
+    waiting: Dict[int, Optional[socket.socket]] = {}  # a command's pid: its client's connection
     try:
         while os.getppid() == parent:
-            ready, _, _ = select.select([listener], [], [], 0.05)
-            if ready:
+            clients = {conn: pid for pid, conn in waiting.items() if conn is not None}
+            ready, _, _ = select.select([listener, *clients], [], [], 0.05)
+            for conn in ready:
+                if conn is not listener:  # a client sends nothing after its request: it is gone
+                    _client_gone(conn, clients[conn], waiting)
+            if listener in ready:
                 conn, _ = listener.accept()
                 try:
                     request, fds = _receive(conn)
                 except (OSError, ValueError, ConnectionError):
+                    conn.close()
+                    continue
+                why_cold = _why_cold(request, own_env, own_namespaces)
+                if why_cold:
+                    _send(conn, {"cold": why_cold}, fds)
                     conn.close()
                     continue
                 sys.stdout.flush()
@@ -174,15 +223,11 @@ def serve(path: str) -> None:
                 if pid == 0:
                     listener.close()
                     for other in waiting.values():
-                        other.close()
+                        if other is not None:
+                            other.close()
                     conn.close()
                     _run_child(request, fds, base_path)
-                for fd in fds:
-                    os.close(fd)
-                try:
-                    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-                except OSError:
-                    pass
+                _send(conn, {"pid": pid}, fds)
                 waiting[pid] = conn
             _reap(waiting)
     finally:
@@ -191,17 +236,49 @@ def serve(path: str) -> None:
         listener.close()
 
 
-def _kill_group(pid: int) -> None:
-    """SIGKILL to ``pid``'s process group (its session, when it made one), else to ``pid`` alone."""
+def _send(conn: socket.socket, reply: dict, fds: Sequence[int] = ()) -> None:
+    """Closes the server's copies of ``fds``, then sends ``reply`` (a client that left is not an error)."""
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _why_cold(request: dict, own_env: Dict[str, str], own_namespaces: Dict[str, str]) -> str:
+    """Why a request must run cold (a setting read at import, another namespace), or ``""``."""
+    if import_time_env(request["env"]) != own_env:
+        return "an import-time variable differs"
+    if request.get("namespaces", own_namespaces) != own_namespaces:
+        return "the namespaces differ"
+    return ""
+
+
+def _client_gone(conn: socket.socket, pid: int, waiting: Dict[int, Optional[socket.socket]]) -> None:
+    """The client of ``pid`` closed its connection (a stand-in killed by SIGKILL): so is the command."""
+    try:
+        data = conn.recv(1)
+    except OSError:
+        data = b""
+    if data:
+        return
+    _kill_group(pid)
+    conn.close()
+    waiting[pid] = None
+
+
+def _kill_group(pid: int, signum: int = signal.SIGKILL) -> None:
+    """``signum`` to ``pid``'s process group (its session, when it made one), else to ``pid`` alone."""
     for kill in (os.killpg, os.kill):
         try:
-            kill(pid, signal.SIGKILL)
+            kill(pid, signum)
             return
         except OSError:
             continue
 
 
-def _reap(waiting: Dict[int, socket.socket]) -> None:
+def _reap(waiting: Dict[int, Optional[socket.socket]]) -> None:
     while waiting:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -209,13 +286,12 @@ def _reap(waiting: Dict[int, socket.socket]) -> None:
             return
         if pid == 0:
             return
-        conn = waiting.pop(pid, None)
+        if pid not in waiting:
+            continue
+        conn = waiting.pop(pid)
         if conn is None:
             continue
-        try:
-            conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-        except OSError:
-            pass
+        _send(conn, {"status": os.waitstatus_to_exitcode(status)})
         conn.close()
 
 
@@ -253,7 +329,8 @@ _server: Optional[_Server] = None
 _lock = threading.Lock()
 
 
-def _get_server(env: Dict[str, str], server_env: Dict[str, str]) -> Optional[_Server]:
+def _running_server(server_env: Dict[str, str]) -> Optional[_Server]:
+    """This process's server (started with ``server_env`` on first use), or None when it is not up."""
     global _server
     with _lock:
         if _server is None:
@@ -263,7 +340,12 @@ def _get_server(env: Dict[str, str], server_env: Dict[str, str]) -> Optional[_Se
         server = _server
     if not server.wait_ready() or server.proc.poll() is not None:
         return None
-    if import_time_env(env) != import_time_env(server.env):
+    return server
+
+
+def _get_server(env: Dict[str, str], server_env: Dict[str, str]) -> Optional[_Server]:
+    server = _running_server(server_env)
+    if server is None or import_time_env(env) != import_time_env(server.env):
         return None
     return server
 
@@ -368,24 +450,96 @@ def start(cmd: Sequence[str], env: Dict[str, str], cwd: str, input: Optional[str
     stdin_r, stdin_w = os.pipe() if input is not None else (os.open(os.devnull, os.O_RDONLY), None)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    body = json.dumps({"argv": list(cmd[1:]), "env": dict(env), "cwd": os.path.abspath(cwd),
-                       "new_session": True}).encode("utf-8")
-    message = _HEADER.pack(len(body)) + body
     try:
-        sent = socket.send_fds(conn, [message], [stdin_r, out_w, err_w])
-        conn.sendall(message[sent:])
-        line, reply = _read_line(conn, b"")
-        pid = int(json.loads(line)["pid"])
-    except (OSError, ValueError, ConnectionError):
+        pid, rest = _request(conn, {"argv": list(cmd[1:]), "env": dict(env), "cwd": os.path.abspath(cwd),
+                                    "new_session": True}, [stdin_r, out_w, err_w])
+    finally:
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+    if pid is None:
         conn.close()
         for fd in (stdin_w, out_r, err_r):
             if fd is not None:
                 os.close(fd)
         return None
-    finally:
-        for fd in (stdin_r, out_w, err_w):
-            os.close(fd)
-    return WarmProcess(conn, pid, (stdin_w, out_r, err_r), input, reply)
+    return WarmProcess(conn, pid, (stdin_w, out_r, err_r), input, rest)
+
+
+def _request(conn: socket.socket, request: dict, fds: List[int]) -> "tuple[Optional[int], bytes]":
+    """Sends ``request`` with ``fds`` (the command's stdin, stdout, stderr): ``(the command's pid, what the
+    server sent after it)``, or ``(None, b"")`` when it is to run cold."""
+    body = json.dumps(request).encode("utf-8")
+    message = _HEADER.pack(len(body)) + body
+    try:
+        sent = socket.send_fds(conn, [message], fds)
+        conn.sendall(message[sent:])
+        line, rest = _read_line(conn, b"")
+        reply = json.loads(line)
+        return (int(reply["pid"]), rest) if "pid" in reply else (None, b"")
+    except (OSError, ValueError, ConnectionError):
+        return None, b""
+
+
+# --------------------------------------------------------------------------
+# Ranks under a launcher: the stand-in
+# --------------------------------------------------------------------------
+def rank_env(env: Dict[str, str], server_env: Dict[str, str]) -> Dict[str, str]:
+    """``env`` for a command whose Open MPI ranks (under ``mpirun``, started by the command or by one of
+    its children) are to start warm (module docstring). The ranks themselves check ``LMKIT_TEST_WARM``."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return env
+    server = _running_server(server_env)
+    if server is None:
+        return env
+    env = dict(env)
+    env[SOCKET_ENV], env[PYTHON_ENV] = server.path, sys.executable
+    env["PYTHONPATH"] = os.pathsep.join([SITE, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    return env
+
+
+def become_rank() -> None:
+    """In a Python that a launcher started (``tests/warm_site/sitecustomize.py``): when it is an Open MPI
+    rank that can start warm, has the server fork its command, stands in for it until it ends, and
+    leaves as it did (never returns). Returns at once otherwise: the rank runs cold."""
+    path = os.environ.get(SOCKET_ENV)
+    if (not path or "OMPI_COMM_WORLD_RANK" not in os.environ or os.environ.get(DISABLE_ENV, "1") == "0"
+            or os.environ.get(PYTHON_ENV) != sys.executable):
+        return
+    cmd = [sys.executable, *sys.orig_argv[1:]]
+    if not routable(cmd):
+        return
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until they can be passed on
+    pid, rest = _request(conn, {"argv": cmd[1:], "env": dict(os.environ), "cwd": os.getcwd(),
+                                "new_session": True, "namespaces": namespaces()}, [0, 1, 2])
+    if os.environ.get("LMKIT_TEST_WARM_LOG"):
+        with open(os.environ["LMKIT_TEST_WARM_LOG"], "a", encoding="utf-8") as f:
+            f.write(f"{'warm' if pid else 'cold'} rank: {' '.join(cmd[:4])}\n")
+    if pid is None:
+        conn.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        return
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _kill_group(pid, signum))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    try:
+        line, _ = _read_line(conn, rest)
+        status = int(json.loads(line)["status"])
+    except (OSError, ValueError, ConnectionError):
+        _kill_group(pid)
+        status = 1
+    if status < 0:  # died of a signal: so does the stand-in
+        if -status != signal.SIGKILL:
+            signal.signal(-status, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [-status])
+        os.kill(os.getpid(), -status)
+        status = 128 - status
+    os._exit(status)
 
 
 if __name__ == "__main__":

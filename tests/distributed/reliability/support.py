@@ -108,7 +108,8 @@ def run_streamed(cmd: Sequence[str], timeout: float, marker: Optional[str] = Non
       on_line: called with every line (e.g. to kill a rank by its PID).
       on_start: called with the started process (e.g. to signal the launcher later).
     """
-    proc = subprocess.Popen(list(cmd), cwd=ROOT, env=subprocess_env(env), text=True,
+    from tests import warm  # mpirun's ranks start warm
+    proc = subprocess.Popen(list(cmd), cwd=ROOT, env=warm.rank_env(subprocess_env(env), subprocess_env()), text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     if on_start is not None:
