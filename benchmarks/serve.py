@@ -8,12 +8,15 @@ slots, a queue of 64) answers N clients at once, each streaming one greedy
 completion of ``--tokens`` new tokens from its own prompt; the figures are
 the generated tokens of all clients (their ``usage``) over the wall time from
 the first request to the last ``[DONE]``, and the p50/p95 time from a request
-to its first streamed text. Models: ``tiny`` (config_tiny_transformer, trained 20 steps on
+to its first streamed text, of the median of ``--repeats`` rounds (the rounds
+go over every client count in turn, so a change in the machine's load falls on
+all of them). Models: ``tiny`` (config_tiny_transformer, trained 20 steps on
 generated text) and ``gpt2`` (GPT-2's shape, 124M parameters with random
 weights, a 300-token tokenizer, served with --context 256). Writes
 ``benchmarks/results/serve.json`` (with the command, the machine and its load)
 and ``serve.png``. It also times, in process, what a join costs the running
-requests: a decode step of 16 busy slots against one 64-token prefill chunk.
+requests: a decode step of 16 busy slots against one 64-token prefill chunk, and
+one call that feeds 16 short prompts against one that feeds one.
 """
 
 from __future__ import annotations
@@ -126,6 +129,14 @@ def measure(port: int, clients: int, tokens: int) -> Dict[str, Any]:
             "lost": sum(r["status"] not in (200, 429) for r in results)}
 
 
+def median_row(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The run of median tokens/s among ``runs`` of one client count, with every run's tokens/s."""
+    ranked = sorted(runs, key=lambda r: r["tokens_per_s"])
+    row = dict(ranked[len(ranked) // 2])
+    row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs]
+    return row
+
+
 def join_cost(folder: str, context: int) -> Dict[str, float]:
     """What a join costs the running requests: a decode step of 16 busy slots, and one prefill chunk of 64
     tokens (which runs between two such steps), in milliseconds (medians of 10)."""
@@ -149,7 +160,10 @@ def join_cost(folder: str, context: int) -> Dict[str, float]:
 
     step = median_ms(lambda: slots.step(tokens, active))
     chunk = median_ms(lambda: slots.prefill(15, [0] * 64, 0)[1])
-    return {"step_ms_16_slots": step, "prefill_chunk_64_ms": chunk, "step_with_a_join_x": (step + chunk) / step}
+    one = median_ms(lambda: slots.prefill(15, [0] * 8, 0)[1])
+    together = median_ms(lambda: slots.prefill_many([(slot, [0] * 8, 0) for slot in range(16)])[0][1])
+    return {"step_ms_16_slots": step, "prefill_chunk_64_ms": chunk, "step_with_a_join_x": (step + chunk) / step,
+            "prefill_1_prompt_of_8_ms": one, "prefill_16_prompts_of_8_in_one_call_ms": together}
 
 
 def plot(results: Dict[str, Any], path: str) -> None:
@@ -180,6 +194,8 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["tiny", "gpt2"], choices=["tiny", "gpt2"])
     p.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16, 64])
     p.add_argument("--tokens", type=int, default=32, help="new tokens per client")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="rounds over the client counts; each count reports its median round")
     p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "serve.json"))
     p.add_argument("--plot_only", action="store_true", help="draw the PNG of --output's JSON (needs matplotlib)")
     args = p.parse_args()
@@ -195,7 +211,8 @@ def main() -> None:
             folder = tiny_folder(work) if name == "tiny" else gpt2_folder(work)
             proc, port = start(folder, [] if name == "tiny" else ["--context", "256"])
             try:
-                results[name] = [measure(port, n, args.tokens) for n in args.clients]
+                rounds = [[measure(port, n, args.tokens) for n in args.clients] for _ in range(args.repeats)]
+                results[name] = [median_row([r[i] for r in rounds]) for i in range(len(args.clients))]
                 for row in results[name]:
                     print(name, json.dumps(row), flush=True)
             finally:

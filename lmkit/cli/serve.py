@@ -41,7 +41,8 @@ def build_parser(prog: str = "lmkit serve"):
     p.add_argument("--grace", type=float, default=30.0,
                    help="seconds the running requests get to finish after SIGTERM")
     p.add_argument("--prefill_chunk", type=int, default=64,
-                   help="prompt tokens fed at a time between decode steps (smaller: a join stalls the others less)")
+                   help="tokens of a prompt fed at a time between decode steps; prompts joining together share a "
+                        "call of twice this (smaller: a join stalls the others less)")
     p.add_argument("--context", type=int, default=None,
                    help="positions per sequence, prompt included (default: a run's trained window, else the "
                         "model's max_positions)")

@@ -329,7 +329,11 @@ class Vocab:
         Raises:
           DataError: an id outside ``[0, size)``.
         """
-        return [self.id_to_token(i) for i in ids]
+        ids = [int(i) for i in ids]
+        tokens = self._tokens
+        if ids and not (0 <= min(ids) and max(ids) < len(tokens)):
+            self.id_to_token(min(ids) if min(ids) < 0 else max(ids))  # raises, naming the id
+        return [tokens[i] for i in ids]
 
     def fingerprint(self) -> str:
         """A short hash of the token list, to check that all ranks agree."""

@@ -21,7 +21,8 @@ import hmac
 import os
 import threading
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional
+import weakref
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from lmkit.serve import protocol
 from lmkit.serve.engine import QueueFull
@@ -147,16 +148,42 @@ async def _chat(request: Any, server: Server) -> Any:
     return await _generate(request, server, protocol.parse_chat(await _body(request)))
 
 
+class _Carrier:
+    """Carries events from the engine's thread onto one event loop: one wake-up of the loop takes all the
+    events that came since the last (a decode step's, for every running request), not one each."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.lock = loop, threading.Lock()
+        self.pending: List[Tuple["asyncio.Queue[Any]", Any]] = []
+
+    def put(self, queue: "asyncio.Queue[Any]", item: Any) -> None:
+        with self.lock:
+            self.pending.append((queue, item))
+            if len(self.pending) > 1:  # a wake-up is on its way
+                return
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, []
+        for queue, item in pending:
+            queue.put_nowait(item)
+
+
+_carriers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Carrier]" = weakref.WeakKeyDictionary()
+
+
 class _Events:
     """The engine's events of one request, carried onto the event loop."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self.carrier = _carriers.get(loop) or _carriers.setdefault(loop, _Carrier(loop))
         self.queue: "asyncio.Queue[Any]" = asyncio.Queue()
 
     def __call__(self, sequence: Any, text: str, tokens: Any, entries: Any, reason: Optional[str]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (sequence.index, text, entries, reason))
+        self.carrier.put(self.queue, (sequence.index, text, entries, reason))
 
 
 async def _generate(request: Any, server: Server, params: protocol.Params) -> Any:

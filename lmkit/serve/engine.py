@@ -7,13 +7,14 @@
     engine.stop(grace=30)
 
 One thread runs the loop: it moves waiting sequences into free slots, feeds
-one chunk of one joining prompt (:meth:`SlotModel.prefill`), then runs one
-decode step for every decoding slot (:meth:`SlotModel.step`) and hands each
-sequence its token. A sequence leaves its slot the step it ends (an end
-token, a stop string, ``max_tokens``, the end of the context), is cancelled
-(its client left) or passes its deadline; the slot takes the next waiting
-sequence at once. Greedy rows take the step's argmax; sampled rows draw with
-their own seed, position and row, so each gets the tokens it would alone.
+the next chunk of the joining prompts, the oldest first, as many as one call
+takes (:meth:`SlotModel.prefill_many`), then runs one decode step for every
+decoding slot (:meth:`SlotModel.step`) and hands each sequence its token.
+A sequence leaves its slot the step it ends (an end token, a stop string,
+``max_tokens``, the end of the context), is cancelled (its client left) or
+passes its deadline; the slot takes the next waiting sequence at once.
+Greedy rows take the step's argmax; sampled rows draw with their own seed,
+position and row, so each gets the tokens it would alone.
 """
 
 from __future__ import annotations
@@ -194,8 +195,8 @@ class Engine:
                         continue
                 self._drop_ended()
                 joining = [s for s in self.running if s is not None and s.fed < len(s.ids)]
-                if joining:  # one chunk of one prompt, then a decode step: a join stalls the others little
-                    self._prefill(min(joining, key=lambda s: s.request.submitted))
+                if joining:  # one prefill call, then a decode step: a join stalls the others little
+                    self._prefill(sorted(joining, key=lambda s: s.request.submitted))
                 if any(s is not None and s.fed == len(s.ids) for s in self.running):
                     self._decode()
         except BaseException as exc:  # noqa: BLE001 - every request still open hears of it
@@ -231,10 +232,14 @@ class Engine:
             if s is not None and (s.request.cancelled or now > s.request.deadline):
                 self._finish(s, "cancelled" if s.request.cancelled else "timeout")
 
-    def _prefill(self, s: Sequence) -> None:
-        s.fed, logits = self.model.prefill(s.slot, s.ids, s.fed)
-        if logits is not None:  # the prompt is in: its first token
-            if s.sampling.temperature > 0:
+    def _prefill(self, joining: List[Sequence]) -> None:
+        """The next chunk of the first of ``joining`` that one call takes; a prompt that is in gets its first token."""
+        fed = self.model.prefill_many([(s.slot, s.ids, s.fed) for s in joining])
+        for s, (done, logits) in zip(joining, fed):
+            s.fed = done
+            if logits is None:
+                continue
+            if s.sampling.temperature > 0:  # the prompt is in: its first token
                 token = int(self.model.sample(logits[None], [0], [s.sampling.temperature], [self._seed(s)],
                                               s.sampling.top_p, s.sampling.top_k)[0])
             else:

@@ -35,7 +35,8 @@ class ServeOptions:
       max_batch: sequences decoded side by side (slots of the cache).
       max_queue: sequences that may wait for a slot (more: 429).
       request_timeout: seconds a request may take, waiting included (0: no limit).
-      prefill_chunk: prompt tokens fed per prefill call, between decode steps.
+      prefill_chunk: tokens of a prompt fed per prefill call, between decode steps (a call takes several
+        prompts that join together, ``2 * prefill_chunk`` tokens in all).
       context: positions per slot (None: what ``lmkit generate`` reads before its window slides: a
         run's trained window, else the model's ``max_positions``).
       chat_template: a Jinja chat template file (None: the folder's, if it has one).
@@ -124,8 +125,8 @@ class Server:
     def warm_up(self) -> None:
         """Compiles the step and the prefills before the first request."""
         import numpy as np
-        for size in self.slots.chunks:  # each prefill size compiled once
-            self.slots.prefill(0, [0] * size, 0)
+        for rows, size in self.slots.prefill_shapes():  # each prefill shape compiled once
+            self.slots.prefill_many([(slot, [0] * size, 0) for slot in range(rows)])
         for width in self.slots.widths:  # each width of the step compiled once
             active = np.arange(self.slots.slots) == width - 1
             self.slots.step(np.zeros(self.slots.slots, np.int32), active)

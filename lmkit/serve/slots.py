@@ -2,6 +2,7 @@
 
     slots = SlotModel(model, slots=16, length=256, chunk=64)
     done, logits = slots.prefill(3, prompt_ids, 0)        # the next chunk of slot 3's prompt
+    fed = slots.prefill_many([(3, ids3, 0), (5, ids5, 0)])  # the next chunks of several, in one call
     logits, greedy = slots.step(last_tokens, decoding)   # one token for every decoding slot
 
 The state is the model's own (``model.initial_state(slots, length)``: a
@@ -11,11 +12,15 @@ to every slot at once through ``model.step`` (each row at its own position,
 :class:`~lmkit.layers.transformer.TransformerState`), compiled once with XLA;
 rows that are not decoding (free, or still taking their prompt) keep their
 position, so they never run past the cache. A prompt goes in by chunks of
-``chunk`` tokens through ``model(ids, state)`` on its slot's row alone,
-padded to one of a few sizes (8, 32, ``chunk``: one compiled prefill each;
-the padding's keys sit past the row's position, where the causal mask hides
-them until real tokens replace them). An RNN's state has no positions: its chunks go in at their own length,
-without XLA.
+``chunk`` tokens through ``model(ids, state)`` on its slot's row,
+padded to one of a few sizes (8, 32, ``chunk``; the padding's keys sit past
+the row's position, where the causal mask hides them until real tokens
+replace them). Prompts that join together go in together: one call feeds
+the next chunk of each of 1, 4 or 16 rows (padded with copies of the first),
+as many as fit in ``2 * chunk`` tokens, so sixteen short prompts cost one
+call, not sixteen (one compiled prefill per rows and size). An RNN's state
+has no positions: its chunks go in one prompt at a time, at their own
+length, without XLA.
 
 Sampling imports the samplers' math (:class:`~lmkit.decoding.samplers.TopPSampler`):
 the temperature divides each row's logits before the sampler sees them, and
@@ -26,7 +31,7 @@ samples the tokens ``lmkit generate --seed`` gives it alone.
 from __future__ import annotations
 
 import collections
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -68,6 +73,7 @@ class SlotModel:
         # not a whole chunk of compute (one compiled prefill each).
         self.chunks = sorted({min(size, self.chunk) for size in (8, 32, self.chunk)})
         self.widths = sorted({min(width, self.slots) for width in (1, 4, 16, self.slots)})  # the step's row counts
+        self.budget = 2 * self.chunk  # the most tokens (rows x size) one prefill call feeds
         self.vocab_size = int(model.vocab_size)
         self.vocab_limit = vocab_limit if vocab_limit and vocab_limit < self.vocab_size else None
         self.state = model.initial_state(self.slots, self.length)
@@ -77,9 +83,11 @@ class SlotModel:
         self.jit_compile = jit_compile
         autograph = use_autograph(model)  # lmkit's models trace without it (start-up time)
         self._step = tf.function(self._step_graph, jit_compile=jit_compile, autograph=autograph)
-        self._prefill = (tf.function(self._prefill_graph, jit_compile=jit_compile, autograph=autograph)
-                         if self.positional else
-                         tf.function(self._prefill_graph, reduce_retracing=True, autograph=autograph))
+        # One compiled prefill per row count (each traced for its few sizes: TensorFlow warns past 5 traces).
+        self._prefills = {rows: (tf.function(self._prefill_graph, jit_compile=jit_compile, autograph=autograph)
+                                 if self.positional else
+                                 tf.function(self._prefill_graph, reduce_retracing=True, autograph=autograph))
+                          for rows in self.widths}
         self._score = tf.function(self._score_graph, input_signature=[tf.TensorSpec([1, None], tf.int32)],
                                   autograph=autograph)
         self._samplers: "collections.OrderedDict[Tuple[float, Optional[int]], Any]" = collections.OrderedDict()
@@ -106,21 +114,23 @@ class SlotModel:
             state = tf.nest.map_structure(lambda new, old: tf.concat([new, old[width:]], 0), state, full)
         return logits, GreedySampler().get_next_token(logits, 0, None), state
 
-    def _prefill_graph(self, state: Any, slot: tf.Tensor, ids: tf.Tensor, start: tf.Tensor,
-                       count: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        index = tf.reshape(slot, [1, 1])
-        row = tf.nest.map_structure(lambda t: tf.gather(t, index[0]), state)
+    def _prefill_graph(self, state: Any, slots: tf.Tensor, ids: tf.Tensor, starts: tf.Tensor,
+                       counts: tf.Tensor) -> Tuple[tf.Tensor, Any]:
+        """The next chunk ``ids`` [rows, size] of the prompts of ``slots`` [rows], from ``starts`` [rows];
+        ``counts`` [rows] of each row's tokens are real. A slot given twice gets the same row twice."""
+        rows = tf.nest.map_structure(lambda t: tf.gather(t, slots), state)
         if self.positional:
-            row = row._replace(positions=tf.reshape(start, [1]))
+            rows = rows._replace(positions=starts)
         else:  # a new prompt starts from the model's initial state
-            row = tf.nest.map_structure(lambda t, f: tf.where(start > 0, t, f), row, self._fresh)
-        logits, row = self.model(ids, row)  # [1, chunk, vocab]
+            rows = tf.nest.map_structure(lambda t, f: _rows_where(starts > 0, t, f), rows, self._fresh)
+        logits, rows = self.model(ids, rows)  # [rows, size, vocab]
         if self.positional:  # the padding does not count
-            row = row._replace(positions=tf.reshape(start + count, [1]))
-        state = tf.nest.map_structure(lambda t, r: tf.tensor_scatter_nd_update(t, index, r), state, row)
-        # A gather, not logits[0, count - 1]: XLA takes a slice's bounds as compile-time constants, and would
+            rows = rows._replace(positions=starts + counts)
+        index = slots[:, tf.newaxis]
+        state = tf.nest.map_structure(lambda t, r: tf.tensor_scatter_nd_update(t, index, r), state, rows)
+        # A gather, not logits[:, count - 1]: XLA takes a slice's bounds as compile-time constants, and would
         # compile the prefill again for every prompt length.
-        return self._limited(tf.gather(logits[0], count - 1)), state
+        return self._limited(tf.gather(logits, counts - 1, batch_dims=1)), state
 
     def _score_graph(self, ids: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         logits, _ = self.model(ids, None)  # [1, time, vocab]
@@ -137,19 +147,54 @@ class SlotModel:
         Returns:
           ``(tokens in, logits [vocab] after the last prompt token or None while some remain)``.
         """
-        end = min(len(ids), done + self.chunk)
-        if self.positional:
-            size = next(c for c in self.chunks if c >= end - done)
+        return self.prefill_many([(slot, ids, done)])[0]
+
+    def prefill_many(self, prompts: Sequence[Tuple[int, Sequence[int], int]]) -> List[Tuple[int, Optional[tf.Tensor]]]:
+        """Feeds the next chunk of each of the first of ``prompts`` (``(slot, ids, done)``, distinct slots) that
+        fit in one call: 1, 4 or 16 rows of one padded size, ``2 * chunk`` tokens at most (the first always).
+
+        Returns:
+          For each prompt fed, in order (at least the first): as :meth:`prefill`.
+        """
+        if not self.positional:  # no padding in an RNN's chunk: one prompt at a time, at its own length
+            prompts = prompts[:1]
+        fed: List[Tuple[int, Sequence[int], int, int]] = []  # (slot, ids, done, end)
+        size = 0
+        for slot, ids, done in prompts:
+            end = min(len(ids), done + self.chunk)
+            wanted = max(size, self._chunk_size(end - done))
+            if fed and self._rows(len(fed) + 1) * wanted > self.budget:
+                break
+            fed.append((slot, ids, done, end))
+            size = wanted
+        rows = self._rows(len(fed))
+        slots_, tokens, starts, counts = [], [], [], []
+        for slot, ids, done, end in fed + [fed[0]] * (rows - len(fed)):
             # The padded chunk stays inside the cache: near its end the chunk starts earlier and
             # writes a few cached positions again (the same keys and values).
-            start = min(done, self.length - size)
-            tokens = list(ids[start:end]) + [0] * (size - (end - start))
-        else:
-            start, tokens = done, list(ids[done:end])
-        logits, state = self._prefill(self.state, tf.constant(slot, tf.int32), tf.constant([tokens], tf.int32),
-                                      tf.constant(start, tf.int32), tf.constant(end - start, tf.int32))
+            start = min(done, self.length - size) if self.positional else done
+            slots_.append(slot)
+            tokens.append(list(ids[start:end]) + [0] * (size - (end - start)))
+            starts.append(start)
+            counts.append(end - start)
+        logits, state = self._prefills[rows](self.state, tf.constant(slots_, tf.int32), tf.constant(tokens, tf.int32),
+                                             tf.constant(starts, tf.int32), tf.constant(counts, tf.int32))
         self.state = self._same_nest(state)
-        return end, (logits if end == len(ids) else None)
+        return [(end, logits[i] if end == len(ids) else None) for i, (_, ids, _, end) in enumerate(fed)]
+
+    def _chunk_size(self, tokens: int) -> int:
+        """The padded size of a chunk of ``tokens`` (an RNN's: its own)."""
+        return next(c for c in self.chunks if c >= tokens) if self.positional else tokens
+
+    def _rows(self, prompts: int) -> int:
+        """The rows of a prefill call that feeds ``prompts`` prompts."""
+        return next(w for w in self.widths if w >= prompts)
+
+    def prefill_shapes(self) -> List[Tuple[int, int]]:
+        """``(rows, size)`` of every prefill call :meth:`prefill_many` can make (each compiled once)."""
+        if not self.positional:
+            return [(1, size) for size in self.chunks]
+        return [(rows, size) for size in self.chunks for rows in self.widths if rows == 1 or rows * size <= self.budget]
 
     def step(self, tokens: np.ndarray, active: np.ndarray) -> Tuple[tf.Tensor, np.ndarray]:
         """One token for every slot up to the last active one (``tokens`` [slots]); only ``active`` rows move on.

@@ -27,3 +27,29 @@ def test_sequences_of_a_request(run_dir):
     with pytest.raises(ApiError, match="--chat_template"):
         server.sequences(parse_completion({"prompt": "a"}).__class__(None, messages=[{"role": "user",
                                                                                         "content": "hi"}]))
+
+
+def test_a_steps_events_reach_the_event_loop_in_order_with_one_wake_up():
+    import asyncio
+    import threading
+
+    from lmkit.serve.app import _Carrier
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        carrier = _Carrier(loop)
+        wake_ups = []
+        real = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a: (wake_ups.append(a), real(*a))[1]
+        queues = [asyncio.Queue(), asyncio.Queue()]
+        # The engine's thread hands out a step's events while the loop is busy: one wake-up takes them all.
+        thread = threading.Thread(target=lambda: [carrier.put(queues[i % 2], i) for i in range(6)])
+        thread.start()
+        thread.join()
+        got = [[await asyncio.wait_for(q.get(), 10) for _ in range(3)] for q in queues]
+        carrier.put(queues[0], 6)  # the next step's: a wake-up of its own
+        got[0].append(await asyncio.wait_for(queues[0].get(), 10))
+        return got, len(wake_ups)
+
+    got, wake_ups = asyncio.run(main())
+    assert got == [[0, 2, 4, 6], [1, 3, 5]] and wake_ups == 2
