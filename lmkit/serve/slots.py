@@ -163,7 +163,7 @@ class SlotModel:
         for slot, ids, done in prompts:
             end = min(len(ids), done + self.chunk)
             wanted = max(size, self._chunk_size(end - done))
-            if fed and self._rows(len(fed) + 1) * wanted > self.budget:
+            if fed and (len(fed) == self.widths[-1] or self._rows(len(fed) + 1) * wanted > self.budget):
                 break
             fed.append((slot, ids, done, end))
             size = wanted
