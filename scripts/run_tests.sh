@@ -34,10 +34,11 @@ run_single() {
   # Two pytest workers (pytest-xdist), a test file each at a time: many tests wait on the
   # processes they start, and one worker left a core idle once the suite beside it ended.
   # No -x: after a worker crashed, xdist with -x waited forever for it (seen here); `timeout` bounds the
-  # whole suite so that no hang outlives CI (90 minutes). The bound is about 2.6 times the suite's
-  # time on 2 idle cores beside the newest-TensorFlow suite (29 minutes); with two CPU-bound jobs beside
-  # it, it took 47 minutes.
-  # Commands that tests run as `python -m MODULE` or `python SCRIPT.py` start warm (tests/warm.py).
+  # whole suite so that no hang outlives CI (90 minutes). The bound is about 3.3 times the suite's
+  # time on 2 idle cores beside the newest-TensorFlow suite (23 minutes); with two CPU-bound jobs beside
+  # it, it took 34 minutes.
+  # Commands that tests run as `python -m MODULE` or `python SCRIPT.py`, and the ranks of their
+  # `mpirun` jobs, start warm (tests/warm.py).
   timeout --signal=TERM --kill-after=30 4500 \
     "$PY" -m pytest tests -q -p no:cacheprovider --timeout 900 --durations=25 --ignore=tests/distributed/mpi \
     -n "${LMKIT_TEST_WORKERS:-2}" --dist loadfile
