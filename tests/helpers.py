@@ -52,8 +52,9 @@ def run(cmd: Sequence[str], timeout: float, env: Optional[Dict[str, str]] = None
         than ``timeout`` seconds; they have been killed.
     """
     from tests import warm  # a fork of a process that has imported TensorFlow, where nothing tells them apart
-    env = warm.rank_env(env or subprocess_env(), server_env=subprocess_env())  # mpirun's ranks too
-    proc = warm.start(cmd, env, cwd, input, server_env=subprocess_env())
+    server_env = subprocess_env()
+    env = warm.rank_env(env or server_env, server_env=server_env)  # mpirun's ranks too
+    proc = warm.start(cmd, env, cwd, input, server_env=server_env)
     if proc is not None:
         try:
             out, err = proc.communicate(timeout=timeout)

@@ -230,6 +230,8 @@ def test_a_stand_in_killed_by_sigkill_takes_its_command_with_it(rank_script):
 
 
 def test_ranks_of_another_host_or_other_settings_start_cold(monkeypatch):
+    user_shell = {"HOME": "/root"}  # no PYTHONPATH (tests/test_wheel.py): nothing is added to it
+    assert warm.rank_env(user_shell, subprocess_env()) == {"HOME": "/root"}
     own = warm.namespaces()
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "LD_LIBRARY_PATH": "/usr/lib:/usr/lib/"}
     assert warm.import_time_env(env) == {"TF_CPP_MIN_LOG_LEVEL": "2"}  # Open MPI's own folder: as without

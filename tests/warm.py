@@ -485,15 +485,16 @@ def _request(conn: socket.socket, request: dict, fds: List[int]) -> "tuple[Optio
 # --------------------------------------------------------------------------
 def rank_env(env: Dict[str, str], server_env: Dict[str, str]) -> Dict[str, str]:
     """``env`` for a command whose Open MPI ranks (under ``mpirun``, started by the command or by one of
-    its children) are to start warm (module docstring). The ranks themselves check ``LMKIT_TEST_WARM``."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
+    its children) are to start warm (module docstring). The ranks themselves check ``LMKIT_TEST_WARM``.
+    An environment without ``PYTHONPATH`` (a user's shell, as ``tests/test_wheel.py`` sets up) stays as it is."""
+    if os.environ.get(DISABLE_ENV, "1") == "0" or "PYTHONPATH" not in env:
         return env
     server = _running_server(server_env)
     if server is None:
         return env
     env = dict(env)
     env[SOCKET_ENV], env[PYTHON_ENV] = server.path, sys.executable
-    env["PYTHONPATH"] = os.pathsep.join([SITE, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env["PYTHONPATH"] = os.pathsep.join([SITE, *[p for p in env["PYTHONPATH"].split(os.pathsep) if p]])
     return env
 
 

@@ -331,8 +331,10 @@ class Vocab:
         """
         ids = [int(i) for i in ids]
         tokens = self._tokens
-        if ids and not (0 <= min(ids) and max(ids) < len(tokens)):
-            self.id_to_token(min(ids) if min(ids) < 0 else max(ids))  # raises, naming the id
+        if ids:
+            low, high = min(ids), max(ids)
+            if low < 0 or high >= len(tokens):
+                self.id_to_token(low if low < 0 else high)  # raises, naming the id
         return [tokens[i] for i in ids]
 
     def fingerprint(self) -> str:

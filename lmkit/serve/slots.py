@@ -87,7 +87,7 @@ class SlotModel:
         self._prefills = {rows: (tf.function(self._prefill_graph, jit_compile=jit_compile, autograph=autograph)
                                  if self.positional else
                                  tf.function(self._prefill_graph, reduce_retracing=True, autograph=autograph))
-                          for rows in self.widths}
+                          for rows in (self.widths if self.positional else [1])}
         self._score = tf.function(self._score_graph, input_signature=[tf.TensorSpec([1, None], tf.int32)],
                                   autograph=autograph)
         self._samplers: "collections.OrderedDict[Tuple[float, Optional[int]], Any]" = collections.OrderedDict()
@@ -163,11 +163,11 @@ class SlotModel:
         for slot, ids, done in prompts:
             end = min(len(ids), done + self.chunk)
             wanted = max(size, self._chunk_size(end - done))
-            if fed and (len(fed) == self.widths[-1] or self._rows(len(fed) + 1) * wanted > self.budget):
+            if fed and (len(fed) == self.widths[-1] or self._width(len(fed) + 1) * wanted > self.budget):
                 break
             fed.append((slot, ids, done, end))
             size = wanted
-        rows = self._rows(len(fed))
+        rows = self._width(len(fed))
         slots_, tokens, starts, counts = [], [], [], []
         for slot, ids, done, end in fed + [fed[0]] * (rows - len(fed)):
             # The padded chunk stays inside the cache: near its end the chunk starts earlier and
@@ -186,9 +186,9 @@ class SlotModel:
         """The padded size of a chunk of ``tokens`` (an RNN's: its own)."""
         return next(c for c in self.chunks if c >= tokens) if self.positional else tokens
 
-    def _rows(self, prompts: int) -> int:
-        """The rows of a prefill call that feeds ``prompts`` prompts."""
-        return next(w for w in self.widths if w >= prompts)
+    def _width(self, rows: int) -> int:
+        """The fewest rows of a compiled call (1, 4, 16, all) that hold ``rows``: the step's, a prefill's."""
+        return next(w for w in self.widths if w >= rows)
 
     def prefill_shapes(self) -> List[Tuple[int, int]]:
         """``(rows, size)`` of every prefill call :meth:`prefill_many` can make (each compiled once)."""
@@ -206,7 +206,7 @@ class SlotModel:
           ``(logits [width, vocab] float32, the greedy tokens [width])``, ``width`` >= the last active row + 1.
         """
         used = int(np.max(np.nonzero(active)[0])) + 1 if np.any(active) else 1
-        width = next(w for w in self.widths if w >= used)
+        width = self._width(used)
         logits, greedy, state = self._step(tf.constant(tokens[:width], tf.int32),
                                            tf.constant(active[:width], tf.bool), self.state, width)
         self.state = self._same_nest(state)
