@@ -83,11 +83,13 @@ class SlotModel:
         self.jit_compile = jit_compile
         autograph = use_autograph(model)  # lmkit's models trace without it (start-up time)
         self._step = tf.function(self._step_graph, jit_compile=jit_compile, autograph=autograph)
-        # One compiled prefill per row count (each traced for its few sizes: TensorFlow warns past 5 traces).
-        self._prefills = {rows: (tf.function(self._prefill_graph, jit_compile=jit_compile, autograph=autograph)
-                                 if self.positional else
-                                 tf.function(self._prefill_graph, reduce_retracing=True, autograph=autograph))
-                          for rows in (self.widths if self.positional else [1])}
+        # Traced once for every (rows, size): XLA compiles each shape it meets (prefill_shapes(), a few), and
+        # TensorFlow warns of a function traced 5 times in a row. An RNN's chunks, of any length, skip XLA.
+        spec = [tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), self.state),
+                tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, None], tf.int32),
+                tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32)]
+        self._prefill = tf.function(self._prefill_graph, input_signature=spec, autograph=autograph,
+                                    jit_compile=jit_compile if self.positional else None)
         self._score = tf.function(self._score_graph, input_signature=[tf.TensorSpec([1, None], tf.int32)],
                                   autograph=autograph)
         self._samplers: "collections.OrderedDict[Tuple[float, Optional[int]], Any]" = collections.OrderedDict()
@@ -177,8 +179,8 @@ class SlotModel:
             tokens.append(list(ids[start:end]) + [0] * (size - (end - start)))
             starts.append(start)
             counts.append(end - start)
-        logits, state = self._prefills[rows](self.state, tf.constant(slots_, tf.int32), tf.constant(tokens, tf.int32),
-                                             tf.constant(starts, tf.int32), tf.constant(counts, tf.int32))
+        logits, state = self._prefill(self.state, tf.constant(slots_, tf.int32), tf.constant(tokens, tf.int32),
+                                      tf.constant(starts, tf.int32), tf.constant(counts, tf.int32))
         self.state = self._same_nest(state)
         return [(end, logits[i] if end == len(ids) else None) for i, (_, ids, _, end) in enumerate(fed)]
 
