@@ -174,6 +174,10 @@ def _add_chat_flags(p: argparse.ArgumentParser) -> None:
     chat.add_argument("--packing", action="store_true",
                       help="lay several examples in one window, each attending only to itself (positions restart); "
                            "default: one example a row, padded to the batch's longest (length buckets)")
+    chat.add_argument("--pack_windows", type=int, default=None, metavar="N",
+                      help="with --packing, rows come in N windows: num_steps, its half, its quarter, ... each "
+                           "example in the shortest that holds it, a shorter window's batch with as many more rows "
+                           "(default 3; 1: every row num_steps long)")
     chat.add_argument("--skip_bad_records", action="store_true",
                       help="count and leave out bad records (no assistant turn, an unknown role, ...) instead of "
                            "stopping at the first (exit 2)")
@@ -277,7 +281,7 @@ def _flag_overrides(args: argparse.Namespace, distributed: bool) -> Dict[str, An
              "spm_model_type": args.spm_model_type, "precision": args.precision,
              "grad_accum_steps": args.grad_accum_steps, "lora_rank": args.lora_rank,
              "lora_alpha": args.lora_alpha, "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets,
-             "data_format": args.data_format,
+             "data_format": args.data_format, "pack_windows": args.pack_windows,
              "chat_template": os.path.abspath(args.chat_template) if args.chat_template else None}
     named.update({key: True for key in ("train_on_prompt", "packing", "skip_bad_records") if getattr(args, key)})
     from lmkit.config import PAIR_FILE_KEYS

@@ -50,6 +50,7 @@ class DataConfig(Section):
     chat_template: str = ""  # chat records: a Jinja file to render them with instead of the model folder's template
     train_on_prompt: bool = False  # chat and completion records: every token is a target, not only the answers
     packing: bool = False  # examples: several to a window, attending within each; False: one a row, padded
+    pack_windows: int = 3  # packing: rows of num_steps, its half, its quarter, ... (this many lengths; docs/chat.md)
     skip_bad_records: bool = False  # examples: count and leave out bad records instead of stopping at the first
     source_file: str = ""  # kind = "pairs": line i is the source of line i of target_file
     target_file: str = ""

@@ -74,6 +74,8 @@ def _validate_ranges(cfg: Any, bad: Bad, source: str) -> None:
     for key in ("batch_size", "num_steps"):
         if getattr(cfg.data, key) < 1:
             bad(key, "must be a positive integer")
+    if cfg.data.pack_windows < 1:
+        bad("pack_windows", "must be a positive integer (the window lengths packed rows come in; 1: num_steps only)")
     _validate_plan(cfg, bad, source)
     if not 0.0 <= cfg.model["dropout"] < 1.0:
         bad("dropout", "must be in [0, 1) (dropout = 1 - keep_prob)")

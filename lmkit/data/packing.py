@@ -17,7 +17,11 @@ input belongs to: 1, 2, ... within the row, 0 for padding) and ``positions``
   ``open_rows`` rows it fits in. No loss crosses a boundary: the target of
   an example's last id would be the next example's first id, and it weighs
   0; the model attends within each example (``segment_ids``, a
-  block-diagonal causal mask) and counts positions from its start.
+  block-diagonal causal mask) and counts positions from its start. Rows come
+  in a few windows (:func:`window_lengths`: ``num_steps``, its half, its
+  quarter), each example in the shortest that holds it; a batch of a window
+  ``num_steps / m`` has ``m`` times the rows, as many positions as any other
+  batch, and its attention scores ``m`` times fewer keys per query.
 * **Padded** (:class:`PaddedBatches`): one example a row, rows of similar
   lengths batched together (:func:`lmkit.data.paired.bucketed_batches`) and
   padded to the global batch's longest, rounded up to a length bucket
@@ -26,14 +30,17 @@ input belongs to: 1, 2, ... within the row, 0 for padding) and ``positions``
 ``batch_size`` is the GLOBAL batch, and sharding is a pure function of
 ``(rank, size)``: every epoch's rows are made the same on every rank from
 ``np.random.default_rng([seed, epoch])``, and rank ``r`` of ``N`` takes rows
-``[r*B/N, (r+1)*B/N)`` of each global batch. ``weighted_tokens[i]`` is the
+``[r*B/N, (r+1)*B/N)`` of each global batch of ``B`` rows (``batch_size``, or
+a multiple of it for a packed batch of a shorter window). ``weighted_tokens[i]`` is the
 weight of global batch ``i`` (every rank's rows): the divisor of a loss per
 weighted token, known on every rank without a collective.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, NamedTuple, Sequence, Tuple
+import bisect
+import collections
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,11 +49,20 @@ from lmkit.data.errors import DataError
 from lmkit.data.examples import ExampleSet
 from lmkit.data.paired import bucketed_batches, padded_length, shard_rows
 
-__all__ = ["FitReport", "PackedBatches", "PaddedBatches", "Rows", "eval_rows", "fit_examples", "pack_groups",
-           "rows_of"]
+__all__ = ["MIN_WINDOW", "PACK_WINDOWS", "SHARE", "SHARES", "FitReport", "PackLayout", "PackedBatches", "PaddedBatches",
+           "Rows", "cheapest_packing", "eval_rows", "fit_examples", "pack_groups", "rows_of", "top_up",
+           "window_lengths"]
 
 #: How many of the last rows an example may go into (first fit): more fills rows better, and costs time.
-OPEN_ROWS = 8
+OPEN_ROWS = 32
+#: The window lengths packed rows come in by default (``data.pack_windows``): the context, its half, its quarter.
+PACK_WINDOWS = 3
+#: A window takes the examples that fill at most 1/share of its row (share 2: two or more fit); the shares
+#: :func:`cheapest_packing` tries. A share of 1 moves more examples to shorter windows and fills their rows less.
+SHARE = 2
+SHARES = (1.0, 1.25, 1.5, 2.0)
+#: The shortest window a packed row is cut to.
+MIN_WINDOW = 16
 
 
 class Rows(NamedTuple):
@@ -176,33 +192,149 @@ class _RowBatches:
         return rows_of(self.examples, [self.groups[i][r] for r in mine], self._length(i), self.pad_id)
 
 
-def _batched(groups: List[List[int]], batch_size: int, what: str) -> List[List[List[int]]]:
-    steps = len(groups) // batch_size
-    if steps < 1:
-        raise DataError(f"the examples make {len(groups)} {what}, too few for one batch of batch_size {batch_size}; "
-                        "use a smaller batch_size or more examples")
-    return [groups[s * batch_size:(s + 1) * batch_size] for s in range(steps)]
+def top_up(groups: List[List[int]], lengths: Sequence[int], length: int, candidates: Sequence[int]) -> set:
+    """Fills the room left in ``groups`` (rows of ``length`` ids, changed in place) with ``candidates`` (example
+    indices): row after row, the longest candidate that fits, the first of ``candidates`` among equals.
+
+    Returns:
+      the candidates left out, as a set.
+    """
+    queues: dict = {}
+    for i in candidates:
+        queues.setdefault(int(lengths[i]), collections.deque()).append(int(i))
+    sizes = sorted(queues)
+    for group in groups:
+        room = length - sum(int(lengths[i]) for i in group)
+        while sizes and room >= sizes[0]:
+            at = bisect.bisect_right(sizes, room) - 1
+            need = sizes[at]
+            group.append(queues[need].popleft())
+            room -= need
+            if not queues[need]:
+                del sizes[at]
+    return {i for queue in queues.values() for i in queue}
+
+
+def window_lengths(num_steps: int, count: int = PACK_WINDOWS) -> Tuple[int, ...]:
+    """The windows packed rows come in, shortest first: ``num_steps``, then its half, its quarter, ... (``count``
+    lengths at most, each a whole fraction of ``num_steps`` and at least :data:`MIN_WINDOW` ids).
+
+    Raises:
+      DataError: ``count`` is not a positive integer.
+    """
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise DataError(f"pack_windows = {count!r} must be a positive integer (1: every packed row num_steps long)")
+    windows = [int(num_steps)]
+    while len(windows) < count and windows[-1] % 2 == 0 and windows[-1] // 2 >= MIN_WINDOW:
+        windows.append(windows[-1] // 2)
+    return tuple(sorted(windows))
+
+
+class PackLayout(NamedTuple):
+    """How :class:`PackedBatches` lays examples into rows: ``windows`` (how many window lengths,
+    :func:`window_lengths`), ``share`` (a window takes the examples that fill at most ``1 / share`` of its row)
+    and ``open_rows`` (how many of the last rows first fit looks at, :func:`pack_groups`)."""
+
+    windows: int = PACK_WINDOWS
+    share: float = SHARE
+    open_rows: int = OPEN_ROWS
 
 
 class PackedBatches(_RowBatches):
     """One epoch of packed rows, this rank's share of each global batch (see the module's docstring).
 
     The examples are shuffled by ``np.random.default_rng([seed, epoch])`` (in order without
-    ``shuffle``), packed (:func:`pack_groups`), and the rows cut into global batches of
-    ``batch_size``; the rows after the last full batch are left out of that epoch. Every
-    batch is ``[batch_size // size, num_steps]``.
+    ``shuffle``) and each goes to the shortest of the ``layout``'s windows (:class:`PackLayout`,
+    :func:`window_lengths`: the context, its half, its quarter) whose row it fills at most ``1 / share`` of
+    (else the longest). Each window's examples
+    are packed (:func:`pack_groups`) into rows of that window and cut into global batches of
+    ``batch_size * num_steps / window`` rows: every batch holds ``batch_size * num_steps`` positions, and a
+    short window's rows attend over fewer keys. The rows after a window's last full batch go on to the next
+    window; those after the longest window's last full batch are left out of that epoch. With several
+    windows the batches are then shuffled by the same generator. A batch is ``[rows // size, window]``;
+    ``windows = 1`` gives every batch ``[batch_size // size, num_steps]``.
     """
 
     def __init__(self, examples: Any, batch_size: int, num_steps: int, *, epoch: int, seed: int, rank: int = 0,
-                 size: int = 1, shuffle: bool = True, pad_id: int = 0, open_rows: int = OPEN_ROWS) -> None:
+                 size: int = 1, shuffle: bool = True, pad_id: int = 0, layout: Optional[PackLayout] = None) -> None:
         check_shard(batch_size, rank, size)
+        layout = PackLayout() if layout is None else layout
+        windows, share, open_rows = layout
+        self.layout = layout
         examples = ExampleSet.of(examples)
         lengths = _lengths(examples, int(num_steps) + 1)
-        order = np.random.default_rng([int(seed), int(epoch)]).permutation(len(lengths)) if shuffle \
-            else np.arange(len(lengths))
-        groups = pack_groups(lengths, int(num_steps) + 1, order, open_rows)
-        self.fill = float(lengths.sum()) / max(1, len(groups) * (int(num_steps) + 1))  # the share of ids not padding
-        super().__init__(examples, _batched(groups, batch_size, "packed rows"), num_steps, rank, size, pad_id)
+        rng = np.random.default_rng([int(seed), int(epoch)])
+        order = rng.permutation(len(lengths)) if shuffle else np.arange(len(lengths))
+        self.window_lengths = window_lengths(int(num_steps), windows)
+        # each example's window: the shortest it fills at most 1/share of, else the longest
+        shortest = np.minimum(np.searchsorted(np.array(self.window_lengths) + 1, lengths[order] * float(share)),
+                              len(self.window_lengths) - 1)
+        # Longest window first: its rows' room is filled with the shorter windows' examples (best fit), so that
+        # fewer short rows are needed; a row costs its window's positions however full it is.
+        pools = [[int(i) for i in order[shortest == k]] for k in range(len(self.window_lengths))]
+        packed: List[List[List[int]]] = [[] for _ in self.window_lengths]
+        for k in reversed(range(len(self.window_lengths))):
+            window = self.window_lengths[k]
+            packed[k] = pack_groups(lengths, window + 1, pools[k], open_rows)
+            if k:
+                shorter = top_up(packed[k], lengths, window + 1, [i for pool in pools[:k] for i in pool])
+                pools[:k] = [[i for i in pool if i in shorter] for pool in pools[:k]]
+        # Then batches, shortest window first: the examples of a window's last, partial batch go on to the next.
+        batches: List[Tuple[int, List[List[int]]]] = []
+        carried: List[int] = []
+        groups: List[List[int]] = []
+        for k, window in enumerate(self.window_lengths):
+            groups = packed[k]
+            if carried:
+                rest = top_up(groups, lengths, window + 1, carried)
+                groups = groups + pack_groups(lengths, window + 1, [i for i in carried if i in rest], open_rows)
+            rows = int(batch_size) * (int(num_steps) // window)
+            full = len(groups) // rows * rows
+            if k < len(self.window_lengths) - 1:  # a partial batch's examples go on to the next window
+                carried = [i for group in groups[full:] for i in group]
+                groups = groups[:full]
+            batches.extend((window, groups[s:s + rows]) for s in range(0, full, rows))
+        if not batches:
+            raise DataError(f"the examples make {len(groups)} packed rows, too few for one batch of batch_size "
+                            f"{batch_size}; use a smaller batch_size or more examples")
+        if len(self.window_lengths) > 1 and shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        #: the share of a packed row's ids that are not padding
+        self.fill = float(sum(lengths[i] for groups in (g for _, g in batches) for row in groups for i in row)) \
+            / max(1, sum(len(g) * (w + 1) for w, g in batches))
+        self.windows = [window for window, _ in batches]  # [steps]: each global batch's window
+        super().__init__(examples, [groups for _, groups in batches], num_steps, rank, size, pad_id)
+
+    def _length(self, i: int) -> int:
+        return self.windows[i]
+
+    def cost(self, position_cost: Callable[[int], float]) -> float:
+        """The epoch's cost per id packed: every batch's positions times ``position_cost(window)``."""
+        ids = sum(int(self.examples.lengths[i]) for batch in self.groups for row in batch for i in row)
+        return sum(len(batch) * w * position_cost(w) for batch, w in zip(self.groups, self.windows)) / max(1, ids)
+
+
+def cheapest_packing(examples: Any, batch_size: int, num_steps: int, *, windows: int, seed: int,
+                     position_cost: Callable[[int], float], shares: Sequence[float] = SHARES) -> PackLayout:
+    """The :class:`PackLayout` whose first epoch costs least per id (:meth:`PackedBatches.cost`): every row
+    ``num_steps`` long, or ``windows`` windows at each of ``shares``.
+
+    Shorter windows cost less per position (``position_cost``, a model's FLOPs per position of a window:
+    :func:`lmkit.train.tasks.position_cost`) but may fill their rows less: which wins depends on the examples'
+    lengths and on the model. A pure function of its arguments: every rank chooses the same.
+    """
+    one = PackLayout(windows=1)
+    if windows <= 1 or len(window_lengths(int(num_steps), windows)) == 1:
+        return one
+    best, best_cost = one, None
+    for layout in [one] + [PackLayout(windows, float(s)) for s in shares]:
+        try:
+            cost = PackedBatches(examples, batch_size, num_steps, epoch=0, seed=seed, layout=layout).cost(position_cost)
+        except DataError:  # too few rows of this layout for a batch
+            continue
+        if best_cost is None or cost < best_cost:
+            best, best_cost = layout, cost
+    return best
 
 
 class PaddedBatches(_RowBatches):

@@ -30,7 +30,7 @@ on_batch)``, one process) and ``check_eval_data(**data)``.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -179,7 +179,8 @@ class WeightedExamples:
 
     A batch is ``((ids, positions, segment_ids), (targets, weights))`` when packed (the model attends within
     each example, positions restarting) and ``((ids,), (targets, weights))`` when padded. ``weights`` hold
-    each target's weight times ``batch_size / W``, ``W`` the weight of the whole global batch
+    each target's weight times ``R / W``, ``R`` the global batch's rows (``batch_size``; a multiple of it for
+    a packed batch of a shorter window, :func:`lmkit.data.packing.window_lengths`) and ``W`` its weight
     (``weighted_tokens``, known on every rank from the batch itself: no collective); the loss is the mean
     over rows of the weighted sums, so the mean over micro-batches and ranks is the global batch's loss per
     weighted token, however the rows are split. A batch with no weight has weights 0: loss and gradient 0.
@@ -190,6 +191,7 @@ class WeightedExamples:
     def __init__(self, model: Any, config: Any, rank: int, size: int) -> None:
         self.model, self.config, self.rank, self.size = model, config, rank, size
         self.packing = bool(config.data.packing)
+        self._layouts: Dict[Any, Any] = {}  # example set -> its PackLayout
         if getattr(model, "stateful", False):
             raise UsageError(f"{type(model).__name__} carries a recurrent state, but examples with loss weights "
                              "(conversations, completions) train a transformer: use a transformer model")
@@ -210,10 +212,30 @@ class WeightedExamples:
         from lmkit.data.packing import PackedBatches, PaddedBatches
         self._check_examples(examples)
         cfg = self.config.data
-        kind = PackedBatches if self.packing else PaddedBatches
-        rows = kind(examples, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=self.config.run.seed, rank=self.rank,
-                    size=self.size)
+        if self.packing:
+            rows = PackedBatches(examples, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=self.config.run.seed,
+                                 rank=self.rank, size=self.size, layout=self._layout(examples))
+        else:
+            rows = PaddedBatches(examples, cfg.batch_size, cfg.num_steps, epoch=epoch, seed=self.config.run.seed,
+                                 rank=self.rank, size=self.size)
         return WeightedBatches(rows, cfg.batch_size, self.packing)
+
+    def _layout(self, examples: Any) -> Any:
+        """The packed rows' :class:`~lmkit.data.packing.PackLayout` for ``examples``: the cheapest for this model
+        (:func:`lmkit.data.packing.cheapest_packing`), chosen once per example set."""
+        from lmkit.data.packing import cheapest_packing, window_lengths
+        key = (id(examples), len(examples))
+        if key not in self._layouts:
+            cfg = self.config.data
+            self._layouts[key] = cheapest_packing(examples, cfg.batch_size, cfg.num_steps, windows=cfg.pack_windows,
+                                                  seed=self.config.run.seed,
+                                                  position_cost=lambda w: position_cost(self.model, w))
+            windows = window_lengths(cfg.num_steps, self._layouts[key].windows)
+            if len(windows) > 1:  # the start-up line says so
+                self.batch_unit = (f"x {cfg.num_steps} steps, examples packed in rows of "
+                                   f"{', '.join(str(w) for w in windows)} positions (a batch of rows of "
+                                   f"{cfg.num_steps} / m has m times the rows)")
+        return self._layouts[key]
 
     def tokens_per_step(self, batches: Any) -> float:
         return batches.tokens_per_step
@@ -267,11 +289,29 @@ class WeightedBatches:
     def __getitem__(self, i: int) -> Tuple[Tuple[np.ndarray, ...], Tuple[np.ndarray, np.ndarray]]:
         rows = self.rows[i]
         total = float(self.weighted_tokens[i])
-        scale = np.float32(self.batch_size / total if total > 0 else 0.0)  # all masked: no loss, no gradient
+        global_rows = len(self.rows.groups[i % len(self)])  # batch_size, or a multiple: a shorter packed window
+        scale = np.float32(global_rows / total if total > 0 else 0.0)  # all masked: no loss, no gradient
         targets = (rows.targets, rows.weights * scale)
         if self.packing:
             return (rows.inputs, rows.positions, rows.segment_ids), targets
         return (rows.inputs,), targets
+
+
+#: What a window's attention costs per position against its FLOPs (``12 x layers x window x width``), for
+#: choosing packed rows' windows: 1, the FLOPs. On 2 CPU cores a position of a row of 64 cost 0.70x one of a
+#: row of 256 (the benchmark's tiny Qwen2), where the FLOPs say 0.79x (``window_costs`` in
+#: benchmarks/results/chat_packing.json): priced at its FLOPs, a short window is chosen only when its rows
+#: are nearly as full.
+ATTENTION_COST = 1.0
+
+
+def position_cost(model: Any, window: int) -> float:
+    """A training step's cost per position of ``model`` in windows of ``window``: its FLOPs per token
+    (:func:`lmkit.train.flops.flops_per_token`), the attention's weighed by :data:`ATTENTION_COST`; the
+    matmul parameters' count alone when the model has no attention."""
+    from lmkit.train.flops import attention_flops_per_token, flops_per_token
+    attention = attention_flops_per_token(model, window)
+    return float(flops_per_token(model, window) or 0.0) + (ATTENTION_COST - 1.0) * attention
 
 
 def task_for(model: Any, config: Any, vocab: Any, rank: int, size: int, data: Any = None) -> Any:

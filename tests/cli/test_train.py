@@ -89,12 +89,15 @@ def test_a_plan_flag_replaces_the_configs_plan_and_a_set_mixes_it():
 
 def test_the_chat_flags_reach_the_data_section(tmp_path, monkeypatch):
     flags = ["--train_file", "chats.jsonl", "--data_format", "chat", "--chat_template", "t.jinja",
-             "--train_on_prompt", "--packing", "--skip_bad_records"]
+             "--train_on_prompt", "--packing", "--skip_bad_records", "--pack_windows", "2"]
     data = config_from_args(build_parser().parse_args(flags)).data
     assert (data.kind, data.data_format, data.chat_template) == ("text", "chat", str(tmp_path.cwd() / "t.jinja"))
-    assert data.train_on_prompt and data.packing and data.skip_bad_records
+    assert data.train_on_prompt and data.packing and data.skip_bad_records and data.pack_windows == 2
     data = config_from_args(build_parser().parse_args(["--train_file", "chats.jsonl"])).data
     assert (data.data_format, data.chat_template, data.packing) == ("", "", False)  # found from the records
+    assert data.pack_windows == 3
+    with pytest.raises(ConfigError, match=r"pack_windows = 0 must be a positive integer \(the window lengths"):
+        config_from_args(build_parser().parse_args(["--train_file", "chats.jsonl", "--pack_windows", "0"]))
     # A bad flag leaves through os._exit (no atexit handler may wait on other ranks): caught here, so the
     # test's own process lives on (it once ended a pytest-xdist worker).
     def leave(code):

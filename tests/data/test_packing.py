@@ -5,7 +5,7 @@ import pytest
 
 from lmkit.data.chat import Example
 from lmkit.data.errors import DataError
-from lmkit.data.packing import FitReport, PackedBatches, PaddedBatches, fit_examples, pack_groups, rows_of
+from lmkit.data.packing import FitReport, PackedBatches, PackLayout, PaddedBatches, fit_examples, pack_groups, rows_of
 
 
 def example(ids, weights):
@@ -147,3 +147,89 @@ def test_fitting_a_memory_mapped_set_keeps_it_mapped(tmp_path):
     assert kept.ids is mapped.ids and report.kept == len(kept) and report.kept + report.dropped == 20
     lists, _ = fit_examples(list(flat), 6)
     assert [list(e.ids) for e in kept] == [list(e.ids) for e in lists]
+
+
+def test_packed_rows_come_in_the_context_its_half_and_its_quarter():
+    from lmkit.data.packing import window_lengths
+    assert window_lengths(256) == (64, 128, 256)
+    assert window_lengths(256, 1) == (256,) and window_lengths(256, 5) == (16, 32, 64, 128, 256)
+    assert window_lengths(100) == (25, 50, 100) and window_lengths(48) == (24, 48) and window_lengths(16) == (16,)
+    with pytest.raises(DataError, match=r"pack_windows = 0 must be a positive integer"):
+        window_lengths(64, 0)
+
+
+@pytest.mark.parametrize("share", [1.0, 2.0])
+def test_each_example_goes_to_a_window_it_shares_or_a_longer_one_and_every_batch_holds_as_many_positions(share):
+    examples = random_examples(400, seed=4, longest=48)
+    batches = PackedBatches(examples, batch_size=4, num_steps=64, epoch=0, seed=1, layout=PackLayout(share=share))
+    # at share 2 the shortest examples fill the longer rows' room, and the few left make no batch of their own
+    assert set(batches.windows) == ({16, 32, 64} if share == 1 else {32, 64})
+    seen = []
+    for i in range(len(batches)):
+        rows, window = batches[i], batches.windows[i]
+        assert rows.inputs.shape == (4 * 64 // window, window)  # the same positions in every batch
+        assert float(rows.weights.sum()) == batches.weighted_tokens[i]
+        for group in batches.groups[i]:
+            assert sum(len(examples[j].ids) for j in group) <= window + 1
+            seen.extend(group)
+    assert len(seen) == len(set(seen))
+    lengths = {j: len(examples[j].ids) for j in seen}
+    # an example sits in the shortest window whose row it fills at most 1/share of, or in a longer one: it
+    # filled a longer row's room, or came from a window's last, partial batch
+    in_window = {j: w for i, w in enumerate(batches.windows) for group in batches.groups[i] for j in group}
+    wanted = {j: min([w for w in (16, 32) if lengths[j] * share <= w + 1] or [64]) for j in seen}
+    assert all(in_window[j] >= wanted[j] for j in seen) and any(in_window[j] > wanted[j] for j in seen)
+    left_out = set(range(len(examples))) - set(seen)
+    assert sum(len(examples[j].ids) for j in left_out) <= 4 * 65  # less than one batch of the longest window
+    assert 0.8 < batches.fill <= 1.0
+    assert batches.windows != sorted(batches.windows)  # the windows' batches are shuffled together
+    for size in (2, 4):  # each rank takes its rows of every global batch, whatever its window
+        shards = [PackedBatches(examples, 4, 64, epoch=0, seed=1, rank=r, size=size, layout=PackLayout(share=share))
+                  for r in range(size)]
+        for i in range(len(batches)):
+            for field, whole in zip(batches[i]._fields, batches[i]):
+                np.testing.assert_array_equal(np.concatenate([getattr(s[i], field) for s in shards]), whole)
+
+
+def test_the_room_left_in_a_row_takes_the_longest_example_that_fits():
+    from lmkit.data.packing import top_up
+    lengths = [6, 2, 3, 3, 1, 5]
+    groups = [[0], [5]]  # rooms of 4 and 5 in rows of 10
+    left = top_up(groups, lengths, 10, [1, 2, 3, 4])
+    assert groups == [[0, 2, 4], [5, 3, 1]] and left == set()
+    groups = [[0]]
+    assert top_up(groups, lengths, 7, [2, 4]) == {2} and groups == [[0, 4]]
+
+
+def test_one_window_packs_every_row_to_the_context_in_the_shuffled_order():
+    examples = random_examples(300, seed=4, longest=64)
+    batches = PackedBatches(examples, batch_size=4, num_steps=64, epoch=2, seed=1, layout=PackLayout(windows=1))
+    order = np.random.default_rng([1, 2]).permutation(300)
+    groups = pack_groups([len(e.ids) for e in examples], 65, order)
+    assert batches.groups == [groups[s:s + 4] for s in range(0, len(groups) // 4 * 4, 4)]
+    assert set(batches.windows) == {64} and batches[0].inputs.shape == (4, 64)
+
+
+def test_the_cheapest_packing_weighs_shorter_windows_against_emptier_rows():
+    from lmkit.data.packing import cheapest_packing
+    examples = random_examples(300, seed=4, longest=64)
+
+    def flat(window):  # attention costs nothing: the fullest rows win
+        return 1.0
+
+    def steep(window):  # a position of a long window costs far more: short windows win
+        return float(window) ** 2
+
+    layouts = [PackLayout(windows=1)] + [PackLayout(3, s) for s in (1.0, 1.25, 1.5, 2.0)]
+    positions = {layout: PackedBatches(examples, 4, 64, epoch=0, seed=1, layout=layout).cost(flat)
+                 for layout in layouts}  # positions per id: 1 / fill, about
+    assert cheapest_packing(examples, 4, 64, windows=3, seed=1, position_cost=flat) == min(layouts, key=positions.get)
+    assert len(set(positions.values())) > 1
+    chosen = cheapest_packing(examples, 4, 64, windows=3, seed=1, position_cost=steep)
+    assert chosen.windows == 3
+    costs = {s: PackedBatches(examples, 4, 64, epoch=0, seed=1, layout=PackLayout(share=s)).cost(steep)
+             for s in (1.0, 1.25, 1.5, 2.0)}
+    one = PackedBatches(examples, 4, 64, epoch=0, seed=1, layout=PackLayout(windows=1)).cost(steep)
+    assert costs[chosen.share] == min(costs.values()) < one
+    assert cheapest_packing(examples, 4, 64, windows=1, seed=1, position_cost=steep) == PackLayout(windows=1)
+    assert cheapest_packing(examples, 4, 16, windows=3, seed=1, position_cost=steep) == PackLayout(windows=1)

@@ -3,8 +3,10 @@
 Run by tests/train/test_chat_training.py in one process, under ``mpirun -np 2`` and with the native
 backend's replicas (``--backend native --num_replicas 2``). ``--runs`` lists the trainings of one start-up,
 each ``<packed|padded>-k<grad_accum_steps>[-lora]``; each writes ``<out>.<run>.rank<r>.npz`` with the
-per-step losses, the trainable variables at the end, and this rank's weight of every step's rows against
-the global batch's (the shards' weights differ: the loss's divisor must still be the global batch's).
+per-step losses, the trainable variables at the start and at the end, each global batch's rows and window,
+and this rank's weight of every step's rows against the global batch's (the shards' weights differ: the
+loss's divisor must still be the global batch's). Packed rows come in both windows (16 and 32 positions):
+the probe prices attention high, so that the cheapest packing (lmkit.data.packing.cheapest_packing) uses them.
 """
 import argparse
 import os
@@ -17,7 +19,8 @@ MODEL = dict(name="llama", vocab_size=40, hidden_size=16, num_layers=2, num_head
 
 
 def probe_examples(count=48, seed=3):
-    """``count`` examples of 3-13 ids whose weights cover from one target to all of them (uneven masks)."""
+    """``count`` examples of 3-12 ids (a quarter of them 13-24) whose weights cover from one target to all of
+    them (uneven masks): packed, they fill rows of both windows of ``num_steps`` 32 (16 and 32 positions)."""
     import numpy as np
 
     from lmkit.data.chat import Example
@@ -25,7 +28,7 @@ def probe_examples(count=48, seed=3):
     rng = np.random.default_rng(seed)
     out = []
     for i in range(count):
-        n = int(rng.integers(3, 14))
+        n = int(rng.integers(3, 13) if i % 4 else rng.integers(13, 25))
         weights = (rng.random(n) < [0.1, 0.5, 0.9][i % 3]).astype(np.uint8)
         weights[-1] = 1
         out.append(Example(rng.integers(1, 40, n).astype(np.int32), weights))
@@ -40,11 +43,13 @@ def train_once(run: str, out: str, steps: int) -> None:
     from lmkit.config import TrainConfig
     from lmkit.layers.lora import add_lora, frozen
     from lmkit.models import build_model
-    from lmkit.train import Trainer
+    from lmkit.train import Trainer, tasks
+
+    tasks.ATTENTION_COST = 1000.0  # packed rows in both windows: a batch of 16-position rows has twice the rows
 
     layout, accum, *lora = run.split("-")
     cfg = TrainConfig.from_dict(dict(
-        model=MODEL, data=dict(kind="text", train_file="probe.jsonl", batch_size=8, num_steps=16,
+        model=MODEL, data=dict(kind="text", train_file="probe.jsonl", batch_size=8, num_steps=32,
                                packing=layout == "packed"),
         optimization=dict(optimizer="sgd", learning_rate=0.5, max_grad_norm=0.0, max_steps=steps,
                           grad_accum_steps=int(accum[1:]))))
@@ -57,14 +62,18 @@ def train_once(run: str, out: str, steps: int) -> None:
         else:
             model = build_model(cfg.model_config())
     examples = probe_examples()
+    start = {f"start{i}": v.numpy() for i, v in enumerate(model.trainable_variables)}  # what training moved from
     trainer = Trainer(model, cfg, record_step_losses=True, log=lambda s: None)
     result = trainer.fit(examples, valid_ids=examples.subset(np.arange(12)))
     batches = trainer.task.batches(examples, 0)  # the first epoch's
     mine = [float(batches[i][1][1].sum()) for i in range(len(batches))]  # this rank's scaled weights
+    rows = [len(group) for group in batches.rows.groups]  # each global batch's rows
+    length = [batches[i][0][0].shape[1] for i in range(len(batches))]  # and its window
     arrays = {f"var{i}": v.numpy() for i, v in enumerate(model.trainable_variables)}
     np.savez(f"{out}.{run}.rank{dist.rank()}.npz", losses=np.array(result.step_losses),
-             mine=np.array(mine), total=np.array(batches.weighted_tokens),
-             valid=np.array(result.epochs[-1].valid_perplexity if result.epochs else np.nan), **arrays)
+             mine=np.array(mine), rows=np.array(rows), length=np.array(length),
+             total=np.array(batches.weighted_tokens),
+             valid=np.array(result.epochs[-1].valid_perplexity if result.epochs else np.nan), **arrays, **start)
 
 
 def main() -> None:

@@ -45,8 +45,12 @@ def one_process(tmp_path_factory):
 def test_micro_batches_of_uneven_weights_train_like_the_whole_batch(one_process):
     for layout, ks in (("packed", (2, 4)), ("padded", (2,))):
         whole = _load(one_process, f"{layout}-k1")
-        assert whole["losses"][-1] < whole["losses"][0]  # it learned: the comparison means something
+        # it trained (random ids: the loss barely falls, but every variable moved): the comparison means something
+        assert all(np.abs(whole[f"var{i}"] - whole[f"start{i}"]).max() > 1e-4
+                   for i in range(len([k for k in whole.files if k.startswith("var")])))
         assert len(set(whole["total"])) > 1  # global batches of different weights
+        if layout == "packed":  # rows of both windows (16 and 32), the shorter with twice the rows
+            assert set(zip(whole["length"], whole["rows"])) == {(16, 16), (32, 8)}
         for k in ks:
             _assert_same(_load(one_process, f"{layout}-k{k}"), whole, f"{layout} k={k}")
     lora = _load(one_process, "packed-k1-lora")
@@ -60,9 +64,9 @@ def test_two_workers_with_uneven_weights_train_like_one_process(tmp_path, one_pr
     two = _launch(tmp_path, "two", runs, mpirun_cmd(2, []))  # ends with python: the probe's arguments follow
     for name in runs:
         ranks = [_load(two, name, r) for r in (0, 1)]
-        # the two shards of a global batch weigh differently, and add up to it (weights x batch_size / total)
+        # the two shards of a global batch weigh differently, and add up to it (weights x rows / total)
         assert np.any(np.abs(ranks[0]["mine"] - ranks[1]["mine"]) > 0.5), name
-        np.testing.assert_allclose(ranks[0]["mine"] + ranks[1]["mine"], 8.0, rtol=1e-6)
+        np.testing.assert_allclose(ranks[0]["mine"] + ranks[1]["mine"], ranks[0]["rows"], rtol=1e-6)
         for r in ranks:
             _assert_same(r, _load(one_process, name), f"{name} on 2 workers")
 

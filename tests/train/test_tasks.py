@@ -184,3 +184,34 @@ def test_weighted_examples_are_picked_from_the_data_and_refuse_other_data():
     lstm = _config(model="lstm", packing=True)
     with pytest.raises(UsageError, match=r"RNNLanguageModel carries a recurrent state, but examples with loss weights"):
         WeightedExamples(build_model(lstm.model_config()), lstm, 0, 1)
+
+
+def test_a_packed_batch_of_a_shorter_window_has_more_rows_and_the_same_loss_per_weighted_token(monkeypatch):
+    # rows of 16 positions when num_steps is 32 (attention priced high: the short window wins): twice the rows,
+    # and the loss is still the batch's weighted sum over its weight (the weights carry rows / W, not batch_size / W)
+    from lmkit.config import TrainConfig
+    from lmkit.train import tasks
+    from lmkit.train.tasks import WeightedExamples
+    monkeypatch.setattr(tasks, "ATTENTION_COST", 1000.0)
+    cfg = TrainConfig.from_dict(dict(
+        model=dict(name="llama", vocab_size=40, hidden_size=16, num_layers=2, num_heads=4, num_kv_heads=2,
+                   max_positions=32, init_scale=0.1, dropout=0.0),
+        data=dict(batch_size=2, num_steps=32, packing=True),
+        optimization=dict(learning_rate=0.1, max_grad_norm=0.0, max_steps=1)))
+    tf.random.set_seed(5)
+    task = WeightedExamples(build_model(cfg.model_config()), cfg, 0, 1)
+    examples = _examples(count=40)
+    batches = task.batches(examples, 0)
+    assert batches.rows.windows[0] == 16 and "rows of 16, 32 positions" in task.batch_unit
+    (ids, _, _), _ = batches[0]
+    assert ids.shape == (4, 16)
+    loss, _ = _loss_and_gradients(task, batches[0])
+    total, weight = 0.0, 0.0
+    for row in batches.rows.groups[0]:
+        for index in row:
+            ids_, w = examples[index]
+            logits, _ = task.model(ids_[None, :-1])
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=ids_[None, 1:], logits=logits)
+            total += float(tf.reduce_sum(losses * w[None, 1:].astype(np.float32)))
+            weight += float(w[1:].sum())
+    np.testing.assert_allclose(float(loss), total / weight, rtol=1e-5)
