@@ -30,7 +30,7 @@ def test_a_0_2_config_json_loads_with_every_value():
         "max_steps": 0, "max_tokens": 0, "warmup_steps": 0, "min_lr": 0.0, "eval_every_steps": 0, "eval_steps": 0,
         "text_field": "text", "text_column": "text",
         "data_format": "", "chat_template": "", "train_on_prompt": False, "packing": False,  # records: a stream
-        "skip_bad_records": False,
+        "skip_bad_records": False, "pack_windows": 3,
         "loss_reduction": "sum"}  # and the loss summed over a window, as 0.2 trained
     assert (cfg.model.name, cfg.data.kind, cfg.data.tokenizer, cfg.data.train_file) == (
         "transformer", "text", "char", "train.txt")
