@@ -119,12 +119,11 @@ def worker(args: argparse.Namespace) -> Dict[str, Any]:
 
     trainer = Trainer(model, data.config, record_step_losses=True, log=lambda line: None, callbacks=[Clock()])
     trainer.use_data(data.train)
-    per_step = float(np.mean(trainer.task.batches(data.train, 0).weighted_tokens))
-    steps = max(10, int(np.ceil(args.tokens / per_step)))  # about --tokens assistant tokens after the warm-up
-    # The step traces again when a batch of a new shape comes (TensorFlow's reduce_retracing then relaxes the
-    # shape, and no later batch traces): the warm-up lasts until the first batch whose shape differs from the
-    # first's, so that no tracing falls in the timed steps.
-    first = trainer.task.batches(data.train, 0)
+    first = trainer.task.batches(data.train, 0)  # epoch 0's batches, as fit reads them
+    steps = max(10, int(np.ceil(args.tokens / float(np.mean(first.weighted_tokens)))))  # about --tokens assistant
+    # tokens after the warm-up. The step traces again when a batch of a new shape comes (TensorFlow's
+    # reduce_retracing then relaxes the shape, and no later batch traces): the warm-up lasts until the first
+    # batch whose shape differs from the first's, so that no tracing falls in the timed steps.
     shapes = [(len(first.rows.groups[i]), first.rows._length(i)) for i in range(len(first))]
     warmup = max(args.warmup, 1 + next((i for i, shape in enumerate(shapes) if shape != shapes[0]), 0))
     result = trainer.fit(data.train, max_steps=warmup + steps)
@@ -133,7 +132,7 @@ def worker(args: argparse.Namespace) -> Dict[str, Any]:
     while len(weights) < len(clock):  # the global batches' weights, epoch after epoch, as fit read them
         weights.extend(trainer.task.batches(data.train, epoch).weighted_tokens.tolist())
         epoch += 1
-    ids = float(trainer.task.batches(data.train, 0).tokens_per_step)
+    ids = float(first.tokens_per_step)
     seconds = clock[-1] - clock[warmup - 1]
     timed = weights[warmup:len(clock)]
     return {"mode": args.mode, "batch_size": batch, "packing": packing, "steps": steps,

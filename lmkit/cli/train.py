@@ -175,9 +175,9 @@ def _add_chat_flags(p: argparse.ArgumentParser) -> None:
                       help="lay several examples in one window, each attending only to itself (positions restart); "
                            "default: one example a row, padded to the batch's longest (length buckets)")
     chat.add_argument("--pack_windows", type=int, default=None, metavar="N",
-                      help="with --packing, rows come in N windows: num_steps, its half, its quarter, ... each "
-                           "example in the shortest that holds it, a shorter window's batch with as many more rows "
-                           "(default 3; 1: every row num_steps long)")
+                      help="with --packing, rows may come in N windows: num_steps, its half, its quarter, ..., "
+                           "a shorter window's batch with as many more rows; lmkit keeps them when they cost the "
+                           "model less per example than full rows (default 3; 1: every row num_steps long)")
     chat.add_argument("--skip_bad_records", action="store_true",
                       help="count and leave out bad records (no assistant turn, an unknown role, ...) instead of "
                            "stopping at the first (exit 2)")

@@ -4,10 +4,10 @@ An example (:class:`~lmkit.data.chat.Example`) is ``ids`` and ``weights``
 (1: the loss counts the id as a target). A row holds ``num_steps + 1`` ids,
 as a window of :mod:`lmkit.data.windows` does: the inputs are its first
 ``num_steps``, the targets its last ``num_steps``. Every row comes as a
-:class:`Rows` of five arrays ``[rows, num_steps]``: ``inputs``, ``targets``,
-``weights`` (of the targets, float32), ``segment_ids`` (which example an
-input belongs to: 1, 2, ... within the row, 0 for padding) and ``positions``
-(restarting at 0 for each example).
+:class:`Rows` of five arrays ``[rows, num_steps]`` (a packed row's window may
+be shorter): ``inputs``, ``targets``, ``weights`` (of the targets, float32),
+``segment_ids`` (which example an input belongs to: 1, 2, ... within the row,
+0 for padding) and ``positions`` (restarting at 0 for each example).
 
 * **Too long** (:func:`fit_examples`): an example longer than a row is cut
   at its end (its start is kept: the system prompt and the first turns); one
@@ -19,7 +19,7 @@ input belongs to: 1, 2, ... within the row, 0 for padding) and ``positions``
   0; the model attends within each example (``segment_ids``, a
   block-diagonal causal mask) and counts positions from its start. Rows come
   in a few windows (:func:`window_lengths`: ``num_steps``, its half, its
-  quarter), each example in the shortest that holds it; a batch of a window
+  quarter; :class:`PackLayout`, :func:`cheapest_packing`); a batch of a window
   ``num_steps / m`` has ``m`` times the rows, as many positions as any other
   batch, and its attention scores ``m`` times fewer keys per query.
 * **Padded** (:class:`PaddedBatches`): one example a row, rows of similar
@@ -299,9 +299,10 @@ class PackedBatches(_RowBatches):
                             f"{batch_size}; use a smaller batch_size or more examples")
         if len(self.window_lengths) > 1 and shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
+        #: the ids the epoch's batches hold, padding left out
+        self.ids = int(sum(lengths[i] for _, groups in batches for row in groups for i in row))
         #: the share of a packed row's ids that are not padding
-        self.fill = float(sum(lengths[i] for groups in (g for _, g in batches) for row in groups for i in row)) \
-            / max(1, sum(len(g) * (w + 1) for w, g in batches))
+        self.fill = self.ids / max(1, sum(len(g) * (w + 1) for w, g in batches))
         self.windows = [window for window, _ in batches]  # [steps]: each global batch's window
         super().__init__(examples, [groups for _, groups in batches], num_steps, rank, size, pad_id)
 
@@ -310,8 +311,7 @@ class PackedBatches(_RowBatches):
 
     def cost(self, position_cost: Callable[[int], float]) -> float:
         """The epoch's cost per id packed: every batch's positions times ``position_cost(window)``."""
-        ids = sum(int(self.examples.lengths[i]) for batch in self.groups for row in batch for i in row)
-        return sum(len(batch) * w * position_cost(w) for batch, w in zip(self.groups, self.windows)) / max(1, ids)
+        return sum(len(batch) * w * position_cost(w) for batch, w in zip(self.groups, self.windows)) / max(1, self.ids)
 
 
 def cheapest_packing(examples: Any, batch_size: int, num_steps: int, *, windows: int, seed: int,
