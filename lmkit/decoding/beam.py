@@ -46,7 +46,8 @@ from lmkit.decoding.batch import DecodeResult, PromptBatch
 from lmkit.decoding.checks import check_setting
 from lmkit.decoding.constraints import Constraints, is_end
 from lmkit.decoding.registry import EARLY_STOPPING
-from lmkit.decoding.sampler import OnToken, Sampler, compiled_forms, pick_loop
+from lmkit.decoding.sampler import OnToken, Sampler, compiled_forms, pick_loop, uses_xla
+from lmkit.layers import layouts
 
 __all__ = ["BeamSampler", "BeamSearchResult", "gnmt_length_penalty"]
 _NEG_INF = float("-inf")
@@ -131,9 +132,11 @@ class BeamSampler(Sampler):
         if batch.min_new_tokens is not None and np.any(batch.min_new_tokens > 0):
             min_new = tf.constant(np.broadcast_to(np.asarray(batch.min_new_tokens, np.int32), [len(batch.lengths)]))
         inputs = BeamInputs(tf.constant(batch.ids), tf.constant(batch.lengths), min_new)
+        compiled = config.compiled is not False
         settings = BeamSettings(self.beam_width, batch.max_length, batch.ends, self.length_penalty, self.scoring,
-                                self.early_stopping)
-        search = pick_loop(_beam_search, _BEAM_SEARCHES, config.compiled is not False, True, config.jit_compile,
+                                self.early_stopping, layouts.pays(uses_xla(config.jit_compile, True, compiled),
+                                                             batch.max_length - 1))
+        search = pick_loop(_beam_search, _BEAM_SEARCHES, compiled, True, config.jit_compile,
                            autograph=use_autograph(model))
         ids, lengths, scores, log_probs = search(model, inputs, settings, rules or Constraints(), condition=condition)
         ids, lengths, scores, log_probs = ids.numpy(), lengths.numpy(), scores.numpy(), log_probs.numpy()
@@ -160,6 +163,7 @@ class BeamSettings(NamedTuple):
     length_penalty: float  # the power of the length normalization
     scoring: str  # "gnmt" or "transformers"
     early_stopping: Any  # True, False or "never"
+    layouts: bool = False  # in lmkit.layers.layouts.decode_layouts (XLA on a CPU)
 
     @property
     def mask(self) -> float:
@@ -304,7 +308,8 @@ def _beam_search(model: Any, inputs: BeamInputs, settings: BeamSettings, constra
                     tf.zeros([batch_size, width], tf.int32), tf.fill([batch_size, width], mask),
                     tf.zeros([batch_size, width]), tf.zeros([batch_size, width], tf.bool),
                     tf.ones([batch_size], tf.bool), tf.constant(False))
-    s = tf.while_loop(not_done, body, (start,))[0]
+    with layouts.decode_layouts(model, settings.layouts):
+        s = tf.while_loop(not_done, body, (start,))[0]
     return _results(s, prompt_lengths)
 
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 from lmkit.core.xla import use_autograph
 from lmkit.decoding.batch import DecodeResult, PromptBatch, check_seed
 from lmkit.decoding.constraints import is_end
+from lmkit.layers import layouts
 
 __all__ = ["Sampler", "compiled_forms", "pick_loop"]
 
@@ -98,13 +99,14 @@ class Sampler:
                 from lmkit.core.errors import UsageError
                 raise UsageError("on_token (streaming) runs the loop without XLA; leave jit_compile unset")
             jit_compile = False
-        use_cache = config.use_cache is not False
-        loop = pick_loop(_decode_loop, _DECODE_LOOPS, config.compiled is not False, use_cache, jit_compile,
+        use_cache, compiled = config.use_cache is not False, config.compiled is not False
+        loop = pick_loop(_decode_loop, _DECODE_LOOPS, compiled, use_cache, jit_compile,
                          autograph=use_autograph(model, self))
         penalty = 1.0 if config.repetition_penalty is None else float(config.repetition_penalty)
-        prefill = prefill_length(model, batch.lengths, use_cache, condition)
+        prefill = prefill_length(model, batch.lengths, use_cache, condition, batch.max_length)
         settings = _LoopSettings(batch.max_length, batch.ends, batch.pad_id, use_cache, penalty, batch.holds_ends,
-                                 prefill)
+                                 prefill, layouts.pays(uses_xla(jit_compile, use_cache, compiled),
+                                                               batch.max_length - 1 - prefill))
         min_new = np.zeros(len(batch.lengths), np.int32) if batch.min_new_tokens is None else batch.min_new_tokens
         ids, lengths, log_probs = loop(
             model, self.canonical(), tf.constant(batch.ids), tf.constant(batch.lengths),
@@ -150,6 +152,7 @@ class _LoopSettings(NamedTuple):
     repetition_penalty: float  # 1: off
     hold_eos: bool  # some row must generate min_new_tokens before an end
     prefill: int = 0  # leading prompt tokens of every row fed in one teacher-forced call (0: none)
+    layouts: bool = False  # in lmkit.layers.layouts.decode_layouts (XLA on a CPU)
 
 
 def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, seed: tf.Tensor,
@@ -169,7 +172,7 @@ def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_l
     penalize = settings.repetition_penalty != 1.0
     # The tokens each row holds so far (for the repetition penalty), carried through the loop.
     seen = tf.zeros([batch_size, vocab_size if penalize else 0], tf.bool)
-    state, seen = _prefill(model, prompt_ids, state, seen, settings.prefill, vocab_size)
+    state, seen, start = _prefill(model, prompt_ids, prompt_lengths, state, seen, settings.prefill)
 
     def not_done(t, ids, state, finished, lengths, log_probs, seen):
         del ids, state, lengths, log_probs, seen
@@ -205,22 +208,39 @@ def _decode_loop(model: Any, sampler: "Sampler", prompt_ids: tf.Tensor, prompt_l
         ids = tf.where(tf.equal(positions, pos)[tf.newaxis, :], token[:, tf.newaxis], ids)
         return t + 1, ids, state, finished, lengths, log_probs, seen
 
-    loop_vars = (tf.constant(settings.prefill, tf.int32), prompt_ids, state,
+    loop_vars = (start, prompt_ids, state,
                  tf.zeros([batch_size], tf.bool), prompt_lengths, tf.zeros([batch_size], tf.float32), seen)
-    _, ids, _, _, lengths, log_probs, _ = tf.while_loop(not_done, body, loop_vars)
+    with layouts.decode_layouts(model, settings.layouts):
+        _, ids, _, _, lengths, log_probs, _ = tf.while_loop(not_done, body, loop_vars)
     return ids, lengths, log_probs
 
 
-def _prefill(model: Any, prompt_ids: tf.Tensor, state: Any, seen: tf.Tensor, length: int,
-             vocab_size: int) -> Tuple[Any, tf.Tensor]:
-    """``(state, seen)`` after the prompts' first ``length`` tokens in one teacher-forced pass (matrix
-    products, as transformers' prefill); ``seen`` (the repetition penalty's, when kept) holds them."""
+def _prefill(model: Any, prompt_ids: tf.Tensor, prompt_lengths: tf.Tensor, state: Any, seen: tf.Tensor,
+             length: int) -> Tuple[Any, tf.Tensor, tf.Tensor]:
+    """``(state, seen, start)`` after the prompts' first ``length`` tokens in one teacher-forced pass (matrix
+    products, as transformers' prefill): the loop goes on from position ``start``, and ``seen`` (the
+    repetition penalty's, when kept) holds the tokens before it.
+
+    A cache of positions goes back to the shortest prompt's last token: the window's padding past it (up to
+    a multiple of :data:`PREFILL_MULTIPLE`) is written again, a token a step, before any query sees it.
+    """
+    start = tf.constant(length, tf.int32)
     if not length:
-        return state, seen
+        return state, seen, start
     _, state = model(prompt_ids[:, :length], state, training=False)
+    if positional(state):
+        start = tf.minimum(tf.reduce_min(prompt_lengths) - 1, length)
+        state = state._replace(positions=tf.fill(tf.shape(state.positions), start))
     if seen.shape[-1]:  # the repetition penalty is on
-        seen = tf.reduce_any(tf.cast(tf.one_hot(prompt_ids[:, :length], vocab_size), tf.bool), axis=1)
-    return state, seen
+        fed = (tf.range(length) < start)[tf.newaxis, :, tf.newaxis]  # [1, length, 1]
+        seen = tf.reduce_any(tf.logical_and(tf.cast(tf.one_hot(prompt_ids[:, :length], seen.shape[-1]), tf.bool),
+                                            fed), axis=1)
+    return state, seen, start
+
+
+def positional(state: Any) -> bool:
+    """Whether ``state`` is a cache of positions (``positions`` [batch], a NamedTuple: a transformer's)."""
+    return hasattr(state, "positions") and hasattr(state, "_replace")
 
 
 def _allowed(logits: tf.Tensor, seen: tf.Tensor, ids: tf.Tensor, pos: tf.Tensor, prompt_lengths: tf.Tensor,
@@ -256,17 +276,40 @@ _CANONICAL: Dict[Any, Sampler] = {}  # (type, settings) -> the sampler object th
 PREFILL_MULTIPLE = 8  # prefill lengths are multiples of this: few traces across prompt lengths
 
 
-def prefill_length(model: Any, prompt_lengths: np.ndarray, use_cache: bool, condition: Any) -> int:
+def prefill_length(model: Any, prompt_lengths: np.ndarray, use_cache: bool, condition: Any,
+                   max_length: Optional[int] = None) -> int:
     """How many leading prompt tokens of every row the cached loop feeds in one teacher-forced call.
 
-    The rest of the prompts go one token a step, as before. A multiple of :data:`PREFILL_MULTIPLE`
-    below the shortest prompt (its last token gives the first new one), for lmkit's decoder-only
-    models (their ``model(ids, state)`` extends the cache, ``docs/design.md``); 0 otherwise: no cache,
-    an encoder-decoder's condition, or a model from outside lmkit, whose call may not take a state.
+    The rest of the prompts go one token a step. For lmkit's decoder-only models (their ``model(ids,
+    state)`` extends the cache, ``docs/design.md``), a multiple of :data:`PREFILL_MULTIPLE` (few traces
+    across prompt lengths) when the shortest prompt has that many tokens before its last (its last token
+    gives the first new one): for a cache of positions the next multiple at or past them, which the loop
+    then rewinds (at most ``max_length``); for another state (an RNN's) the one below them. 0 otherwise:
+    shorter prompts (one trace for them all), no cache, an encoder-decoder's condition, or a model from
+    outside lmkit, whose call may not take a state.
     """
     if not use_cache or condition is not None or use_autograph(model) or len(prompt_lengths) == 0:
         return 0
-    return (int(np.min(prompt_lengths)) - 1) // PREFILL_MULTIPLE * PREFILL_MULTIPLE
+    before_last = int(np.min(prompt_lengths)) - 1
+    below = before_last // PREFILL_MULTIPLE * PREFILL_MULTIPLE
+    padded = -(-before_last // PREFILL_MULTIPLE) * PREFILL_MULTIPLE
+    if below and (max_length is None or padded <= max_length) and _positional_model(model):
+        return padded
+    return below
+
+
+_POSITIONAL: Dict[type, bool] = {}  # model class -> whether its state is a cache of positions
+
+
+def _positional_model(model: Any) -> bool:
+    """Whether ``model``'s decoding state is a cache of positions (asked once per model class)."""
+    kind = type(model)
+    if kind not in _POSITIONAL:
+        try:
+            _POSITIONAL[kind] = positional(model.initial_state(1, 1))
+        except Exception:  # noqa: BLE001 (a state that needs more: the safe answer)
+            _POSITIONAL[kind] = False
+    return _POSITIONAL[kind]
 
 
 def compiled_forms(loop: Any) -> Dict[Tuple[bool, bool], Any]:
@@ -279,6 +322,11 @@ def compiled_forms(loop: Any) -> Dict[Tuple[bool, bool], Any]:
             for jit in (False, True) for autograph in (False, True)}
 
 
+def uses_xla(jit_compile: Optional[bool], use_cache: bool, compiled: bool = True) -> bool:
+    """Whether a decode loop compiles with XLA: ``jit_compile``, or when None, whenever compiled with the cache."""
+    return bool(compiled and use_cache) if jit_compile is None else bool(jit_compile)
+
+
 def pick_loop(eager: Any, forms: Dict[Tuple[bool, bool], Any], compiled: bool, use_cache: bool,
               jit_compile: Optional[bool], autograph: bool = True) -> Any:
     """The loop to run: eager, one of ``forms`` (:func:`compiled_forms`), compiled with XLA by default with
@@ -287,8 +335,7 @@ def pick_loop(eager: Any, forms: Dict[Tuple[bool, bool], Any], compiled: bool, u
     Raises:
       UsageError: XLA asked for without ``compiled`` or without the cache.
     """
-    if jit_compile is None:
-        jit_compile = compiled and use_cache
+    jit_compile = uses_xla(jit_compile, use_cache, compiled)
     if jit_compile and not (compiled and use_cache):
         from lmkit.core.errors import UsageError
         raise UsageError("jit_compile=True needs compiled=True and use_cache=True (the uncached reference "

@@ -7,7 +7,8 @@ file: ``base`` (Module, Linear, dropout, initializers), ``embeddings``,
 module), ``attend`` (the functions it computes with), ``transformer`` (residual layers and the
 decoder-only stack), ``encoder_decoder``, ``cells`` and ``rnn`` (recurrent
 cores and unrolling), ``attention_rnn``, ``lora``, ``projection``,
-``precision``, ``kernels/`` (fused attention).
+``precision``, ``layouts`` (the decode loop's weight layouts on a CPU),
+``kernels/`` (fused attention).
 
 The names below load their module on first use: ``lmkit.layers.precision``
 and ``lmkit.layers.kernels`` (which the config's checks read) import no

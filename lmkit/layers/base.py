@@ -30,6 +30,7 @@ from lmkit.core.checks import (
     check_positive_int,
     check_rate,
 )
+from lmkit.layers.layouts import stored_layout
 from lmkit.layers.precision import cast_like
 
 Initializer = Callable[[Sequence[int], tf.dtypes.DType], tf.Tensor]
@@ -194,16 +195,18 @@ def matmul_last_axis(inputs: tf.Tensor, kernel: tf.Tensor, bias: Optional[tf.Ten
       [..., m].
     """
     inputs = tf.convert_to_tensor(inputs)
-    kernel = cast_like(kernel, inputs)  # mixed precision: the float32 variable at the input's dtype
     rank = inputs.shape.rank
-    width_in = kernel.shape[1] if transpose_kernel else kernel.shape[0]
+    width_in, width = (kernel.shape[1], kernel.shape[0]) if transpose_kernel else kernel.shape
     flat = inputs if rank == 2 else tf.reshape(inputs, [-1, width_in])  # [rows, n]
+    copy = stored_layout(kernel, transpose_kernel, flat.shape[0])
+    if copy is not None:  # lmkit.layers.layouts: the faster of the two layouts
+        kernel, transpose_kernel = copy, not transpose_kernel
+    kernel = cast_like(kernel, inputs)  # mixed precision: the float32 variable at the input's dtype
     outputs = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [rows, m]
     if bias is not None:
         outputs = tf.nn.bias_add(outputs, cast_like(bias, outputs))
     if rank == 2:
         return outputs
-    width = kernel.shape[0] if transpose_kernel else kernel.shape[1]
     return tf.reshape(outputs, leading_shape(inputs) + [width])
 
 

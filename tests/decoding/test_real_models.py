@@ -44,9 +44,11 @@ def test_cached_equals_uncached(kind, sampler):
 
 @pytest.mark.parametrize("kind", KINDS + ["llama"])
 def test_a_prefilled_prompt_decodes_as_one_fed_a_token_a_step(kind, monkeypatch):
-    # Prompts of 10 to 17 tokens: the cached loop feeds their first 8 in one teacher-forced call (the
-    # repetition penalty sees them too), then one token a step; the same tokens and log-probabilities as
-    # the loop that feeds every prompt token through model.step.
+    # Prompts of 10 to 17 tokens: the cached loop feeds their first 8 (an RNN) or 16 (a cache of positions,
+    # then rewound to the shortest prompt's 9 tokens before its last, the padding past them written again)
+    # in one teacher-forced call (the repetition penalty sees the tokens before the rewind), then one token
+    # a step; the same tokens and log-probabilities as the loop that feeds every prompt token through
+    # model.step.
     from lmkit.decoding import sampler as sampler_module
     config = {"model": kind, "vocab_size": 23, "hidden_size": 8, "num_layers": 2, "init_scale": 0.8,
               "dropout": 0.0}
@@ -56,14 +58,15 @@ def test_a_prefilled_prompt_decodes_as_one_fed_a_token_a_step(kind, monkeypatch)
     rng = np.random.RandomState(3)
     prompts = [rng.randint(1, 23, size=n).tolist() for n in (10, 17, 12)]
     lengths = np.array([len(p) for p in prompts])
-    assert sampler_module.prefill_length(model, lengths, True, None) == 8
+    window = 16 if kind in ("transformer", "llama") else 8
+    assert sampler_module.prefill_length(model, lengths, True, None) == window
     options = dict(prompts=prompts, eos_id=EOS, seed=5, repetition_penalty=1.3)
     runs = {}
-    for multiple in (8, 10 ** 6):  # 10 ** 6: no prefill
+    for multiple in (8, 10 ** 6):  # 10 ** 6: no prefill (a window of 0 below the prompts, past max_length)
         monkeypatch.setattr(sampler_module, "PREFILL_MULTIPLE", multiple)
         runs[multiple] = [decode(model, 24, sampler, **options)
                           for sampler in (GreedySampler(), TopPSampler(p=0.9, temperature=1.2))]
-    assert sampler_module.prefill_length(model, lengths, True, None) == 0
+    assert sampler_module.prefill_length(model, lengths, True, None, max_length=24) == 0
     for prefilled, stepped in zip(runs[8], runs[10 ** 6]):
         np.testing.assert_array_equal(prefilled.ids, stepped.ids)
         np.testing.assert_allclose(prefilled.log_probs, stepped.log_probs, rtol=1e-4, atol=1e-5)
@@ -75,6 +78,10 @@ def test_no_prefill_without_a_cache_for_a_condition_or_a_model_from_outside_lmki
     model, lengths = tiny_model("transformer"), np.array([9, 12])
     assert prefill_length(model, lengths, True, None) == 8
     assert prefill_length(model, np.array([8, 12]), True, None) == 0  # 7 tokens before the last: < 8
+    # 9 tokens before the last: a window of 16, rewound to 9; but not past max_length, nor for an RNN
+    assert prefill_length(model, np.array([10, 12]), True, None) == 16
+    assert prefill_length(model, np.array([10, 12]), True, None, max_length=15) == 8
+    assert prefill_length(tiny_model("lstm"), np.array([10, 12]), True, None) == 8
     assert prefill_length(model, lengths, False, None) == 0
     assert prefill_length(model, lengths, True, condition=tf.zeros([2, 3, 8])) == 0
 
