@@ -56,14 +56,15 @@ def decode_layouts(module: Any, enabled: bool = True) -> Iterator[None]:
     """Within, products by ``module``'s 2-D float variables may read transposed copies made here.
 
     Args:
-      module: a ``tf.Module`` (a model) whose variables the products read.
+      module: a ``tf.Module`` (a model) whose variables the products read (an object without
+        ``variables``, a model from outside lmkit: no copies).
       enabled: False makes the scope do nothing (the caller's switch: :func:`pays`).
     """
     if not enabled:
         yield
         return
-    copies = {variable.ref(): tf.transpose(variable) for variable in module.variables
-              if variable.shape.rank == 2 and variable.dtype.is_floating}
+    copies = {variable.ref(): tf.transpose(variable) for variable in getattr(module, "variables", ())
+              if isinstance(variable, tf.Variable) and variable.shape.rank == 2 and variable.dtype.is_floating}
     _SCOPES.append(copies)
     try:
         yield
