@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from lmkit.core.xla import use_autograph
+from lmkit.decoding.sampler import positional
 from lmkit.decoding.samplers import GreedySampler, TopPSampler
 
 __all__ = ["SlotModel", "TOP_LOGPROBS"]
@@ -78,7 +79,7 @@ class SlotModel:
         self.vocab_limit = vocab_limit if vocab_limit and vocab_limit < self.vocab_size else None
         self.state = model.initial_state(self.slots, self.length)
         self._structure = self.state  # every state handed back in this nest: one trace of each function
-        self.positional = hasattr(self.state, "positions") and hasattr(self.state, "_replace")
+        self.positional = positional(self.state)
         self._fresh = model.initial_state(1, self.length)  # an RNN row's state before its prompt
         self.jit_compile = jit_compile
         autograph = use_autograph(model)  # lmkit's models trace without it (start-up time)
