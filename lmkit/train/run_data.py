@@ -95,9 +95,6 @@ def load_run_data(config: Any, model_dir: str, data_path: str = "data/ptb", data
     if kind == "ptb":
         vocab_size = config.model.get("vocab_size")
         data = load_ptb_everywhere(data_path, data_url, expected_vocab_size=vocab_size, verify=verify)
-        if len(data.vocab) != vocab_size:
-            raise UsageError(f"the data has {len(data.vocab)} words but the config says vocab_size = "
-                             f"{vocab_size}; set vocab_size = {len(data.vocab)}")
         return RunData(data.train, data.valid, data.test, data.vocab, config)
     return _load_text_data(config, model_dir, log)
 
@@ -172,6 +169,8 @@ def load_ptb_everywhere(data_path: str = "data/ptb", url: Optional[str] = None,
 
     Raises:
       DataError: on every rank, when rank 0 can neither find nor download the files.
+      UsageError: on every rank, when files found in ``data_path`` give another vocabulary than
+        ``expected_vocab_size`` (a download is checked as it comes).
     """
     from lmkit.data import ptb
 
@@ -179,7 +178,11 @@ def load_ptb_everywhere(data_path: str = "data/ptb", url: Optional[str] = None,
         data_dir = dist.rank0_first(lambda: find_or_download_ptb(data_path, url, expected_vocab_size, verify))
     local = ptb.find_ptb(data_path)  # hosts without a shared file system get it from rank 0
     with doing("reading PTB"):
-        return dist.read_or_receive(local is not None, lambda: ptb.load_ptb(local if local else data_dir))
+        data = dist.read_or_receive(local is not None, lambda: ptb.load_ptb(local if local else data_dir))
+    if expected_vocab_size is not None and len(data.vocab) != expected_vocab_size:
+        raise UsageError(f"the data has {len(data.vocab)} words but the config says vocab_size = "
+                         f"{expected_vocab_size}; set vocab_size = {len(data.vocab)}")
+    return data
 
 
 def tokenizer_everywhere(config: Any, model_dir: str, cache_dir: Optional[str] = None,

@@ -10,7 +10,7 @@ from lmkit import distributed as dist
 from lmkit.config import load_config
 from lmkit.core.errors import UsageError
 from lmkit.data.text import load_text_data
-from lmkit.train.run_data import load_run_data
+from lmkit.train.run_data import load_ptb_everywhere, load_run_data
 
 TEXT = "the cat sat on the mat\nthe dog ran\n\na cat ran on\n" * 5
 
@@ -89,3 +89,7 @@ def test_ptb_is_read_from_its_folder_and_its_vocabulary_must_match(tmp_path):
     assert len(data.vocab) == 7 and data.train.size == 8 and data.words == {}
     with pytest.raises(UsageError, match="the data has 7 words but the config says vocab_size = 8; set vocab_size = 7"):
         load_run_data(config.replace(vocab_size=8), str(tmp_path / "model"), data_path=str(folder), verify=False)
+    # The PTB example reads the files itself: the same check, not an id past the embedding table mid-step.
+    assert len(load_ptb_everywhere(str(folder), expected_vocab_size=7, verify=False).vocab) == 7
+    with pytest.raises(UsageError, match="the data has 7 words but the config says vocab_size = 10000"):
+        load_ptb_everywhere(str(folder), expected_vocab_size=10000, verify=False)
